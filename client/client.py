@@ -1,0 +1,483 @@
+"""The kvstore client SDK (synchronous).
+
+Control goes to the master shard owning each key's hash slot (gRPC); value
+bytes go straight between the caller's memory and the store nodes (same-host
+shared memory when possible, else TCP). Batch forms take and return lists
+in input order, with a per-key result: ``None`` / a value for success, a
+:class:`~kvstore.errors.KVStoreError` instance for failure.
+
+Thread safety: a client may be shared by threads. Master stubs are
+thread-safe; data connections are kept per thread.
+
+Example::
+
+    from client import KVClient
+    with KVClient("127.0.0.1:50051") as kv:
+        kv.put("greeting", b"hello")
+        assert kv.get("greeting") == b"hello"
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from typing import Any, Iterator, Sequence
+
+import grpc
+import numpy as np
+
+from client.buffers import readable_view, writable_view
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.errors import (RETRYABLE, InvalidArgument, KVStoreError, PutInProgress,
+                            Unavailable, WrongShard, check_status, error_for_code,
+                            from_rpc_error)
+from kvstore.keys import validate_key, value_checksum
+from kvstore.shardmap import ShardMap
+from kvstore.transfer.base import ReadItem, Transport, WriteItem
+from kvstore.transfer.shm import ShmSegment, ShmTransport, host_id
+from kvstore.transfer.tcp import NodeConnection, TcpTransport
+
+log = logging.getLogger(__name__)
+
+_GRPC_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                 ("grpc.max_send_message_length", 64 * 1024 * 1024)]
+#: Master RPC attempts on UNAVAILABLE (the only retryable error).
+_MASTER_ATTEMPTS = 3
+
+
+class KVClient:
+    """Client of a kvstore cluster.
+
+    Args:
+        master: address ``host:port`` of any master shard.
+        prefer_shm: use shared memory with nodes on this host.
+        verify_checksum: check each value read against its xxh3-64 checksum.
+        replica_num: default number of replicas per put.
+        timeout_s: deadline of each master RPC and data-plane socket operation.
+        put_wait_s: how long a put waits for another in-flight put of the same
+            key to finish before failing with PutInProgress.
+
+    Raises:
+        Unavailable: the master cannot be reached.
+    """
+
+    def __init__(self, master: str, *, prefer_shm: bool = True, verify_checksum: bool = True,
+                 replica_num: int = 1, timeout_s: float = 10.0, put_wait_s: float = 5.0):
+        self.prefer_shm = prefer_shm
+        self.verify_checksum = verify_checksum
+        self.replica_num = replica_num
+        self.timeout_s = timeout_s
+        self.put_wait_s = put_wait_s
+        self._host_id = host_id()
+        self._channels: dict[str, grpc.Channel] = {}
+        self._stubs: dict[str, pb_grpc.MasterStub] = {}
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._all_transports: list[Transport] = []
+        self._closed = False
+        self._seed = master
+        self.shard_map = self._fetch_shard_map(master)
+
+    # ---- master plumbing ----
+    def _stub(self, address: str) -> pb_grpc.MasterStub:
+        with self._lock:
+            stub = self._stubs.get(address)
+            if stub is None:
+                ch = grpc.insecure_channel(address, options=_GRPC_OPTIONS)
+                self._channels[address] = ch
+                stub = self._stubs[address] = pb_grpc.MasterStub(ch)
+            return stub
+
+    def _rpc(self, address: str, method: str, request):
+        """Call a master RPC; retries only on UNAVAILABLE (RETRYABLE)."""
+        for attempt in range(_MASTER_ATTEMPTS):
+            try:
+                return getattr(self._stub(address), method)(request, timeout=self.timeout_s)
+            except grpc.RpcError as exc:
+                err = from_rpc_error(exc)
+                if not isinstance(err, RETRYABLE) or attempt == _MASTER_ATTEMPTS - 1:
+                    raise err from None
+                time.sleep(0.05 * 2 ** attempt)
+        raise AssertionError("unreachable")
+
+    def _fetch_shard_map(self, address: str) -> ShardMap:
+        return ShardMap.from_proto(self._rpc(address, "GetShardMap", pb.GetShardMapRequest()))
+
+    def _group(self, keys: Sequence[str]) -> dict[str, list[int]]:
+        """Indices of ``keys`` by owning master address."""
+        groups: dict[str, list[int]] = defaultdict(list)
+        for i, k in enumerate(keys):
+            groups[self.shard_map.shard_for_key(k).address].append(i)
+        return groups
+
+    def _routed(self, keys: Sequence[str], call) -> list:
+        """Run ``call(address, sub_keys) -> list`` per shard, reassembled in input order.
+
+        On WRONG_SHARD the shard map is refreshed once and the call repeated.
+        """
+        for attempt in range(2):
+            out: list = [None] * len(keys)
+            try:
+                for address, idxs in self._group(keys).items():
+                    for i, r in zip(idxs, call(address, [keys[i] for i in idxs])):
+                        out[i] = r
+                return out
+            except WrongShard:
+                if attempt:
+                    raise
+                self.shard_map = self._fetch_shard_map(self._seed)
+        raise AssertionError("unreachable")
+
+    # ---- data plane plumbing ----
+    def _transport(self, node: pb.NodeAddress) -> Transport:
+        cache: dict[str, Transport] = getattr(self._local, "transports", None)
+        if cache is None:
+            cache = self._local.transports = {}
+        tr = cache.get(node.node_id)
+        if tr is not None and not getattr(tr, "conn").broken:
+            return tr
+        if tr is not None:
+            tr.close()
+        conn = NodeConnection(node.host, node.data_port, self.timeout_s)
+        tr = TcpTransport(conn)
+        if self.prefer_shm and node.shm_name and node.host_id == self._host_id:
+            try:
+                tr = ShmTransport(conn, ShmSegment(node.shm_name))
+            except OSError as exc:
+                log.info("shared memory %s not usable (%s); using TCP", node.shm_name, exc)
+        cache[node.node_id] = tr
+        with self._lock:
+            self._all_transports.append(tr)
+        return tr
+
+    def _drop_transport(self, node_id: str) -> None:
+        cache = getattr(self._local, "transports", {})
+        tr = cache.pop(node_id, None)
+        if tr is not None:
+            tr.close()
+
+    # ---- put ----
+    def put(self, key: str, value: Any, *, replica_num: int | None = None) -> bool:
+        """Store ``value`` under ``key`` (objects are immutable).
+
+        Args:
+            key: non-empty str, at most 512 UTF-8 bytes.
+            value: bytes-like, numpy array or CPU tensor (its raw bytes; 0 B allowed).
+            replica_num: replicas on distinct nodes (default: the client's).
+
+        Returns:
+            True if written, False if equal bytes were already stored.
+
+        Raises:
+            KeyConflict: the key holds different bytes.
+            TooLarge: no node could ever hold the value.
+            NoSpace: the store is full.
+            PutInProgress: another put of the key did not finish within put_wait_s.
+            InvalidArgument, Unavailable.
+        """
+        (res,) = self._put_many([key], [value], replica_num)
+        if isinstance(res, KVStoreError):
+            raise res
+        return res
+
+    def batch_put(self, keys: Sequence[str], values: Sequence[Any], *,
+                  replica_num: int | None = None) -> list[KVStoreError | None]:
+        """Put many values; per key ``None`` on success (written or already present) or the error."""
+        return [r if isinstance(r, KVStoreError) else None
+                for r in self._put_many(keys, values, replica_num)]
+
+    def put_tensor(self, key: str, tensor, *, replica_num: int | None = None) -> bool:
+        """Store a contiguous CPU tensor's raw bytes (shape and dtype are the caller's to know)."""
+        return self.put(key, tensor, replica_num=replica_num)
+
+    def _put_many(self, keys: Sequence[str], values: Sequence[Any],
+                  replica_num: int | None) -> list[bool | KVStoreError]:
+        if len(keys) != len(values):
+            raise InvalidArgument(f"{len(keys)} keys but {len(values)} values")
+        n = len(keys)
+        results: list[bool | KVStoreError] = [False] * n
+        views: list[memoryview | None] = [None] * n
+        checksums = [0] * n
+        todo = []
+        for i, (k, v) in enumerate(zip(keys, values)):
+            try:
+                validate_key(k)
+                views[i] = readable_view(v)
+                checksums[i] = value_checksum(views[i])
+                todo.append(i)
+            except KVStoreError as err:
+                results[i] = err
+        config = pb.PutConfig(replica_num=replica_num or self.replica_num)
+        deadline = time.monotonic() + self.put_wait_s
+        backoff = 0.005
+        while todo:
+            retry = self._put_round(keys, views, checksums, todo, config, results,
+                                    time.monotonic() < deadline)
+            if not retry:
+                break
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 0.2)
+            todo = retry
+        return results
+
+    def _put_round(self, keys, views, checksums, todo: list[int], config: pb.PutConfig,
+                   results: list, may_wait: bool) -> list[int]:
+        """One PutStart -> write -> PutEnd/PutRevoke round; returns indices to retry."""
+        sub_keys = [keys[i] for i in todo]
+
+        def start(address: str, ks: list[str]) -> list[pb.PutStartResult]:
+            pos = {k: j for j, k in enumerate(sub_keys)}
+            items = [pb.PutStartItem(key=k, size_bytes=len(views[todo[pos[k]]]),
+                                     checksum=checksums[todo[pos[k]]]) for k in ks]
+            return list(self._rpc(address, "PutStart",
+                                  pb.PutStartRequest(items=items, config=config)).results)
+
+        starts = self._routed(sub_keys, start)
+        retry: list[int] = []
+        by_node: dict[str, list[tuple[int, pb.NodeAddress]]] = defaultdict(list)
+        started: list[tuple[int, int]] = []   # (index, object_id)
+        for i, r in zip(todo, starts):
+            if r.status.code == pb.PUT_IN_PROGRESS and may_wait:
+                retry.append(i)
+            elif r.status.code != pb.OK:
+                results[i] = error_for_code(r.status.code, r.status.message, key=keys[i])
+            elif r.already_present:
+                results[i] = False
+            else:
+                started.append((i, r.object_id))
+                for t in r.targets:
+                    by_node[t.node_id].append((i, t))
+        object_ids = dict(started)
+        written: dict[int, list[str]] = defaultdict(list)
+        errors: dict[int, KVStoreError] = {}
+        for node_id, lst in by_node.items():
+            items = [WriteItem(keys[i], object_ids[i], views[i], checksums[i]) for i, _ in lst]
+            try:
+                outcome = self._transport(lst[0][1]).write_many(items)
+            except Unavailable as err:
+                self._drop_transport(node_id)
+                outcome = [err] * len(items)
+            for (i, _), err in zip(lst, outcome):
+                if err is None:
+                    written[i].append(node_id)
+                else:
+                    errors.setdefault(i, err)
+        ends = [(i, oid) for i, oid in started if written[i]]
+        revokes = [(i, oid) for i, oid in started if not written[i]]
+        if ends:
+            def end(address: str, ks: list[str]) -> list[pb.Status]:
+                m = {keys[i]: (oid, written[i]) for i, oid in ends}
+                items = [pb.PutEndItem(key=k, object_id=m[k][0], written_node_ids=m[k][1]) for k in ks]
+                return list(self._rpc(address, "PutEnd", pb.PutEndRequest(items=items)).statuses)
+
+            for (i, _), st in zip(ends, self._routed([keys[i] for i, _ in ends], end)):
+                results[i] = True if st.code == pb.OK else error_for_code(st.code, st.message,
+                                                                           key=keys[i])
+        if revokes:
+            def revoke(address: str, ks: list[str]) -> list[pb.Status]:
+                m = {keys[i]: oid for i, oid in revokes}
+                items = [pb.PutRevokeItem(key=k, object_id=m[k]) for k in ks]
+                return list(self._rpc(address, "PutRevoke",
+                                      pb.PutRevokeRequest(items=items)).statuses)
+
+            self._routed([keys[i] for i, _ in revokes], revoke)
+            for i, _ in revokes:
+                results[i] = errors.get(i) or Unavailable("no target node accepted the value",
+                                                          key=keys[i])
+        return retry
+
+    # ---- get ----
+    def lookup(self, keys: Sequence[str]) -> list[pb.ObjectMeta | KVStoreError]:
+        """Metadata (size, checksum, live replicas) per key, or NotFound."""
+        def call(address: str, ks: list[str]) -> list:
+            resp = self._rpc(address, "Lookup", pb.LookupRequest(keys=ks))
+            return [r.meta if r.status.code == pb.OK else
+                    error_for_code(r.status.code, r.status.message, key=k,
+                                   redirect=r.status.redirect)
+                    for k, r in zip(ks, resp.results)]
+        keys = list(keys)
+        out = self._routed(keys, call)
+        if any(isinstance(r, WrongShard) for r in out):
+            self.shard_map = self._fetch_shard_map(self._seed)
+            out = self._routed(keys, call)
+        return out
+
+    def get(self, key: str) -> bytearray:
+        """The value of ``key`` as a new bytearray (b"" for a 0-byte value).
+
+        Raises:
+            NotFound: no such key (never an empty value instead).
+            ChecksumMismatch, Unavailable.
+        """
+        (res,) = self.batch_get([key])
+        if isinstance(res, KVStoreError):
+            raise res
+        return res
+
+    def batch_get(self, keys: Sequence[str]) -> list[bytearray | KVStoreError]:
+        """Values (new bytearrays) or errors per key, in input order."""
+        metas = self.lookup(keys)
+        bufs = [bytearray(m.size_bytes) if not isinstance(m, KVStoreError) else None for m in metas]
+        res = self._read(metas, [memoryview(b) if b is not None else None for b in bufs])
+        return [r if isinstance(r, KVStoreError) else bufs[i] for i, r in enumerate(res)]
+
+    def get_into(self, key: str, dest: Any) -> int:
+        """Read ``key`` straight into ``dest`` (bytearray, memoryview, numpy array, CPU tensor).
+
+        Returns:
+            The value's size in bytes (``dest`` may be larger).
+
+        Raises:
+            NotFound, InvalidArgument (destination too small or read-only),
+            ChecksumMismatch, Unavailable.
+        """
+        (res,) = self.batch_get_into([key], [dest])
+        if isinstance(res, KVStoreError):
+            raise res
+        return res
+
+    def batch_get_into(self, keys: Sequence[str], dests: Sequence[Any]) -> list[int | KVStoreError]:
+        """Read each key into its destination; per key the size in bytes or the error."""
+        if len(keys) != len(dests):
+            raise InvalidArgument(f"{len(keys)} keys but {len(dests)} destinations")
+        metas = self.lookup(keys)
+        views: list[memoryview | None] = []
+        for i, d in enumerate(dests):
+            try:
+                views.append(writable_view(d))
+            except KVStoreError as err:
+                metas[i] = err
+                views.append(None)
+        res = self._read(metas, views)
+        return [r if isinstance(r, KVStoreError) else metas[i].size_bytes for i, r in enumerate(res)]
+
+    def get_tensor(self, key: str, out=None, *, shape: Sequence[int] | None = None, dtype=None):
+        """Read a tensor stored with :meth:`put_tensor`.
+
+        Args:
+            out: a contiguous CPU tensor to fill (zero copy), or
+            shape, dtype: to allocate a new one.
+
+        Returns:
+            The filled tensor.
+
+        Raises:
+            InvalidArgument: the stored size differs from the tensor's size, or no out/shape.
+            NotFound, ChecksumMismatch, Unavailable.
+        """
+        import torch
+
+        if out is None:
+            if shape is None or dtype is None:
+                raise InvalidArgument("get_tensor needs out= or shape= and dtype=")
+            out = torch.empty(tuple(shape), dtype=dtype)
+        size = self.get_into(key, out)
+        expected = out.numel() * out.element_size()
+        if size != expected:
+            raise InvalidArgument(f"stored value is {size} B, tensor needs {expected} B", key=key)
+        return out
+
+    def _read(self, metas: list, views: list[memoryview | None]) -> list[KVStoreError | None]:
+        """Read found objects into views, falling back across replicas."""
+        out: list[KVStoreError | None] = [m if isinstance(m, KVStoreError) else None for m in metas]
+        # Candidate replicas per index, same-host first.
+        cands: dict[int, list[pb.NodeAddress]] = {}
+        for i, m in enumerate(metas):
+            if isinstance(m, KVStoreError):
+                continue
+            nodes = [r.node for r in m.replicas]
+            nodes.sort(key=lambda a: a.host_id != self._host_id)
+            cands[i] = nodes
+        while cands:
+            by_node: dict[str, list[int]] = defaultdict(list)
+            addr: dict[str, pb.NodeAddress] = {}
+            for i, nodes in cands.items():
+                if not nodes:
+                    out[i] = out[i] or Unavailable("no replica could be read", key=metas[i].key)
+                    continue
+                by_node[nodes[0].node_id].append(i)
+                addr[nodes[0].node_id] = nodes[0]
+            nxt: dict[int, list[pb.NodeAddress]] = {}
+            for node_id, idxs in by_node.items():
+                items = [ReadItem(metas[i].key, metas[i].object_id, metas[i].size_bytes,
+                                  metas[i].checksum, views[i]) for i in idxs]
+                try:
+                    res = self._transport(addr[node_id]).read_many(items, self.verify_checksum)
+                except Unavailable as err:
+                    self._drop_transport(node_id)
+                    res = [err] * len(items)
+                for i, err in zip(idxs, res):
+                    out[i] = err
+                    # A bad destination fails the same way everywhere; anything else
+                    # (node gone, object dropped, bad bytes) tries the next replica.
+                    if err is not None and not isinstance(err, InvalidArgument) and len(cands[i]) > 1:
+                        nxt[i] = cands[i][1:]
+            cands = nxt
+        return out
+
+    # ---- other ops ----
+    def exists(self, key: str) -> bool:
+        """True iff ``get(key)`` would return a value (never pins or refreshes it)."""
+        return self.batch_exists([key])[0]
+
+    def batch_exists(self, keys: Sequence[str]) -> list[bool]:
+        """Existence per key, in input order (one RPC per shard)."""
+        keys = list(keys)
+
+        def call(address: str, ks: list[str]) -> list[bool]:
+            return list(self._rpc(address, "Exists", pb.ExistsRequest(keys=ks)).exists)
+        return self._routed(keys, call)
+
+    def remove(self, key: str, *, reason: str = "remove") -> None:
+        """Delete ``key``; its memory is freed on the nodes once no reader holds it.
+
+        Raises:
+            NotFound: no such key.
+        """
+        err = self.batch_remove([key], reason=reason)[0]
+        if err is not None:
+            raise err
+
+    def batch_remove(self, keys: Sequence[str], *, reason: str = "remove") -> list[KVStoreError | None]:
+        keys = list(keys)
+
+        def call(address: str, ks: list[str]) -> list:
+            resp = self._rpc(address, "Remove", pb.RemoveRequest(keys=ks, reason=reason))
+            return [None if s.code == pb.OK else error_for_code(s.code, s.message, key=k)
+                    for k, s in zip(ks, resp.statuses)]
+        return self._routed(keys, call)
+
+    def list(self, prefix: str = "", *, page_size: int = 1000) -> Iterator[pb.ObjectMeta]:
+        """Every visible object whose key starts with ``prefix``, in key order, all shards."""
+        for r in self.shard_map.ranges:
+            cursor = ""
+            while True:
+                resp = self._rpc(r.address, "List", pb.ListRequest(prefix=prefix, start_after=cursor,
+                                                                   limit=page_size))
+                yield from resp.objects
+                if not resp.next_cursor:
+                    break
+                cursor = resp.next_cursor
+
+    def stat(self) -> list[pb.StatResponse]:
+        """Each master shard's stats (nodes, objects, counters)."""
+        return [self._rpc(r.address, "Stat", pb.StatRequest()) for r in self.shard_map.ranges]
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            for tr in self._all_transports:
+                tr.close()
+            for ch in self._channels.values():
+                ch.close()
+
+    def __enter__(self) -> "KVClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

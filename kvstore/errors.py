@@ -1,0 +1,141 @@
+"""The one error hierarchy of kvstore, and its one mapping to wire codes.
+
+Every failure a caller can handle is a subclass of :class:`KVStoreError`.
+Each class carries a :class:`kvstore._proto.kvstore_pb2.Code` (the per-item
+status code used in batch replies and on the TCP data plane) and a
+``grpc.StatusCode`` (used when a whole RPC fails). ``ERRORS`` below is the
+only table that relates them (STYLE rule 11); retries are allowed only on
+:class:`Unavailable`, declared once in :data:`RETRYABLE`.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from kvstore._proto import kvstore_pb2 as pb
+
+
+class KVStoreError(Exception):
+    """Base of every kvstore error. ``code`` is the wire code."""
+
+    code: int = pb.INTERNAL
+
+    def __init__(self, message: str = "", *, key: str | None = None, redirect: str = ""):
+        super().__init__(message)
+        self.message = message
+        self.key = key
+        self.redirect = redirect
+
+    def __str__(self) -> str:
+        return f"{self.message} (key={self.key})" if self.key is not None else self.message
+
+
+class NotFound(KVStoreError):
+    """The key is not stored (never an empty value)."""
+    code = pb.NOT_FOUND
+
+
+class TooLarge(KVStoreError):
+    """The value can never fit on any node (larger than every node's capacity)."""
+    code = pb.TOO_LARGE
+
+
+class NoSpace(KVStoreError):
+    """The store is full and nothing can be evicted right now."""
+    code = pb.NO_SPACE
+
+
+class Unavailable(KVStoreError):
+    """A master or store node cannot be reached; retryable."""
+    code = pb.UNAVAILABLE
+
+
+class InvalidArgument(KVStoreError):
+    """Bad input (empty key, wrong type, bad size); nothing was changed."""
+    code = pb.INVALID_ARGUMENT
+
+
+class KeyConflict(KVStoreError):
+    """The key already holds different bytes; objects are immutable."""
+    code = pb.KEY_CONFLICT
+
+
+class PutInProgress(KVStoreError):
+    """Another put of the same key is between PutStart and PutEnd."""
+    code = pb.PUT_IN_PROGRESS
+
+
+class WrongShard(KVStoreError):
+    """The key's hash slot is owned by another master (see ``redirect``)."""
+    code = pb.WRONG_SHARD
+
+
+class ChecksumMismatch(KVStoreError):
+    """Bytes read or written do not match the object's xxh3-64 checksum."""
+    code = pb.CHECKSUM_MISMATCH
+
+
+class Internal(KVStoreError):
+    """A broken invariant on the server side (a bug)."""
+    code = pb.INTERNAL
+
+
+# The one table: error class -> gRPC status code. The wire code is the class's
+# own ``code`` attribute.
+ERRORS: dict[type[KVStoreError], grpc.StatusCode] = {
+    NotFound: grpc.StatusCode.NOT_FOUND,
+    TooLarge: grpc.StatusCode.OUT_OF_RANGE,
+    NoSpace: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Unavailable: grpc.StatusCode.UNAVAILABLE,
+    InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    KeyConflict: grpc.StatusCode.ALREADY_EXISTS,
+    PutInProgress: grpc.StatusCode.ABORTED,
+    WrongShard: grpc.StatusCode.FAILED_PRECONDITION,
+    ChecksumMismatch: grpc.StatusCode.DATA_LOSS,
+    Internal: grpc.StatusCode.INTERNAL,
+}
+
+_BY_CODE: dict[int, type[KVStoreError]] = {cls.code: cls for cls in ERRORS}
+_BY_GRPC: dict[grpc.StatusCode, type[KVStoreError]] = {v: k for k, v in ERRORS.items()}
+# Transport-level gRPC failures that mean "could not reach the server".
+_BY_GRPC[grpc.StatusCode.DEADLINE_EXCEEDED] = Unavailable
+_BY_GRPC[grpc.StatusCode.CANCELLED] = Unavailable
+
+#: The only errors a client retries.
+RETRYABLE: tuple[type[KVStoreError], ...] = (Unavailable,)
+
+
+def error_for_code(code: int, message: str = "", *, key: str | None = None,
+                   redirect: str = "") -> KVStoreError:
+    """Build the exception for a wire ``Code`` (``OK`` is a caller bug)."""
+    if code == pb.OK:
+        raise ValueError("error_for_code called with OK")
+    cls = _BY_CODE.get(code, Internal)
+    return cls(message or pb.Code.Name(code), key=key, redirect=redirect)
+
+
+def to_status(err: KVStoreError) -> pb.Status:
+    """Per-item status message for an error."""
+    return pb.Status(code=err.code, message=err.message, redirect=err.redirect)
+
+
+OK_STATUS = pb.Status(code=pb.OK)
+
+
+def check_status(status: pb.Status, key: str | None = None) -> None:
+    """Raise the matching error if ``status`` is not OK."""
+    if status.code != pb.OK:
+        raise error_for_code(status.code, status.message, key=key, redirect=status.redirect)
+
+
+def grpc_code_for(err: KVStoreError) -> grpc.StatusCode:
+    """gRPC status code for a whole-RPC failure."""
+    return ERRORS.get(type(err), grpc.StatusCode.INTERNAL)
+
+
+def from_rpc_error(exc: grpc.RpcError) -> KVStoreError:
+    """Translate a failed RPC into the kvstore error it stands for."""
+    code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    cls = _BY_GRPC.get(code, Unavailable if code == grpc.StatusCode.UNKNOWN else Internal)
+    return cls(details or str(code))

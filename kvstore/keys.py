@@ -1,0 +1,179 @@
+"""Object keys: chained prefix hashes of token blocks.
+
+A :class:`Namespace` says whose KV this is (model and revision, KV dtype and
+layout, block size, tensor-parallel rank, adapter, tenant, salt). It is
+encoded canonically -- typed, length-prefixed fields in a fixed order -- and
+hashed into a 16-byte namespace id. Block ``i`` of a token sequence gets::
+
+    key_i = xxh3_128(key_{i-1} || u32le(len(tokens_i)) || u32le tokens_i || extra_i)
+    key_-1 = namespace id
+
+so a key names the whole prefix up to and including block ``i`` (DESIGN.md,
+"Keys"; Mooncake FAST'25 §3 uses the same chained-prefix scheme). Only full
+blocks get keys. The function is pure: no ``hash()``, no process state, the
+same bytes on every machine and after restarts; golden vectors in
+``tests/unit/test_keys.py`` pin it.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import NewType, Sequence
+
+import numpy as np
+import xxhash
+
+from kvstore.errors import InvalidArgument
+
+#: A store key: printable, at most MAX_KEY_BYTES of UTF-8.
+ObjectKey = NewType("ObjectKey", str)
+#: A prefix-block key: the 32-hex-digit xxh3-128 of the chain up to a block.
+BlockHash = NewType("BlockHash", str)
+
+MAX_KEY_BYTES = 512
+NUM_SLOTS = 16384
+_SCHEMA_VERSION = 1
+
+
+def _field(tag: int, payload: bytes) -> bytes:
+    return struct.pack("<BI", tag, len(payload)) + payload
+
+
+@dataclass(frozen=True, slots=True)
+class Namespace:
+    """Everything besides the tokens that decides a KV block's bytes.
+
+    Attributes:
+        model: model id, e.g. ``"meta-llama/Llama-3-8B"``.
+        revision: weights revision (commit or checksum of the weights).
+        kv_dtype: element type of the KV, e.g. ``"float32"``, ``"bfloat16"``.
+        num_layers, num_kv_heads, head_dim: KV layout; an object is
+            ``[num_layers, 2, block_tokens, num_kv_heads, head_dim]``.
+        block_tokens: tokens per block.
+        tp_rank, tp_size: tensor-parallel rank and size.
+        adapter: LoRA / adapter id, "" for none.
+        tenant: tenant id, "" for a shared cache.
+        salt: extra isolation salt (e.g. per-user cache salting).
+    """
+
+    model: str
+    revision: str = ""
+    kv_dtype: str = "float32"
+    num_layers: int = 0
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    block_tokens: int = 16
+    tp_rank: int = 0
+    tp_size: int = 1
+    adapter: str = ""
+    tenant: str = ""
+    salt: str = ""
+
+    def encode(self) -> bytes:
+        """Canonical bytes: schema version, then each field tagged and length-prefixed."""
+        out = [struct.pack("<I", _SCHEMA_VERSION)]
+        tag = 0
+        for value in (self.model, self.revision, self.kv_dtype):
+            tag += 1
+            out.append(_field(tag, value.encode()))
+        for value in (self.num_layers, self.num_kv_heads, self.head_dim, self.block_tokens,
+                      self.tp_rank, self.tp_size):
+            tag += 1
+            out.append(_field(tag, struct.pack("<q", value)))
+        for value in (self.adapter, self.tenant, self.salt):
+            tag += 1
+            out.append(_field(tag, value.encode()))
+        return b"".join(out)
+
+    def id(self) -> bytes:
+        """16-byte namespace id: xxh3-128 of :meth:`encode`."""
+        return xxhash.xxh3_128_digest(self.encode())
+
+    def block_bytes(self, dtype_bytes: int) -> int:
+        """Bytes of one full block object for an element size of ``dtype_bytes``."""
+        return self.num_layers * 2 * self.block_tokens * self.num_kv_heads * self.head_dim * dtype_bytes
+
+
+def _tokens_bytes(tokens: Sequence[int] | np.ndarray) -> bytes:
+    arr = np.asarray(tokens)
+    if arr.ndim != 1:
+        raise InvalidArgument(f"tokens must be 1-D, got shape {arr.shape}")
+    if arr.size and (arr.min() < 0 or arr.max() > 0xFFFFFFFF):
+        raise InvalidArgument("token ids must fit in uint32")
+    return arr.astype("<u4", copy=False).tobytes()
+
+
+def prefix_hashes(tokens: Sequence[int] | np.ndarray, namespace: Namespace,
+                  extra: Sequence[bytes] | None = None) -> list[bytes]:
+    """Raw 16-byte chained hashes, one per full block of ``tokens``.
+
+    Args:
+        tokens: token ids (uint32 range), any length; a trailing partial
+            block gets no hash.
+        namespace: whose KV this is; ``namespace.block_tokens`` sets the block size.
+        extra: optional per-block extra bytes (adapter id, multimodal content
+            hash and offset), one entry per full block; ``b""`` for none.
+
+    Raises:
+        InvalidArgument: bad token ids, block size, or ``extra`` length.
+    """
+    b = namespace.block_tokens
+    if b <= 0:
+        raise InvalidArgument(f"block_tokens must be > 0, got {b}")
+    data = _tokens_bytes(tokens)
+    num_blocks = len(data) // 4 // b
+    if extra is not None and len(extra) < num_blocks:
+        raise InvalidArgument(f"extra has {len(extra)} entries for {num_blocks} blocks")
+    prev = namespace.id()
+    step = 4 * b
+    header = struct.pack("<I", b)
+    out = []
+    for i in range(num_blocks):
+        h = xxhash.xxh3_128()
+        h.update(prev)
+        h.update(header)
+        h.update(data[i * step:(i + 1) * step])
+        if extra is not None and extra[i]:
+            h.update(struct.pack("<I", len(extra[i])))
+            h.update(extra[i])
+        prev = h.digest()
+        out.append(prev)
+    return out
+
+
+def prefix_keys(tokens: Sequence[int] | np.ndarray, namespace: Namespace,
+                extra: Sequence[bytes] | None = None) -> list[BlockHash]:
+    """Store keys (32 lowercase hex digits) of each full block's prefix.
+
+    ``prefix_keys(t, ns)[i]`` names the KV of ``t[: (i + 1) * ns.block_tokens]``.
+    See :func:`prefix_hashes` for arguments and errors.
+    """
+    return [BlockHash(h.hex()) for h in prefix_hashes(tokens, namespace, extra)]
+
+
+def validate_key(key: str) -> ObjectKey:
+    """Check a user key: a non-empty ``str`` of at most MAX_KEY_BYTES UTF-8 bytes.
+
+    Raises:
+        InvalidArgument: empty, not a string, too long, or with NUL / control chars.
+    """
+    if not isinstance(key, str):
+        raise InvalidArgument(f"key must be str, got {type(key).__name__}")
+    if not key:
+        raise InvalidArgument("key must not be empty")
+    if len(key.encode()) > MAX_KEY_BYTES:
+        raise InvalidArgument(f"key is {len(key.encode())} bytes, max {MAX_KEY_BYTES}", key=key[:64])
+    if any(ord(c) < 0x20 for c in key):
+        raise InvalidArgument("key must not contain control characters", key=repr(key))
+    return ObjectKey(key)
+
+
+def key_slot(key: str) -> int:
+    """Hash slot of a key in [0, NUM_SLOTS): xxh3-64 of its UTF-8 bytes."""
+    return xxhash.xxh3_64_intdigest(key.encode()) % NUM_SLOTS
+
+
+def value_checksum(data) -> int:
+    """xxh3-64 of a value (any buffer); the checksum stored in object metadata."""
+    return xxhash.xxh3_64_intdigest(data)

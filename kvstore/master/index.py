@@ -1,0 +1,325 @@
+"""The master shard's object index: put protocol, lookups, removal, listing.
+
+An entry goes through::
+
+    PutStart --> PENDING --PutEnd (>= 1 node wrote it)--> COMPLETE --Remove--> gone
+                    |                                        (drop orders to its nodes)
+                    +--PutRevoke / put deadline passed--> gone (drop orders to its targets)
+
+Rules (issue 2): objects are immutable; a second put of a key with equal
+bytes (same size and xxh3-64) is "already present", with different bytes
+KEY_CONFLICT; a put while another is PENDING is PUT_IN_PROGRESS; a value
+larger than every node is TOO_LARGE; nothing half-created stays visible:
+Lookup, Exists and List only ever report COMPLETE entries with a live replica.
+
+Thread safety: owned by the master's event loop; not locked. Pure: time is
+passed in as ``now_ms``, so tests drive it without a network or clock.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import itertools
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore.errors import (OK_STATUS, InvalidArgument, KeyConflict, KVStoreError, NotFound,
+                            PutInProgress, TooLarge, Unavailable, WrongShard, to_status)
+from kvstore.keys import key_slot, validate_key
+from kvstore.master.membership import Membership, NodeInfo
+from kvstore.shardmap import ShardMap
+
+log = logging.getLogger(__name__)
+
+
+class EntryState(enum.Enum):
+    PENDING = 1
+    COMPLETE = 2
+
+
+@dataclass(slots=True)
+class Entry:
+    key: str
+    size_bytes: int
+    checksum: int                  # xxh3-64 of the value
+    object_id: int                 # names this version on the nodes
+    state: EntryState
+    targets: list[str]             # node ids chosen at PutStart
+    replicas: list[str] = field(default_factory=list)   # node ids holding it (COMPLETE)
+    created_ms: int = 0
+    deadline_ms: int = 0           # PENDING only: revoked after this
+    access_count: int = 0
+    last_access_ms: int = 0
+
+
+class ObjectIndex:
+    """Index of one master shard.
+
+    Args:
+        membership: the shard's node registry.
+        shard_map: the current map; keys of other shards get WRONG_SHARD.
+        shard_id: this shard's id in the map.
+        put_timeout_ms: a PENDING put older than this is revoked.
+    """
+
+    def __init__(self, membership: Membership, shard_map: ShardMap, shard_id: int = 0,
+                 put_timeout_ms: int = 30_000):
+        self.membership = membership
+        self.shard_map = shard_map
+        self.shard_id = shard_id
+        self.put_timeout_ms = put_timeout_ms
+        self.entries: dict[str, Entry] = {}
+        self._sorted_keys: list[str] | None = None   # COMPLETE keys, rebuilt lazily for List
+        self._ids = itertools.count(1)
+        self.counters: Counter[str] = Counter()
+
+    # ---- helpers ----
+    def _check_key(self, key: str) -> None:
+        validate_key(key)
+        shard = self.shard_map.shard_for_slot(key_slot(key))
+        if shard.shard_id != self.shard_id:
+            raise WrongShard(f"slot owned by shard {shard.shard_id}", key=key,
+                             redirect=shard.address)
+
+    def _live_replicas(self, entry: Entry) -> list[str]:
+        return [n for n in entry.replicas if self.membership.is_alive(n)]
+
+    def _visible(self, entry: Entry | None) -> bool:
+        return (entry is not None and entry.state is EntryState.COMPLETE
+                and bool(self._live_replicas(entry)))
+
+    def _delete(self, entry: Entry, nodes: list[str]) -> None:
+        del self.entries[entry.key]
+        if entry.state is EntryState.COMPLETE:
+            self._sorted_keys = None
+        for node_id in nodes:
+            self.membership.order_drop(node_id, entry.key, entry.object_id)
+        if entry.state is EntryState.PENDING:
+            self._unreserve(entry)
+
+    def _unreserve(self, entry: Entry) -> None:
+        for node_id in entry.targets:
+            info = self.membership.nodes.get(node_id)
+            if info is not None:
+                info.reserved_bytes = max(0, info.reserved_bytes - entry.size_bytes)
+
+    def _place(self, size_bytes: int, replica_num: int, preferred: str) -> list[NodeInfo]:
+        """Choose up to ``replica_num`` distinct live nodes, most free space first.
+
+        Raises:
+            Unavailable: no live node.
+            TooLarge: the value exceeds every live node's capacity.
+        """
+        alive = self.membership.alive_nodes()
+        if not alive:
+            raise Unavailable("no live store node")
+        fits = [n for n in alive if n.max_object_bytes >= size_bytes]
+        if not fits:
+            biggest = max(n.max_object_bytes for n in alive)
+            raise TooLarge(f"{size_bytes} B exceeds the largest node capacity of {biggest} B")
+        fits.sort(key=lambda n: (n.node_id != preferred, -n.free_bytes, n.node_id))
+        return fits[:max(1, replica_num)]
+
+    # ---- put ----
+    def put_start(self, req: pb.PutStartRequest, now_ms: int) -> pb.PutStartResponse:
+        replica_num = req.config.replica_num or 1
+        results = []
+        for item in req.items:
+            try:
+                results.append(self._put_start_one(item, replica_num, req.config.preferred_node,
+                                                   now_ms))
+            except KVStoreError as err:
+                err.key = item.key
+                results.append(pb.PutStartResult(status=to_status(err)))
+        return pb.PutStartResponse(results=results)
+
+    def _put_start_one(self, item: pb.PutStartItem, replica_num: int, preferred: str,
+                       now_ms: int) -> pb.PutStartResult:
+        self._check_key(item.key)
+        entry = self.entries.get(item.key)
+        if entry is not None and entry.state is EntryState.PENDING and now_ms > entry.deadline_ms:
+            log.warning("put of %s timed out after %d ms: revoked", item.key, self.put_timeout_ms)
+            self.counters["puts_expired"] += 1
+            self._delete(entry, entry.targets)
+            entry = None
+        if entry is not None and entry.state is EntryState.COMPLETE and not self._live_replicas(entry):
+            # Every replica is on a dead node: the object is lost; the key is free again.
+            self._delete(entry, [])
+            entry = None
+        if entry is not None:
+            if entry.state is EntryState.PENDING:
+                raise PutInProgress("another put of this key is in progress")
+            if entry.checksum == item.checksum and entry.size_bytes == item.size_bytes:
+                self.counters["puts_already_present"] += 1
+                return pb.PutStartResult(status=OK_STATUS, already_present=True,
+                                         object_id=entry.object_id)
+            raise KeyConflict(f"key holds different bytes ({entry.size_bytes} B, checksum "
+                              f"{entry.checksum:#x}); objects are immutable")
+        nodes = self._place(item.size_bytes, replica_num, preferred)
+        entry = Entry(key=item.key, size_bytes=item.size_bytes, checksum=item.checksum,
+                      object_id=next(self._ids), state=EntryState.PENDING,
+                      targets=[n.node_id for n in nodes], created_ms=now_ms,
+                      deadline_ms=now_ms + self.put_timeout_ms)
+        for n in nodes:
+            n.reserved_bytes += item.size_bytes
+        self.entries[item.key] = entry
+        self.counters["put_starts"] += 1
+        return pb.PutStartResult(status=OK_STATUS, object_id=entry.object_id,
+                                 targets=[n.address for n in nodes])
+
+    def put_end(self, req: pb.PutEndRequest, now_ms: int) -> pb.PutEndResponse:
+        statuses = []
+        for item in req.items:
+            entry = self.entries.get(item.key)
+            if entry is None or entry.object_id != item.object_id or entry.state is not EntryState.PENDING:
+                statuses.append(to_status(NotFound("no pending put with this object_id "
+                                                   "(revoked or timed out)", key=item.key)))
+                continue
+            written = [n for n in item.written_node_ids if n in entry.targets]
+            if not written:
+                statuses.append(to_status(InvalidArgument("no target node acknowledged the bytes",
+                                                          key=item.key)))
+                continue
+            self._unreserve(entry)
+            for n in entry.targets:
+                if n not in written:
+                    self.membership.order_drop(n, entry.key, entry.object_id)
+            entry.state = EntryState.COMPLETE
+            entry.replicas = written
+            entry.deadline_ms = 0
+            self._sorted_keys = None
+            self.counters["puts"] += 1
+            statuses.append(OK_STATUS)
+        return pb.PutEndResponse(statuses=statuses)
+
+    def put_revoke(self, req: pb.PutRevokeRequest) -> pb.PutRevokeResponse:
+        statuses = []
+        for item in req.items:
+            entry = self.entries.get(item.key)
+            if entry is None or entry.object_id != item.object_id or entry.state is not EntryState.PENDING:
+                statuses.append(to_status(NotFound("no pending put with this object_id",
+                                                   key=item.key)))
+                continue
+            self._delete(entry, entry.targets)
+            self.counters["puts_revoked"] += 1
+            statuses.append(OK_STATUS)
+        return pb.PutRevokeResponse(statuses=statuses)
+
+    # ---- read side ----
+    def lookup(self, keys: list[str], now_ms: int) -> pb.LookupResponse:
+        results = []
+        for key in keys:
+            try:
+                self._check_key(key)
+                entry = self.entries.get(key)
+                if not self._visible(entry):
+                    raise NotFound("no such key", key=key)
+            except KVStoreError as err:
+                self.counters["lookup_misses"] += 1
+                results.append(pb.LookupResult(status=to_status(err)))
+                continue
+            entry.access_count += 1
+            entry.last_access_ms = now_ms
+            self.counters["lookup_hits"] += 1
+            results.append(pb.LookupResult(status=OK_STATUS, meta=self._meta(entry, live_only=True)))
+        return pb.LookupResponse(results=results)
+
+    def exists(self, keys: list[str]) -> list[bool]:
+        """Visibility only; never refreshes access stats (it must not block eviction)."""
+        self.counters["exists_keys"] += len(keys)
+        entries = self.entries
+        out = []
+        for key in keys:
+            entry = entries.get(key)
+            out.append(entry is not None and self._visible(entry))
+        return out
+
+    def remove(self, keys: list[str], reason: str) -> pb.RemoveResponse:
+        statuses = []
+        for key in keys:
+            try:
+                self._check_key(key)
+                entry = self.entries.get(key)
+                if not self._visible(entry):
+                    raise NotFound("no such key", key=key)
+            except KVStoreError as err:
+                statuses.append(to_status(err))
+                continue
+            self._delete(entry, entry.replicas)
+            self.counters["evicts" if reason == "evict" else "removes"] += 1
+            statuses.append(OK_STATUS)
+        return pb.RemoveResponse(statuses=statuses)
+
+    def list(self, prefix: str, start_after: str, limit: int) -> pb.ListResponse:
+        if self._sorted_keys is None:
+            self._sorted_keys = sorted(k for k, e in self.entries.items()
+                                       if e.state is EntryState.COMPLETE)
+        keys = self._sorted_keys
+        i = bisect.bisect_right(keys, start_after) if start_after else bisect.bisect_left(keys, prefix)
+        limit = limit or 1000
+        out: list[pb.ObjectMeta] = []
+        while i < len(keys) and len(out) < limit:
+            key = keys[i]
+            i += 1
+            if not key.startswith(prefix):
+                if key > prefix:
+                    break
+                continue
+            entry = self.entries.get(key)
+            if self._visible(entry):
+                out.append(self._meta(entry, live_only=True))
+        more = i < len(keys) and keys[i].startswith(prefix)
+        return pb.ListResponse(objects=out, next_cursor=out[-1].key if out and more else "")
+
+    def _meta(self, entry: Entry, live_only: bool) -> pb.ObjectMeta:
+        nodes = self._live_replicas(entry) if live_only else entry.replicas
+        replicas = []
+        for node_id in nodes:
+            info = self.membership.nodes[node_id]
+            replicas.append(pb.Replica(node=info.address, tier=info.tier, state=pb.COMPLETE))
+        return pb.ObjectMeta(key=entry.key, size_bytes=entry.size_bytes, checksum=entry.checksum,
+                             object_id=entry.object_id, replicas=replicas,
+                             created_ms=entry.created_ms, access_count=entry.access_count,
+                             last_access_ms=entry.last_access_ms)
+
+    # ---- membership-driven maintenance ----
+    def forget_node_objects(self, node_id: str) -> int:
+        """A node restarted with empty DRAM: it holds none of what we think.
+
+        Returns the number of entries that lost their last replica (deleted).
+        """
+        lost = 0
+        for entry in list(self.entries.values()):
+            if node_id in entry.replicas:
+                entry.replicas.remove(node_id)
+                if entry.state is EntryState.COMPLETE and not entry.replicas:
+                    self._delete(entry, [])
+                    lost += 1
+        return lost
+
+    def expire_puts(self, now_ms: int) -> int:
+        """Revoke PENDING puts past their deadline; returns how many."""
+        expired = [e for e in self.entries.values()
+                   if e.state is EntryState.PENDING and now_ms > e.deadline_ms]
+        for entry in expired:
+            self._delete(entry, entry.targets)
+        self.counters["puts_expired"] += len(expired)
+        return len(expired)
+
+    def stat(self) -> pb.StatResponse:
+        resp = pb.StatResponse(shard_id=self.shard_id, shard_map_version=self.shard_map.version)
+        for info in self.membership.nodes.values():
+            resp.nodes.append(pb.NodeStat(
+                address=info.address, alive=info.alive, tier=info.tier,
+                capacity_bytes=info.capacity_bytes, used_bytes=info.used_bytes,
+                num_objects=info.num_objects, last_heartbeat_ms=info.last_heartbeat_ms))
+        complete = [e for e in self.entries.values() if e.state is EntryState.COMPLETE]
+        resp.num_objects = len(complete)
+        resp.total_bytes = sum(e.size_bytes for e in complete)
+        resp.pending_puts = len(self.entries) - len(complete)
+        for k, v in self.counters.items():
+            resp.counters[k] = v
+        return resp

@@ -1,0 +1,109 @@
+"""Store-node membership: registration, heartbeats, liveness, drop orders.
+
+A node is alive while its heartbeats arrive within ``node_ttl_ms``. The
+master sends each node the objects it must free (drop orders) in heartbeat
+replies, so freeing needs no connection from master to node.
+
+Thread safety: owned by the master's event loop; not locked.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from kvstore._proto import kvstore_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class NodeInfo:
+    address: pb.NodeAddress       # how clients reach the node
+    tier: int                     # pb.Tier
+    capacity_bytes: int
+    max_object_bytes: int         # largest object the node could ever hold
+    used_bytes: int = 0           # from the last heartbeat
+    reserved_bytes: int = 0       # pending puts placed here, not yet in used_bytes
+    num_objects: int = 0
+    last_heartbeat_ms: int = 0
+    alive: bool = True
+    drops: list[pb.DropOrder] = field(default_factory=list)  # to send with the next heartbeat
+
+    @property
+    def node_id(self) -> str:
+        return self.address.node_id
+
+    @property
+    def free_bytes(self) -> int:
+        return max(0, self.capacity_bytes - self.used_bytes - self.reserved_bytes)
+
+
+class Membership:
+    """The nodes a master shard knows.
+
+    Args:
+        node_ttl_ms: a node with no heartbeat for this long is dead.
+        heartbeat_interval_ms: what nodes are told to use.
+    """
+
+    def __init__(self, node_ttl_ms: int = 3000, heartbeat_interval_ms: int = 500):
+        self.node_ttl_ms = node_ttl_ms
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.nodes: dict[str, NodeInfo] = {}
+
+    def register(self, req: pb.RegisterNodeRequest, now_ms: int) -> tuple[NodeInfo, bool]:
+        """Add or re-add a node. Returns (info, was_known)."""
+        node_id = req.address.node_id
+        known = node_id in self.nodes
+        info = NodeInfo(address=pb.NodeAddress(), tier=req.tier or pb.DRAM,
+                        capacity_bytes=req.capacity_bytes,
+                        max_object_bytes=req.max_object_bytes or req.capacity_bytes,
+                        last_heartbeat_ms=now_ms)
+        info.address.CopyFrom(req.address)
+        self.nodes[node_id] = info
+        log.info("node %s registered (%s:%d, %d B)%s", node_id, req.address.host,
+                 req.address.data_port, req.capacity_bytes, " again" if known else "")
+        return info, known
+
+    def heartbeat(self, req: pb.HeartbeatRequest, now_ms: int) -> NodeInfo | None:
+        info = self.nodes.get(req.node_id)
+        if info is None:
+            return None
+        if not info.alive:
+            log.info("node %s is back", req.node_id)
+        info.alive = True
+        info.used_bytes = req.used_bytes
+        info.num_objects = req.num_objects
+        info.last_heartbeat_ms = now_ms
+        return info
+
+    def take_drops(self, node_id: str) -> list[pb.DropOrder]:
+        info = self.nodes.get(node_id)
+        if info is None:
+            return []
+        drops, info.drops = info.drops, []
+        return drops
+
+    def order_drop(self, node_id: str, key: str, object_id: int) -> None:
+        info = self.nodes.get(node_id)
+        if info is not None:
+            info.drops.append(pb.DropOrder(key=key, object_id=object_id))
+
+    def expire(self, now_ms: int) -> list[str]:
+        """Mark nodes without a recent heartbeat dead; returns the newly dead."""
+        dead = []
+        for info in self.nodes.values():
+            if info.alive and now_ms - info.last_heartbeat_ms > self.node_ttl_ms:
+                info.alive = False
+                dead.append(info.node_id)
+                log.warning("node %s missed heartbeats for %d ms: dead", info.node_id,
+                            now_ms - info.last_heartbeat_ms)
+        return dead
+
+    def is_alive(self, node_id: str) -> bool:
+        info = self.nodes.get(node_id)
+        return info is not None and info.alive
+
+    def alive_nodes(self) -> list[NodeInfo]:
+        return [n for n in self.nodes.values() if n.alive]

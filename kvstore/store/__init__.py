@@ -1,0 +1,1 @@
+"""Store nodes: the data plane. Nodes own their memory and its placement."""

@@ -1,0 +1,217 @@
+"""The store node's TCP data server: binary frames, one thread per connection.
+
+A connection owns the references and reservations it takes (SHM_ACQUIRE,
+SHM_ALLOC); when it closes, for any reason, they are released in
+``finally`` so a crashed client never pins memory for good.
+
+Thread safety: connection threads share only the :class:`StoreNode`, which
+locks itself. Sockets block; ``recv_into``/``sendall`` release the GIL.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore.errors import InvalidArgument, KVStoreError, NotFound
+from kvstore.store.node import StoredObject, StoreNode
+from kvstore.transfer.protocol import (REQUEST, RESPONSE, Op, discard, recv_exact_into,
+                                       send_parts, tune_socket)
+from kvstore.errors import Unavailable
+
+log = logging.getLogger(__name__)
+_SCRATCH_BYTES = 1 << 20
+
+
+class DataServer:
+    """Serves a :class:`StoreNode` over TCP.
+
+    Args:
+        node: the object table to serve.
+        host: bind address (loopback by default).
+        port: 0 picks a free port; see :attr:`port` after :meth:`start`.
+    """
+
+    def __init__(self, node: StoreNode, host: str = "127.0.0.1", port: int = 0):
+        self.node = node
+        self._sock = socket.create_server((host, port), backlog=128)
+        self.host = host
+        self.port = self._sock.getsockname()[1]
+        self._threads: set[threading.Thread] = set()
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._acceptor = threading.Thread(target=self._accept_loop, name="data-accept", daemon=True)
+
+    def start(self) -> "DataServer":
+        self._acceptor.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop accepting, close every connection, wait for their threads."""
+        self._stopping.set()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+        with self._lock:
+            conns = list(self._conns)
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for t in list(self._threads):
+            t.join(timeout=5)
+
+    def _accept_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            tune_socket(conn)
+            t = threading.Thread(target=self._serve, args=(conn,), name="data-conn", daemon=True)
+            with self._lock:
+                self._conns.add(conn)
+                self._threads.add(t)
+            t.start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        session = _Session(self.node, conn)
+        try:
+            session.run()
+        except Unavailable:
+            pass  # peer went away
+        except Exception:  # a bug: log it loudly, drop the connection
+            log.exception("data connection failed")
+        finally:
+            session.release_all()
+            conn.close()
+            with self._lock:
+                self._conns.discard(conn)
+                self._threads.discard(threading.current_thread())
+
+
+class _Session:
+    """One client connection: its frame loop and what it holds."""
+
+    def __init__(self, node: StoreNode, conn: socket.socket):
+        self.node = node
+        self.conn = conn
+        self.header = bytearray(REQUEST.size)
+        self.header_view = memoryview(self.header)
+        self.scratch = memoryview(bytearray(_SCRATCH_BYTES))
+        # Read references (SHM_ACQUIRE) and reservations (SHM_ALLOC) by (key, object_id).
+        self.reading: dict[tuple[str, int], list[StoredObject]] = {}
+        self.writing: dict[tuple[str, int], StoredObject] = {}
+
+    def run(self) -> None:
+        handlers = {Op.PUT: self._put, Op.GET: self._get, Op.SHM_ALLOC: self._shm_alloc,
+                    Op.SHM_COMMIT: self._shm_commit, Op.SHM_ACQUIRE: self._shm_acquire,
+                    Op.SHM_RELEASE: self._shm_release, Op.SHM_ABORT: self._shm_abort,
+                    Op.PING: self._ping}
+        while True:
+            recv_exact_into(self.conn, self.header_view)
+            op, _flags, key_len, _r, object_id, size, checksum = REQUEST.unpack(self.header)
+            key_buf = bytearray(key_len)
+            recv_exact_into(self.conn, memoryview(key_buf))
+            key = key_buf.decode("utf-8", errors="replace")
+            handler = handlers.get(op)
+            if handler is None:
+                # Unknown op: the stream cannot be trusted any more.
+                self._reply_error(InvalidArgument(f"unknown op {op}"))
+                return
+            try:
+                handler(key, object_id, size, checksum)
+            except KVStoreError as err:
+                self._reply_error(err)
+
+    # ---- replies ----
+    def _reply(self, *, object_id: int = 0, size: int = 0, checksum: int = 0, offset: int = 0,
+               payload: memoryview | None = None) -> None:
+        header = RESPONSE.pack(pb.OK, 0, 0, 0, object_id, size, checksum, offset)
+        send_parts(self.conn, header, payload)
+
+    def _reply_error(self, err: KVStoreError) -> None:
+        msg = str(err.message).encode()[:1024]
+        self.conn.sendall(RESPONSE.pack(err.code, 0, len(msg), 0, 0, 0, 0, 0) + msg)
+
+    # ---- ops ----
+    def _put(self, key: str, object_id: int, size: int, checksum: int) -> None:
+        try:
+            obj, present = self.node.begin_write(key, object_id, size, checksum)
+        except KVStoreError:
+            discard(self.conn, size, self.scratch)
+            raise
+        if present:
+            discard(self.conn, size, self.scratch)
+            self._reply(object_id=object_id, size=size, checksum=checksum)
+            return
+        try:
+            if size:
+                recv_exact_into(self.conn, self.node.write_view(obj))
+        except BaseException:
+            self.node.abort_write(obj)
+            raise
+        self.node.commit_write(obj)
+        self._reply(object_id=object_id, size=size, checksum=checksum)
+
+    def _get(self, key: str, object_id: int, _size: int, _checksum: int) -> None:
+        obj = self.node.acquire(key, object_id)
+        try:
+            self._reply(object_id=obj.object_id, size=obj.size_bytes, checksum=obj.checksum,
+                        payload=self.node.read_view(obj))
+        finally:
+            self.node.release(obj)
+
+    def _shm_alloc(self, key: str, object_id: int, size: int, checksum: int) -> None:
+        obj, present = self.node.begin_write(key, object_id, size, checksum)
+        if present:
+            self._reply(object_id=object_id, size=size, checksum=checksum, offset=2**64 - 1)
+            return
+        self.writing[(key, object_id)] = obj
+        self._reply(object_id=object_id, size=size, checksum=checksum, offset=obj.alloc.offset)
+
+    def _shm_commit(self, key: str, object_id: int, _size: int, _checksum: int) -> None:
+        obj = self.writing.pop((key, object_id), None)
+        if obj is None:
+            raise NotFound("no reservation for this key on this connection", key=key)
+        self.node.commit_write(obj)
+        self._reply(object_id=object_id, size=obj.size_bytes, checksum=obj.checksum)
+
+    def _shm_abort(self, key: str, object_id: int, _size: int, _checksum: int) -> None:
+        obj = self.writing.pop((key, object_id), None)
+        if obj is not None:
+            self.node.abort_write(obj)
+        self._reply(object_id=object_id)
+
+    def _shm_acquire(self, key: str, object_id: int, _size: int, _checksum: int) -> None:
+        obj = self.node.acquire(key, object_id)
+        self.reading.setdefault((key, obj.object_id), []).append(obj)
+        self._reply(object_id=obj.object_id, size=obj.size_bytes, checksum=obj.checksum,
+                    offset=obj.alloc.offset)
+
+    def _shm_release(self, key: str, object_id: int, _size: int, _checksum: int) -> None:
+        held = self.reading.get((key, object_id))
+        if not held:
+            raise NotFound("no read reference on this key on this connection", key=key)
+        self.node.release(held.pop())
+        if not held:
+            del self.reading[(key, object_id)]
+        self._reply(object_id=object_id)
+
+    def _ping(self, key: str, object_id: int, size: int, checksum: int) -> None:
+        self._reply()
+
+    def release_all(self) -> None:
+        for objs in self.reading.values():
+            for obj in objs:
+                self.node.release(obj)
+        self.reading.clear()
+        for obj in self.writing.values():
+            self.node.abort_write(obj)
+        self.writing.clear()

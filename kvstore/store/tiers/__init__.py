@@ -1,0 +1,1 @@
+"""Storage tiers of a store node (GPU / DRAM / SSD)."""

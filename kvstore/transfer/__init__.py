@@ -1,0 +1,1 @@
+"""Data-plane transports: TCP frames and same-host shared memory (RDMA later)."""

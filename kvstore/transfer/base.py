@@ -1,0 +1,50 @@
+"""The client side of the data plane: one interface, several transports.
+
+A transport moves value bytes between the caller's memory and one store
+node. ``TcpTransport`` frames them over a socket; ``ShmTransport`` copies
+through the node's shared-memory segment when client and node share a host
+(RDMA joins behind the same interface). Batch forms pipeline their frames:
+one round trip for many keys.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+from kvstore.errors import KVStoreError
+
+
+@dataclass(slots=True)
+class WriteItem:
+    key: str
+    object_id: int
+    data: memoryview         # the value, 1-D bytes view
+    checksum: int            # xxh3-64 of data
+
+
+@dataclass(slots=True)
+class ReadItem:
+    key: str
+    object_id: int
+    size_bytes: int
+    checksum: int            # expected xxh3-64, checked after the copy when verify is on
+    dest: memoryview         # writable, at least size_bytes long
+
+
+class Transport(abc.ABC):
+    """Moves values to and from one node. Not thread-safe: one per thread."""
+
+    name: str = "base"
+
+    @abc.abstractmethod
+    def write_many(self, items: list[WriteItem]) -> list[KVStoreError | None]:
+        """Write each value; per-item error or None, in input order."""
+
+    @abc.abstractmethod
+    def read_many(self, items: list[ReadItem], verify: bool = True) -> list[KVStoreError | None]:
+        """Read each value into its ``dest``; per-item error or None, in input order."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release the connection and any mapping."""

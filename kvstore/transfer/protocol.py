@@ -1,0 +1,88 @@
+"""The store node's binary data protocol (TCP).
+
+Every request is a fixed 32-byte header, the key, then for PUT the value::
+
+    request   | op u8 | flags u8 | key_len u16 | reserved u32 | object_id u64 | size u64 | checksum u64 | key | value
+    response  | code u8 | flags u8 | msg_len u16 | reserved u32 | object_id u64 | size u64 | checksum u64 | offset u64 | msg | value
+
+All integers are little-endian. ``code`` is a :class:`kvstore._proto.kvstore_pb2.Code`
+(0 = OK). A response carries a value only for an OK GET. Requests on one
+connection are answered in order, so a client may pipeline many frames and
+read the answers afterwards (batch operations do one round trip).
+
+Values are received with ``recv_into`` straight into their final memory (the
+node's shared-memory segment on PUT, the caller's buffer on GET) and sent
+from memoryviews: no per-byte Python work and no intermediate bytes objects.
+"""
+
+from __future__ import annotations
+
+import enum
+import socket
+import struct
+
+from kvstore.errors import Unavailable
+
+REQUEST = struct.Struct("<BBHIQQQ")
+RESPONSE = struct.Struct("<BBHIQQQQ")
+MAX_KEY_BYTES = 65535
+#: Below this many bytes a header and its value go out in one send() call.
+COALESCE_BYTES = 64 * 1024
+
+
+class Op(enum.IntEnum):
+    PUT = 1          # write a value inline; size bytes follow the key
+    GET = 2          # read a value inline
+    SHM_ALLOC = 3    # reserve space in the shm segment; reply carries offset
+    SHM_COMMIT = 4   # the client has written the reserved space; verify and publish
+    SHM_ACQUIRE = 5  # take a read reference; reply carries offset, size, checksum
+    SHM_RELEASE = 6  # drop a read reference taken by SHM_ACQUIRE
+    SHM_ABORT = 7    # give back a reservation from SHM_ALLOC
+    PING = 8
+
+
+def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
+    """Fill ``view`` from ``sock``.
+
+    Raises:
+        Unavailable: the peer closed the connection or the socket failed.
+    """
+    got = 0
+    n = len(view)
+    while got < n:
+        try:
+            k = sock.recv_into(view[got:], n - got)
+        except OSError as exc:
+            raise Unavailable(f"connection failed while receiving: {exc}") from exc
+        if k == 0:
+            raise Unavailable("connection closed by peer")
+        got += k
+
+
+def discard(sock: socket.socket, size_bytes: int, scratch: memoryview) -> None:
+    """Read and drop ``size_bytes`` (keeps a stream in sync after a refused PUT)."""
+    while size_bytes > 0:
+        chunk = min(size_bytes, len(scratch))
+        recv_exact_into(sock, scratch[:chunk])
+        size_bytes -= chunk
+
+
+def send_parts(sock: socket.socket, header: bytes, payload: memoryview | None = None) -> None:
+    """Send a header and an optional value, coalescing small values into one call."""
+    if payload is None or len(payload) == 0:
+        sock.sendall(header)
+    elif len(payload) <= COALESCE_BYTES:
+        sock.sendall(header + payload)
+    else:
+        sock.sendall(header)
+        sock.sendall(payload)
+
+
+def tune_socket(sock: socket.socket) -> None:
+    """Low latency and large buffers for bulk KV transfer."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, 4 * 1024 * 1024)
+        except OSError:
+            pass

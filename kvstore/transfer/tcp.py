@@ -1,0 +1,145 @@
+"""TCP transport: the client end of :mod:`kvstore.transfer.protocol`.
+
+Batch operations write every request frame first, then read every
+response: one round trip for the whole batch, with the node answering in
+order. Values are sent from the caller's memoryviews and received with
+``recv_into`` straight into the caller's buffers.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore.errors import (ChecksumMismatch, InvalidArgument, KVStoreError, Unavailable,
+                            error_for_code)
+from kvstore.keys import value_checksum
+from kvstore.transfer.base import ReadItem, Transport, WriteItem
+from kvstore.transfer.protocol import (REQUEST, RESPONSE, Op, discard, recv_exact_into,
+                                       send_parts, tune_socket)
+
+_SCRATCH_BYTES = 1 << 20
+
+
+class NodeConnection:
+    """A framed connection to one store node.
+
+    Args:
+        host, port: the node's data address.
+        timeout_s: socket timeout for connect and each operation.
+
+    Raises:
+        Unavailable: the node cannot be reached.
+    """
+
+    def __init__(self, host: str, port: int, timeout_s: float = 10.0):
+        try:
+            self.sock = socket.create_connection((host, port), timeout=timeout_s)
+        except OSError as exc:
+            raise Unavailable(f"cannot connect to store node {host}:{port}: {exc}") from exc
+        tune_socket(self.sock)
+        self._hdr = bytearray(RESPONSE.size)
+        self._hdr_view = memoryview(self._hdr)
+        self._scratch = memoryview(bytearray(_SCRATCH_BYTES))
+        self.broken = False
+
+    def send(self, op: Op, key: str, object_id: int = 0, size: int = 0, checksum: int = 0,
+             payload: memoryview | None = None) -> None:
+        kb = key.encode()
+        try:
+            send_parts(self.sock, REQUEST.pack(op, 0, len(kb), 0, object_id, size, checksum) + kb,
+                       payload)
+        except OSError as exc:
+            self.broken = True
+            raise Unavailable(f"send to store node failed: {exc}") from exc
+
+    def recv_header(self) -> tuple[int, int, int, int, int, str]:
+        """Read one response header: (code, object_id, size, checksum, offset, message)."""
+        try:
+            recv_exact_into(self.sock, self._hdr_view)
+            code, _f, msg_len, _r, object_id, size, checksum, offset = RESPONSE.unpack(self._hdr)
+            msg = ""
+            if msg_len:
+                buf = bytearray(msg_len)
+                recv_exact_into(self.sock, memoryview(buf))
+                msg = buf.decode(errors="replace")
+        except Unavailable:
+            self.broken = True
+            raise
+        return code, object_id, size, checksum, offset, msg
+
+    def recv_value_into(self, size: int, dest: memoryview) -> KVStoreError | None:
+        """Read a value that follows an OK GET header into ``dest``."""
+        try:
+            if size > len(dest):
+                discard(self.sock, size, self._scratch)
+                return InvalidArgument(f"destination holds {len(dest)} B, value is {size} B")
+            if size:
+                recv_exact_into(self.sock, dest[:size])
+        except Unavailable:
+            self.broken = True
+            raise
+        return None
+
+    def call(self, op: Op, key: str, object_id: int = 0, size: int = 0, checksum: int = 0,
+             payload: memoryview | None = None) -> tuple[int, int, int, int]:
+        """One request and its (value-less) response; raises the node's error.
+
+        Returns:
+            (object_id, size, checksum, offset) from the response.
+        """
+        self.send(op, key, object_id, size, checksum, payload)
+        code, oid, size, checksum, offset, msg = self.recv_header()
+        if code != pb.OK:
+            raise error_for_code(code, msg, key=key)
+        return oid, size, checksum, offset
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def check_read(item: ReadItem, size: int, verify: bool) -> KVStoreError | None:
+    """Post-read checks shared by transports: size and, optionally, checksum."""
+    if size != item.size_bytes:
+        return ChecksumMismatch(f"node returned {size} B, expected {item.size_bytes} B",
+                                key=item.key)
+    if verify and value_checksum(item.dest[:size]) != item.checksum:
+        return ChecksumMismatch("value read does not match its checksum", key=item.key)
+    return None
+
+
+class TcpTransport(Transport):
+    """Values inline in TCP frames."""
+
+    name = "tcp"
+
+    def __init__(self, conn: NodeConnection):
+        self.conn = conn
+
+    def write_many(self, items: list[WriteItem]) -> list[KVStoreError | None]:
+        for it in items:
+            self.conn.send(Op.PUT, it.key, it.object_id, len(it.data), it.checksum, it.data)
+        out: list[KVStoreError | None] = []
+        for it in items:
+            code, _oid, _size, _ck, _off, msg = self.conn.recv_header()
+            out.append(None if code == pb.OK else error_for_code(code, msg, key=it.key))
+        return out
+
+    def read_many(self, items: list[ReadItem], verify: bool = True) -> list[KVStoreError | None]:
+        for it in items:
+            self.conn.send(Op.GET, it.key, it.object_id)
+        out: list[KVStoreError | None] = []
+        for it in items:
+            code, _oid, size, _ck, _off, msg = self.conn.recv_header()
+            if code != pb.OK:
+                out.append(error_for_code(code, msg, key=it.key))
+                continue
+            err = self.conn.recv_value_into(size, it.dest)
+            out.append(err or check_read(it, size, verify))
+        return out
+
+    def close(self) -> None:
+        self.conn.close()
