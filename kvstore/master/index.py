@@ -187,6 +187,12 @@ class ObjectIndex:
             for n in entry.targets:
                 if n not in written:
                     self.membership.order_drop(n, entry.key, entry.object_id)
+            for n in written:
+                # Count the bytes as used until the node's next heartbeat reports
+                # them; otherwise placement sees the space as free in between.
+                info = self.membership.nodes.get(n)
+                if info is not None:
+                    info.used_bytes += entry.size_bytes
             entry.state = EntryState.COMPLETE
             entry.replicas = written
             entry.deadline_ms = 0

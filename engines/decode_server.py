@@ -1,0 +1,179 @@
+"""Decode engine process: load a request's KV blocks, generate greedily with continuous batching.
+
+One worker thread owns the model and the KV pages. Each iteration it admits
+the requests that arrived (loading their blocks from the store straight into
+pages), runs one batched decode step for every running request, streams each
+new token to its caller, and retires finished requests. Decode is
+batch-invariant (see :mod:`engines.model`), so a request's tokens do not
+depend on what it was batched with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import uuid
+from dataclasses import dataclass, field
+
+import grpc
+
+from client import KVClient, KVStoreError
+from engines.generate import greedy_token
+from engines.kv_cache import OutOfPages, Sequence
+from engines.namespace import is_transfer_key
+from engines.server_common import engine_args, load_engine, serve_until_signal
+from kvstore._proto import serving_pb2 as spb
+from kvstore._proto import serving_pb2_grpc as spb_grpc
+
+log = logging.getLogger(__name__)
+_DONE = object()
+
+
+@dataclass(eq=False)
+class DecodeJob:
+    req: spb.DecodeRequest
+    out: asyncio.Queue                     # tokens, then _DONE or an Exception
+    loop: asyncio.AbstractEventLoop
+    seq: Sequence = field(default_factory=Sequence)
+    produced: int = 1                      # the first token came from prefill
+    last_token: int = 0
+
+    def emit(self, item) -> None:
+        self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+
+
+class DecodeWorker:
+    """The continuous-batching loop (runs on its own thread)."""
+
+    def __init__(self, model, cache, kv: KVClient, instance_id: str, max_batch: int = 32):
+        self.model = model
+        self.cache = cache
+        self.kv = kv
+        self.instance_id = instance_id
+        self.max_batch = max_batch
+        self.inbox: queue.Queue[DecodeJob] = queue.Queue()
+        self.running: list[DecodeJob] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="decode", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._admit(block=not self.running)
+            if self.running:
+                self._step()
+
+    def _admit(self, block: bool) -> None:
+        while len(self.running) < self.max_batch:
+            try:
+                job = self.inbox.get(timeout=0.05) if block else self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            block = False
+            try:
+                self._load(job)
+            except (KVStoreError, OutOfPages, ValueError) as exc:
+                log.warning("decode of %s could not start: %s", job.req.request_id, exc)
+                if job.seq.page_ids:
+                    self.cache.free(job.seq)
+                job.emit(exc)
+                continue
+            self.running.append(job)
+
+    def _load(self, job: DecodeJob) -> None:
+        """Reserve pages and fill them with the prompt's KV from the store."""
+        req = job.req
+        n = len(req.prompt_tokens)
+        job.seq = Sequence(req.request_id)
+        self.cache.reserve(job.seq, n + req.max_tokens - 1)
+        keys = list(req.block_keys) + ([req.tail_key] if req.tail_key else [])
+        if len(keys) != self.cache.pages_for(n):
+            raise ValueError(f"{len(keys)} KV blocks for a {n}-token prompt")
+        pages = [self.cache.page(p) for p in job.seq.page_ids[:len(keys)]]
+        for key, r in zip(keys, self.kv.batch_get_into(keys, pages)):
+            if isinstance(r, KVStoreError):
+                raise r
+        self.cache.mark_computed(job.seq, n)
+        transient = [k for k in keys if is_transfer_key(k)]
+        if transient:
+            for err in self.kv.batch_remove(transient):
+                if err is not None:
+                    log.warning("could not remove transfer key: %s", err)
+        job.last_token = req.first_token
+
+    def _step(self) -> None:
+        jobs = self.running
+        logits = self.model.decode([j.seq for j in jobs], self.cache, [j.last_token for j in jobs])
+        still = []
+        for j, row in zip(jobs, logits):
+            tok = greedy_token(row)
+            j.last_token = tok
+            j.produced += 1
+            j.emit(tok)
+            if j.produced >= j.req.max_tokens:
+                self.cache.free(j.seq)
+                j.emit(_DONE)
+            else:
+                still.append(j)
+        self.running = still
+
+
+class DecodeServicer(spb_grpc.DecodeEngineServicer):
+    def __init__(self, worker: DecodeWorker):
+        self.worker = worker
+
+    async def Decode(self, request, context):
+        if request.max_tokens <= 1:
+            return
+        job = DecodeJob(request, asyncio.Queue(), asyncio.get_running_loop())
+        self.worker.inbox.put(job)
+        while True:
+            item = await job.out.get()
+            if item is _DONE:
+                return
+            if isinstance(item, Exception):
+                code = grpc.StatusCode.RESOURCE_EXHAUSTED if isinstance(item, OutOfPages) \
+                    else grpc.StatusCode.UNAVAILABLE
+                await context.abort(code, f"decode of {request.request_id} failed: {item}")
+            yield spb.DecodeChunk(tokens=[item])
+
+    async def Status(self, request, context):
+        return spb.EngineStatus(instance_id=self.worker.instance_id, role="decode",
+                                queued=self.worker.inbox.qsize(), running=len(self.worker.running))
+
+
+async def serve(args) -> None:
+    model, cache = load_engine(args)
+    kv = KVClient(args.master)
+    instance_id = args.instance_id or f"decode-{uuid.uuid4().hex[:6]}"
+    worker = DecodeWorker(model, cache, kv, instance_id)
+    worker.start()
+    server = grpc.aio.server()
+    port = server.add_insecure_port(f"{args.host}:{args.port}")
+    spb_grpc.add_DecodeEngineServicer_to_server(DecodeServicer(worker), server)
+    await server.start()
+
+    def stop() -> None:
+        worker.stop()
+        kv.close()
+
+    await serve_until_signal(server, port, {"role": "decode", "instance_id": instance_id,
+                                            "address": f"{args.host}:{port}", "port": port},
+                             on_stop=stop)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = engine_args("kvstore decode", "Run a decode engine.").parse_args(argv)
+    asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    main()

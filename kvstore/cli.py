@@ -1,0 +1,74 @@
+"""``kvstore``: run the demo or any component by hand.
+
+    kvstore demo [--requests N] [--trace PATH] [--no-cache] [--out FILE]
+    kvstore master | node | prefill | decode | conductor  [component options, see --help]
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="kvstore: a distributed KVCache store for disaggregated LLM serving.")
+_PASS = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+
+
+@app.command()
+def demo(
+    requests: int = typer.Option(200, "--requests", "-n", help="first N requests of the trace"),
+    trace: Optional[str] = typer.Option(None, help="trace JSONL (default: bundled conversation trace)"),
+    no_cache: bool = typer.Option(False, "--no-cache", help="bypass the prefix cache"),
+    out: Optional[str] = typer.Option(None, help="write the JSON summary here"),
+    time_scale: float = typer.Option(0.25, help="arrival-time multiplier (0 = all at once)"),
+    block_tokens: int = typer.Option(16, help="tokens per KV block (a trace block is 512)"),
+    max_output_tokens: int = typer.Option(16, help="cap on generated tokens per request"),
+    node_dram: str = typer.Option("512MiB", help="DRAM tier per store node"),
+    log_dir: Optional[str] = typer.Option(None, help="component logs (default: a temp dir)"),
+) -> None:
+    """Start an embedded local cluster and replay the bundled Mooncake trace."""
+    from kvstore.demo import run_demo
+    from kvstore.process import ChildFailed
+
+    logging.basicConfig(level=logging.WARNING)
+    console = Console()
+    try:
+        summary = run_demo(requests=requests, trace=trace, use_cache=not no_cache, out=out,
+                           time_scale=time_scale, block_tokens=block_tokens,
+                           max_output_tokens=max_output_tokens, node_dram=node_dram,
+                           log_dir=log_dir, console=console)
+    except ChildFailed as exc:
+        console.print(f"[red]a cluster process failed:[/] {exc}")
+        raise typer.Exit(1)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted; cluster stopped[/]")
+        raise typer.Exit(130)
+    if summary["errors"]:
+        raise typer.Exit(1)
+
+
+def _component(name: str, target: str, help_text: str) -> None:
+    @app.command(name=name, context_settings=_PASS, help=help_text, add_help_option=False)
+    def _run(ctx: typer.Context) -> None:
+        module_name, func = target.split(":")
+        import importlib
+
+        getattr(importlib.import_module(module_name), func)(ctx.args)
+
+
+_component("master", "kvstore.master.server:main", "Run a master shard (see --help).")
+_component("node", "kvstore.store.server:main", "Run a store node (see --help).")
+_component("prefill", "engines.prefill_server:main", "Run a prefill engine (see --help).")
+_component("decode", "engines.decode_server:main", "Run a decode engine (see --help).")
+_component("conductor", "conductor.service:main", "Run the conductor (see --help).")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""Trace replay against a running conductor: arrivals on the trace's clock.
+
+Each scaled trace request is sent to the conductor's ``Generate`` at its
+(scaled) arrival time; tokens stream back; the conductor's per-request
+metrics (TTFT, TBT, cached tokens) and the output digest are collected
+into :class:`tools.report.RequestResult` rows. A progress bar shows the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+
+import grpc
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from kvstore._proto import serving_pb2 as spb
+from kvstore._proto import serving_pb2_grpc as spb_grpc
+from tools.report import RequestResult, output_digest
+from tools.trace import ScaledRequest
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayOutcome:
+    results: list[RequestResult]
+    duration_s: float
+    hit_blocks: int       # full prompt blocks whose KV came from the store
+    total_blocks: int     # full prompt blocks of completed requests
+
+    @property
+    def block_hit_rate(self) -> float:
+        return self.hit_blocks / self.total_blocks if self.total_blocks else 0.0
+
+
+async def _one(stub, req: ScaledRequest, run_id: str, t0: float, timeout_s: float
+               ) -> tuple[RequestResult, int, int]:
+    delay = req.arrival_ms / 1000.0 - (time.perf_counter() - t0)
+    if delay > 0:
+        await asyncio.sleep(delay)
+    result = RequestResult(index=req.index, prompt_tokens=len(req.prompt_tokens))
+    tokens: list[int] = []
+    hits = total = 0
+    try:
+        call = stub.Generate(spb.GenerateRequest(
+            request_id=f"{run_id}-{req.index}", prompt_tokens=[int(t) for t in req.prompt_tokens],
+            max_tokens=req.max_tokens), timeout=timeout_s)
+        async for chunk in call:
+            tokens.extend(chunk.tokens)
+            if chunk.done:
+                m = chunk.metrics
+                result.rejected = chunk.rejected
+                result.error = None if chunk.rejected else (chunk.error or None)
+                result.cached_tokens = m.cached_tokens
+                result.prefill_instance = m.prefill_instance or None
+                result.decode_instance = m.decode_instance or None
+                if not chunk.error and not chunk.rejected:
+                    result.ttft_ms = m.ttft_ms
+                    result.tbt_ms = m.tbt_ms if m.output_tokens > 1 else None
+                hits, total = m.hit_blocks, m.total_blocks
+        if result.error is None and not result.rejected and len(tokens) != req.max_tokens:
+            result.error = f"got {len(tokens)} tokens, expected {req.max_tokens}"
+    except grpc.aio.AioRpcError as exc:
+        result.error = f"{exc.code().name}: {exc.details()}"
+    result.output_tokens = len(tokens)
+    result.output_digest = output_digest(tokens)
+    return result, hits, total
+
+
+async def replay(conductor: str, requests: list[ScaledRequest], *, timeout_s: float = 300.0,
+                 show_progress: bool = True) -> ReplayOutcome:
+    """Replay ``requests`` against the conductor at ``conductor`` (host:port)."""
+    run_id = uuid.uuid4().hex[:8]
+    async with grpc.aio.insecure_channel(conductor) as channel:
+        stub = spb_grpc.ConductorStub(channel)
+        t0 = time.perf_counter()
+        with Progress(TextColumn("[bold]replay"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
+                      disable=not show_progress, transient=False) as progress:
+            task = progress.add_task("replay", total=len(requests), status="")
+            errors = 0
+            tasks = [asyncio.create_task(_one(stub, r, run_id, t0, timeout_s)) for r in requests]
+            done = []
+            for fut in asyncio.as_completed(tasks):
+                res = await fut
+                done.append(res)
+                errors += res[0].error is not None
+                progress.update(task, advance=1, status=f"errors {errors}")
+        duration = time.perf_counter() - t0
+    done.sort(key=lambda x: x[0].index)
+    ok = [(h, t) for r, h, t in done if r.error is None and not r.rejected]
+    return ReplayOutcome(results=[r for r, _, _ in done], duration_s=duration,
+                         hit_blocks=sum(h for h, _ in ok), total_blocks=sum(t for _, t in ok))
