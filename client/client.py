@@ -107,19 +107,25 @@ class KVClient:
         return ShardMap.from_proto(self._rpc(address, "GetShardMap", pb.GetShardMapRequest()))
 
     def _group(self, keys: Sequence[str]) -> dict[str, list[int]]:
-        """Indices of ``keys`` by owning master address."""
+        """Indices of ``keys`` by owning master address (``str`` keys only)."""
         groups: dict[str, list[int]] = defaultdict(list)
         for i, k in enumerate(keys):
-            groups[self.shard_map.shard_for_key(k).address].append(i)
+            if isinstance(k, str):
+                groups[self.shard_map.shard_for_key(k).address].append(i)
         return groups
 
-    def _routed(self, keys: Sequence[str], call) -> list:
+    def _routed(self, keys: Sequence[str], call, invalid=lambda err: err) -> list:
         """Run ``call(address, sub_keys) -> list`` per shard, reassembled in input order.
 
-        On WRONG_SHARD the shard map is refreshed once and the call repeated.
+        A key that is not a ``str`` cannot be routed: its result is
+        ``invalid(InvalidArgument)`` and no master sees it (the masters check
+        every other rule of :func:`validate_key`). On WRONG_SHARD the shard
+        map is refreshed once and the call repeated.
         """
         for attempt in range(2):
-            out: list = [None] * len(keys)
+            out: list = [None if isinstance(k, str) else
+                         invalid(InvalidArgument(f"key must be str, got {type(k).__name__}"))
+                         for k in keys]
             try:
                 for address, idxs in self._group(keys).items():
                     for i, r in zip(idxs, call(address, [keys[i] for i in idxs])):
@@ -211,16 +217,27 @@ class KVClient:
             except KVStoreError as err:
                 results[i] = err
         config = pb.PutConfig(replica_num=replica_num or self.replica_num)
-        deadline = time.monotonic() + self.put_wait_s
-        backoff = 0.005
-        while todo:
-            retry = self._put_round(keys, views, checksums, todo, config, results,
-                                    time.monotonic() < deadline)
-            if not retry:
-                break
-            time.sleep(backoff)
-            backoff = min(backoff * 2, 0.2)
-            todo = retry
+        # A key repeated in one batch is put in waves, one occurrence per wave:
+        # the first wins, later ones are "already present" or KeyConflict, as
+        # for any second put (one PutStart request never names a key twice).
+        waves: list[list[int]] = []
+        seen: dict[str, int] = {}
+        for i in todo:
+            w = seen[keys[i]] = seen.get(keys[i], -1) + 1
+            if w == len(waves):
+                waves.append([])
+            waves[w].append(i)
+        for wave in waves:
+            deadline = time.monotonic() + self.put_wait_s
+            backoff = 0.005
+            while wave:
+                retry = self._put_round(keys, views, checksums, wave, config, results,
+                                        time.monotonic() < deadline)
+                if not retry:
+                    break
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 0.2)
+                wave = retry
         return results
 
     def _put_round(self, keys, views, checksums, todo: list[int], config: pb.PutConfig,
@@ -429,7 +446,7 @@ class KVClient:
 
         def call(address: str, ks: list[str]) -> list[bool]:
             return list(self._rpc(address, "Exists", pb.ExistsRequest(keys=ks)).exists)
-        return self._routed(keys, call)
+        return self._routed(keys, call, invalid=lambda err: False)
 
     def remove(self, key: str, *, reason: str = "remove") -> None:
         """Delete ``key``; its memory is freed on the nodes once no reader holds it.

@@ -1,0 +1,123 @@
+"""A shared-memory reader's reference pins the object's memory on the node.
+
+The reader here is the low-level protocol (``NodeConnection`` + SHM_ACQUIRE)
+mapping the node's segment itself: while it holds the reference, removing
+the key and filling the node never reuses those bytes; after SHM_RELEASE
+(or when the reader's connection goes away) they are freed and reused.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from client import KVClient
+from kvstore.errors import NoSpace, NotFound
+from kvstore.keys import value_checksum
+from kvstore.transfer.protocol import Op
+from kvstore.transfer.shm import ShmSegment
+from kvstore.transfer.tcp import NodeConnection
+from kvtest import node_stats, start_cluster, wait_for
+
+KiB = 1 << 10
+OBJ = 256 * KiB          # four objects fill the 1 MiB node exactly
+
+
+@pytest.fixture(scope="module")
+def one_node(tmp_path_factory):
+    running = start_cluster(str(tmp_path_factory.mktemp("shm-ref-logs")), num_nodes=1,
+                            dram="1MiB")
+    try:
+        yield running
+        running.procs.check()
+    finally:
+        running.procs.stop()
+
+
+@pytest.fixture
+def kv(one_node):
+    with KVClient(one_node.master, prefer_shm=True) as client:
+        yield client
+        # Leave the node empty for the next test.
+        client.batch_remove([m.key for m in client.list()])
+        wait_for(lambda: node_stats(client)["n0"].used_bytes == 0)
+
+
+def value(i: int) -> bytes:
+    return np.random.default_rng(i).integers(0, 256, OBJ, dtype=np.uint8).tobytes()
+
+
+def offset_of(conn: NodeConnection, key: str) -> int:
+    oid, _size, _ck, offset = conn.call(Op.SHM_ACQUIRE, key)
+    conn.call(Op.SHM_RELEASE, key, oid)
+    return offset
+
+
+def num_objects_reported(kv: KVClient, n: int):
+    """Wait until the node's heartbeat reports ``n`` objects; returns its NodeStat.
+
+    (Removal reaches the node with a heartbeat reply; only a heartbeat
+    reporting the new count shows that the node has applied it.)
+    """
+    return wait_for(lambda: (lambda s: s if s.num_objects == n else None)(node_stats(kv)["n0"]))
+
+
+def connect(kv: KVClient, key: str) -> tuple[NodeConnection, ShmSegment]:
+    (meta,) = kv.lookup([key])
+    node = meta.replicas[0].node
+    return NodeConnection(node.host, node.data_port), ShmSegment(node.shm_name)
+
+
+def test_reference_keeps_memory_through_remove_and_refill(kv):
+    data = value(0)
+    kv.put("pinned", data)
+    conn, seg = connect(kv, "pinned")
+    try:
+        (meta,) = kv.lookup(["pinned"])
+        oid, size, checksum, offset = conn.call(Op.SHM_ACQUIRE, "pinned", meta.object_id)
+        assert (oid, size, checksum) == (meta.object_id, OBJ, value_checksum(data))
+        pinned = seg.view[offset:offset + size]
+        assert pinned == data
+
+        num_objects_reported(kv, 1)
+        kv.remove("pinned")
+        with pytest.raises(NotFound):
+            kv.get("pinned")
+        # The drop reached the node (no object left), but the memory is still held.
+        assert num_objects_reported(kv, 0).used_bytes == OBJ
+        with pytest.raises(NotFound):
+            conn.call(Op.SHM_ACQUIRE, "pinned")          # no new readers
+
+        # New puts fill everything else; the fourth does not fit.
+        for i in range(1, 4):
+            assert kv.put(f"fill{i}", value(i)) is True
+        with pytest.raises(NoSpace):
+            kv.put("fill4", value(4))
+        assert all(offset_of(conn, f"fill{i}") != offset for i in range(1, 4))
+        assert pinned == data and value_checksum(pinned) == checksum
+        assert kv.batch_get([f"fill{i}" for i in range(1, 4)]) == [value(i) for i in range(1, 4)]
+
+        # Release: the memory goes back at once and the next put lands there.
+        conn.call(Op.SHM_RELEASE, "pinned", oid)
+        with pytest.raises(NotFound):
+            conn.call(Op.SHM_RELEASE, "pinned", oid)     # released once only
+        assert kv.put("fill4", value(4)) is True
+        assert offset_of(conn, "fill4") == offset
+        assert pinned == value(4)
+        pinned.release()
+    finally:
+        conn.close()
+        seg.close()
+
+
+def test_reader_connection_closing_releases_its_references(kv):
+    kv.put("held", value(7))
+    conn, seg = connect(kv, "held")
+    seg.close()
+    conn.call(Op.SHM_ACQUIRE, "held")
+    conn.call(Op.SHM_ACQUIRE, "held")                    # two references, one connection
+    num_objects_reported(kv, 1)
+    kv.remove("held")
+    assert num_objects_reported(kv, 0).used_bytes == OBJ
+    conn.close()                                         # a reader that goes away
+    wait_for(lambda: node_stats(kv)["n0"].used_bytes == 0)

@@ -1,0 +1,59 @@
+"""Helpers shared by the tests: starting a real cluster, polling, node stats.
+
+Importable from every test module as ``kvtest`` (pytest puts ``tests/`` on
+``sys.path`` for the root ``conftest.py``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore.process import Cluster
+
+
+@dataclass
+class RunningCluster:
+    """A started cluster and how to reach its parts."""
+
+    procs: Cluster
+    master: str                      # master address host:port
+    nodes: dict[str, dict]           # node_id -> READY payload (address, shm_name)
+
+
+def start_cluster(log_dir: str, num_nodes: int = 2, dram: str = "64MiB",
+                  node_ttl_ms: int = 3000) -> RunningCluster:
+    """Start a master and ``num_nodes`` store nodes named n0, n1, ...; the caller stops it."""
+    procs = Cluster(log_dir=log_dir)
+    try:
+        master = procs.start("master", ["-m", "kvstore.master.server",
+                                        "--node-ttl-ms", str(node_ttl_ms)])
+        nodes = {}
+        for i in range(num_nodes):
+            child = procs.start(f"n{i}", ["-m", "kvstore.store.server", "--master",
+                                          master.address, "--dram", dram, "--node-id", f"n{i}"])
+            nodes[f"n{i}"] = child.info
+    except BaseException:
+        procs.stop()
+        raise
+    return RunningCluster(procs, master.address, nodes)
+
+
+def wait_for(predicate, timeout_s: float = 5.0, interval_s: float = 0.05):
+    """Poll ``predicate()`` until it returns something truthy; returns it, or fails the test."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout_s} s")
+        time.sleep(interval_s)
+
+
+def node_stats(kv) -> dict[str, pb.NodeStat]:
+    """The master's view of each node (node_id -> NodeStat) through a KVClient."""
+    return {n.address.node_id: n for st in kv.stat() for n in st.nodes}

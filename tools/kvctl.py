@@ -1,0 +1,323 @@
+"""kvctl: look at and administer a running kvstore cluster.
+
+    kvctl --master 127.0.0.1:50051 nodes
+    KVSTORE_MASTER=127.0.0.1:50051 kvctl ls block/ --limit 20
+    kvctl inspect KEY | evict KEY | rm KEY | stats
+
+Every command takes ``--json``: machine-readable JSON on stdout, sizes as raw
+bytes. Tables show sizes human-readable. A failure prints one line on stderr
+(``kvctl: error: NotFound: ...``) and exits non-zero: 2 for NotFound, 1 for
+anything else; never a traceback.
+
+kvctl only reads through calls that leave access statistics alone (Stat,
+List): inspecting a key does not make it look hot to eviction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from dataclasses import dataclass
+from typing import Annotated, Any, Iterator, Optional
+
+import grpc
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.errors import KVStoreError, NotFound, from_rpc_error
+from kvstore.keys import key_slot, validate_key
+from kvstore.sizes import format_size
+
+EXIT_ERROR = 1
+EXIT_NOT_FOUND = 2
+
+app = typer.Typer(name="kvctl", help="Inspect and administer a kvstore cluster.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    master: str          # any master shard's address host:port
+    timeout_s: float     # deadline of each RPC
+
+
+# ---- plumbing ----
+
+class CommandFailed(Exception):
+    """A usage problem detected by kvctl itself (exit 1)."""
+
+
+@contextlib.contextmanager
+def _client(ctx: typer.Context) -> Iterator[Any]:
+    """A KVClient on the --master address; errors become one line on stderr and an exit code."""
+    settings: Settings = ctx.obj
+    kv = None
+    try:
+        if not settings.master:
+            raise CommandFailed("no master address: pass --master HOST:PORT or set KVSTORE_MASTER")
+        from client import KVClient   # imported late: --help stays fast
+
+        kv = KVClient(settings.master, prefer_shm=False, timeout_s=settings.timeout_s)
+        yield kv
+    except KVStoreError as err:
+        typer.echo(f"kvctl: error: {type(err).__name__}: {err}", err=True)
+        raise typer.Exit(EXIT_NOT_FOUND if isinstance(err, NotFound) else EXIT_ERROR) from None
+    except CommandFailed as err:
+        typer.echo(f"kvctl: error: {err}", err=True)
+        raise typer.Exit(EXIT_ERROR) from None
+    finally:
+        if kv is not None:
+            kv.close()
+
+
+def _emit_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def _console() -> Console:
+    return Console(highlight=False, soft_wrap=False)
+
+
+def _fmt_ms(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) if ms else "-"
+
+
+def _tier(tier: int) -> str:
+    return pb.Tier.Name(tier) if tier in pb.Tier.values() else str(tier)
+
+
+def node_json(n: pb.NodeStat) -> dict:
+    a = n.address
+    return {"node_id": a.node_id, "host": a.host, "data_port": a.data_port,
+            "shm_name": a.shm_name, "host_id": a.host_id, "alive": n.alive, "tier": _tier(n.tier),
+            "capacity_bytes": n.capacity_bytes, "used_bytes": n.used_bytes,
+            "free_bytes": max(0, n.capacity_bytes - n.used_bytes), "num_objects": n.num_objects,
+            "last_heartbeat_ms": n.last_heartbeat_ms}
+
+
+def meta_json(m: pb.ObjectMeta) -> dict:
+    return {"key": m.key, "size_bytes": m.size_bytes, "checksum": f"{m.checksum:016x}",
+            "object_id": m.object_id, "created_ms": m.created_ms,
+            "access_count": m.access_count, "last_access_ms": m.last_access_ms,
+            "replicas": [{"node_id": r.node.node_id, "host": r.node.host,
+                          "data_port": r.node.data_port, "tier": _tier(r.tier),
+                          "state": pb.ReplicaState.Name(r.state)} for r in m.replicas]}
+
+
+def _nodes(kv) -> list[pb.NodeStat]:
+    """Every node any shard knows, once each (by node id)."""
+    seen: dict[str, pb.NodeStat] = {}
+    for st in kv.stat():
+        for n in st.nodes:
+            prev = seen.get(n.address.node_id)
+            if prev is None or n.last_heartbeat_ms > prev.last_heartbeat_ms:
+                seen[n.address.node_id] = n
+    return sorted(seen.values(), key=lambda n: n.address.node_id)
+
+
+def _object_meta(kv, key: str, timeout_s: float) -> pb.ObjectMeta:
+    """One key's metadata from its shard via List, which leaves access stats alone.
+
+    Raises:
+        InvalidArgument: a bad key. NotFound: no such (visible) key.
+    """
+    validate_key(key)
+    address = kv.shard_map.shard_for_key(key).address
+    with grpc.insecure_channel(address) as channel:
+        try:
+            resp = pb_grpc.MasterStub(channel).List(pb.ListRequest(prefix=key, limit=1),
+                                                    timeout=timeout_s)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+    # A key sorts before every longer key it prefixes: if present, it comes first.
+    if not resp.objects or resp.objects[0].key != key:
+        raise NotFound("no such key", key=key)
+    return resp.objects[0]
+
+
+# ---- commands ----
+
+@app.callback()
+def _options(
+    ctx: typer.Context,
+    master: Annotated[Optional[str], typer.Option(
+        "--master", envvar="KVSTORE_MASTER", show_envvar=True,
+        help="Address HOST:PORT of any master shard.")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", min=0.1,
+                                           help="Seconds to wait for each call.")] = 5.0,
+) -> None:
+    ctx.obj = Settings(master or "", timeout)
+
+
+@app.command()
+def nodes(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Store nodes: liveness, tier, memory used, objects."""
+    with _client(ctx) as kv:
+        found = _nodes(kv)
+    if as_json:
+        _emit_json({"nodes": [node_json(n) for n in found]})
+        return
+    now = time.time() * 1000
+    table = Table(title=f"{len(found)} store node(s)")
+    for col in ("node", "address", "alive", "tier", "used", "capacity", "used %", "objects",
+                "heartbeat"):
+        right = col in ("used", "capacity", "used %", "objects", "heartbeat")
+        table.add_column(col, justify="right" if right else "left",
+                         overflow="fold" if col in ("node", "address") else "ellipsis")
+    for n in found:
+        pct = 100.0 * n.used_bytes / n.capacity_bytes if n.capacity_bytes else 0.0
+        age = f"{(now - n.last_heartbeat_ms) / 1000:.1f} s ago" if n.last_heartbeat_ms else "-"
+        table.add_row(n.address.node_id, f"{n.address.host}:{n.address.data_port}",
+                      "yes" if n.alive else "[red]DEAD[/red]", _tier(n.tier),
+                      format_size(n.used_bytes), format_size(n.capacity_bytes), f"{pct:.1f}",
+                      str(n.num_objects), age)
+    _console().print(table)
+
+
+@app.command("ls")
+def list_objects(
+    ctx: typer.Context,
+    prefix: Annotated[str, typer.Argument(help="Only keys starting with this.")] = "",
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1,
+                                       help="Show at most this many objects.")] = 100,
+    as_json: JsonOpt = False,
+) -> None:
+    """Objects in key order, optionally under a key prefix."""
+    with _client(ctx) as kv:
+        objects: list[pb.ObjectMeta] = []
+        truncated = False
+        for meta in kv.list(prefix, page_size=min(limit + 1, 1000)):
+            if len(objects) == limit:
+                truncated = True
+                break
+            objects.append(meta)
+    if as_json:
+        _emit_json({"prefix": prefix, "objects": [meta_json(m) for m in objects],
+                    "count": len(objects), "truncated": truncated})
+        return
+    more = " (more not shown; raise --limit)" if truncated else ""
+    table = Table(title=f"{len(objects)} object(s){more}")
+    table.add_column("key", overflow="fold")
+    table.add_column("size", justify="right")
+    table.add_column("replicas")
+    table.add_column("accesses", justify="right")
+    table.add_column("created")
+    for m in objects:
+        table.add_row(m.key, format_size(m.size_bytes),
+                      ",".join(r.node.node_id for r in m.replicas), str(m.access_count),
+                      _fmt_ms(m.created_ms))
+    _console().print(table)
+
+
+@app.command()
+def inspect(ctx: typer.Context, key: Annotated[str, typer.Argument(help="The object's key.")],
+            as_json: JsonOpt = False) -> None:
+    """One object's metadata: size, checksum, replicas, access statistics."""
+    with _client(ctx) as kv:
+        meta = _object_meta(kv, key, ctx.obj.timeout_s)
+        shard = kv.shard_map.shard_for_key(key)
+    slot = key_slot(key)
+    if as_json:
+        _emit_json({**meta_json(meta), "slot": slot, "shard_id": shard.shard_id,
+                    "shard_address": shard.address})
+        return
+    table = Table(title=f"object {key}", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold")
+    table.add_row("size", f"{format_size(meta.size_bytes)} ({meta.size_bytes} B)")
+    table.add_row("checksum", f"xxh3-64 {meta.checksum:016x}")
+    table.add_row("object id", str(meta.object_id))
+    table.add_row("slot / shard", f"{slot} / {shard.shard_id} ({shard.address})")
+    table.add_row("created", _fmt_ms(meta.created_ms))
+    table.add_row("accesses", str(meta.access_count))
+    table.add_row("last access", _fmt_ms(meta.last_access_ms))
+    for r in meta.replicas:
+        table.add_row("replica", f"{r.node.node_id} {r.node.host}:{r.node.data_port} "
+                                 f"{_tier(r.tier)} {pb.ReplicaState.Name(r.state)}")
+    _console().print(table)
+
+
+def _remove(ctx: typer.Context, key: str, reason: str, as_json: bool) -> None:
+    with _client(ctx) as kv:
+        validate_key(key)
+        kv.remove(key, reason=reason)
+    if as_json:
+        _emit_json({"key": key, "removed": True, "reason": reason})
+    else:
+        typer.echo(f"{'evicted' if reason == 'evict' else 'removed'} {key}")
+
+
+@app.command()
+def evict(ctx: typer.Context, key: Annotated[str, typer.Argument(help="The object's key.")],
+          as_json: JsonOpt = False) -> None:
+    """Evict an object (freed on its nodes once no reader holds it; counted as an eviction)."""
+    _remove(ctx, key, "evict", as_json)
+
+
+@app.command("rm")
+def remove(ctx: typer.Context, key: Annotated[str, typer.Argument(help="The object's key.")],
+           as_json: JsonOpt = False) -> None:
+    """Remove an object (freed on its nodes once no reader holds it)."""
+    _remove(ctx, key, "remove", as_json)
+
+
+@app.command()
+def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Per-shard object counts, bytes, pending puts, counters and node totals."""
+    with _client(ctx) as kv:
+        shards = kv.stat()
+        shard_map = kv.shard_map
+    addresses = {r.shard_id: r.address for r in shard_map.ranges}
+    out = []
+    for st in shards:
+        alive = [n for n in st.nodes if n.alive]
+        out.append({
+            "shard_id": st.shard_id, "address": addresses.get(st.shard_id, ""),
+            "shard_map_version": st.shard_map_version, "num_objects": st.num_objects,
+            "total_bytes": st.total_bytes, "pending_puts": st.pending_puts,
+            "nodes": len(st.nodes), "nodes_alive": len(alive),
+            "capacity_bytes": sum(n.capacity_bytes for n in alive),
+            "used_bytes": sum(n.used_bytes for n in alive),
+            "counters": dict(sorted(st.counters.items())),
+        })
+    if as_json:
+        totals = {k: sum(s[k] for s in out) for k in ("num_objects", "total_bytes",
+                                                       "pending_puts", "capacity_bytes",
+                                                       "used_bytes")}
+        _emit_json({"shards": out, "totals": totals})
+        return
+    console = _console()
+    table = Table(title="shards")
+    for col in ("shard", "address", "objects", "bytes", "pending", "nodes alive", "used",
+                "capacity"):
+        table.add_column(col, justify="left" if col in ("shard", "address") else "right",
+                         overflow="fold" if col == "address" else "ellipsis")
+    for s in out:
+        table.add_row(str(s["shard_id"]), s["address"], str(s["num_objects"]),
+                      format_size(s["total_bytes"]), str(s["pending_puts"]),
+                      f"{s['nodes_alive']}/{s['nodes']}", format_size(s["used_bytes"]),
+                      format_size(s["capacity_bytes"]))
+    console.print(table)
+    counters = Table(title="counters")
+    counters.add_column("counter")
+    counters.add_column("value", justify="right")
+    names = sorted({k for s in out for k in s["counters"]})
+    for name in names:
+        counters.add_row(name, str(sum(s["counters"].get(name, 0) for s in out)))
+    console.print(counters)
+
+
+def main() -> None:
+    """Console-script entry point (``kvctl``)."""
+    app(prog_name="kvctl")
+
+
+if __name__ == "__main__":
+    main()
