@@ -166,13 +166,16 @@ class KVClient:
             tr.close()
 
     # ---- put ----
-    def put(self, key: str, value: Any, *, replica_num: int | None = None) -> bool:
+    def put(self, key: str, value: Any, *, replica_num: int | None = None,
+            parent: str | None = None) -> bool:
         """Store ``value`` under ``key`` (objects are immutable).
 
         Args:
             key: non-empty str, at most 512 UTF-8 bytes.
             value: bytes-like, numpy array or CPU tensor (its raw bytes; 0 B allowed).
             replica_num: replicas on distinct nodes (default: the client's).
+            parent: key of the previous block of this value's prefix chain;
+                lets the nodes' eviction drop a chain's tail before its head.
 
         Returns:
             True if written, False if equal bytes were already stored.
@@ -184,25 +187,30 @@ class KVClient:
             PutInProgress: another put of the key did not finish within put_wait_s.
             InvalidArgument, Unavailable.
         """
-        (res,) = self._put_many([key], [value], replica_num)
+        (res,) = self._put_many([key], [value], replica_num, [parent or ""])
         if isinstance(res, KVStoreError):
             raise res
         return res
 
     def batch_put(self, keys: Sequence[str], values: Sequence[Any], *,
-                  replica_num: int | None = None) -> list[KVStoreError | None]:
-        """Put many values; per key ``None`` on success (written or already present) or the error."""
+                  replica_num: int | None = None, parents: Sequence[str | None] | None = None
+                  ) -> list[KVStoreError | None]:
+        """Put many values; per key ``None`` on success (written or already present) or the error.
+
+        ``parents[i]`` is the previous block's key of ``keys[i]``'s prefix chain (see :meth:`put`).
+        """
+        parents = [p or "" for p in parents] if parents is not None else [""] * len(keys)
         return [r if isinstance(r, KVStoreError) else None
-                for r in self._put_many(keys, values, replica_num)]
+                for r in self._put_many(keys, values, replica_num, parents)]
 
     def put_tensor(self, key: str, tensor, *, replica_num: int | None = None) -> bool:
         """Store a contiguous CPU tensor's raw bytes (shape and dtype are the caller's to know)."""
         return self.put(key, tensor, replica_num=replica_num)
 
-    def _put_many(self, keys: Sequence[str], values: Sequence[Any],
-                  replica_num: int | None) -> list[bool | KVStoreError]:
-        if len(keys) != len(values):
-            raise InvalidArgument(f"{len(keys)} keys but {len(values)} values")
+    def _put_many(self, keys: Sequence[str], values: Sequence[Any], replica_num: int | None,
+                  parents: Sequence[str]) -> list[bool | KVStoreError]:
+        if not len(keys) == len(values) == len(parents):
+            raise InvalidArgument(f"{len(keys)} keys, {len(values)} values, {len(parents)} parents")
         n = len(keys)
         results: list[bool | KVStoreError] = [False] * n
         views: list[memoryview | None] = [None] * n
@@ -231,7 +239,7 @@ class KVClient:
             deadline = time.monotonic() + self.put_wait_s
             backoff = 0.005
             while wave:
-                retry = self._put_round(keys, views, checksums, wave, config, results,
+                retry = self._put_round(keys, views, checksums, parents, wave, config, results,
                                         time.monotonic() < deadline)
                 if not retry:
                     break
@@ -240,7 +248,7 @@ class KVClient:
                 wave = retry
         return results
 
-    def _put_round(self, keys, views, checksums, todo: list[int], config: pb.PutConfig,
+    def _put_round(self, keys, views, checksums, parents, todo: list[int], config: pb.PutConfig,
                    results: list, may_wait: bool) -> list[int]:
         """One PutStart -> write -> PutEnd/PutRevoke round; returns indices to retry."""
         sub_keys = [keys[i] for i in todo]
@@ -271,7 +279,8 @@ class KVClient:
         written: dict[int, list[str]] = defaultdict(list)
         errors: dict[int, KVStoreError] = {}
         for node_id, lst in by_node.items():
-            items = [WriteItem(keys[i], object_ids[i], views[i], checksums[i]) for i, _ in lst]
+            items = [WriteItem(keys[i], object_ids[i], views[i], checksums[i], parents[i])
+                     for i, _ in lst]
             try:
                 outcome = self._transport(lst[0][1]).write_many(items)
             except Unavailable as err:

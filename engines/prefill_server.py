@@ -105,7 +105,8 @@ class PrefillWorker:
         saved = 0
         todo = list(range(hit, len(keys))) if req.use_cache else []
         if todo:
-            res = self.kv.batch_put([keys[i] for i in todo], [pages[i] for i in todo])
+            res = self.kv.batch_put([keys[i] for i in todo], [pages[i] for i in todo],
+                                    parents=[keys[i - 1] if i else None for i in todo])
             for i, err in zip(todo, res):
                 if err is None:
                     saved += 1

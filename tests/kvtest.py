@@ -25,8 +25,12 @@ class RunningCluster:
 
 
 def start_cluster(log_dir: str, num_nodes: int = 2, dram: str = "64MiB",
-                  node_ttl_ms: int = 3000) -> RunningCluster:
-    """Start a master and ``num_nodes`` store nodes named n0, n1, ...; the caller stops it."""
+                  node_ttl_ms: int = 3000, eviction_policy: str = "none") -> RunningCluster:
+    """Start a master and ``num_nodes`` store nodes named n0, n1, ...; the caller stops it.
+
+    Nodes default to no eviction, so a full node answers NoSpace (the store
+    rules); eviction tests pass a policy name.
+    """
     procs = Cluster(log_dir=log_dir)
     try:
         master = procs.start("master", ["-m", "kvstore.master.server",
@@ -34,7 +38,8 @@ def start_cluster(log_dir: str, num_nodes: int = 2, dram: str = "64MiB",
         nodes = {}
         for i in range(num_nodes):
             child = procs.start(f"n{i}", ["-m", "kvstore.store.server", "--master",
-                                          master.address, "--dram", dram, "--node-id", f"n{i}"])
+                                          master.address, "--dram", dram, "--node-id", f"n{i}",
+                                          "--eviction-policy", eviction_policy])
             nodes[f"n{i}"] = child.info
     except BaseException:
         procs.stop()

@@ -306,6 +306,16 @@ class ObjectIndex:
                     lost += 1
         return lost
 
+    def node_removed(self, node_id: str, key: str, object_id: int) -> None:
+        """A node evicted its replica of (key, object_id): take it out of the index."""
+        entry = self.entries.get(key)
+        if entry is None or entry.object_id != object_id or node_id not in entry.replicas:
+            return
+        entry.replicas.remove(node_id)
+        self.counters["replicas_evicted"] += 1
+        if entry.state is EntryState.COMPLETE and not entry.replicas:
+            self._delete(entry, [])
+
     def expire_puts(self, now_ms: int) -> int:
         """Revoke PENDING puts past their deadline; returns how many."""
         expired = [e for e in self.entries.values()

@@ -42,6 +42,8 @@ class MasterServicer(pb_grpc.MasterServicer):
         info = self.membership.heartbeat(request, now_ms())
         if info is None:
             return pb.HeartbeatResponse(known=False)
+        for r in request.removed:
+            self.index.node_removed(request.node_id, r.key, r.object_id)
         return pb.HeartbeatResponse(known=True, drops=self.membership.take_drops(request.node_id))
 
     async def GetShardMap(self, request, context):

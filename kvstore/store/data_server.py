@@ -15,11 +15,10 @@ import socket
 import threading
 
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.errors import InvalidArgument, KVStoreError, NotFound
+from kvstore.errors import InvalidArgument, KVStoreError, NotFound, Unavailable
 from kvstore.store.node import StoredObject, StoreNode
 from kvstore.transfer.protocol import (REQUEST, RESPONSE, Op, discard, recv_exact_into,
                                        send_parts, tune_socket)
-from kvstore.errors import Unavailable
 
 log = logging.getLogger(__name__)
 _SCRATCH_BYTES = 1 << 20
@@ -108,6 +107,7 @@ class _Session:
         # Read references (SHM_ACQUIRE) and reservations (SHM_ALLOC) by (key, object_id).
         self.reading: dict[tuple[str, int], list[StoredObject]] = {}
         self.writing: dict[tuple[str, int], StoredObject] = {}
+        self.parent: str | None = None   # parent key of the frame being handled
 
     def run(self) -> None:
         handlers = {Op.PUT: self._put, Op.GET: self._get, Op.SHM_ALLOC: self._shm_alloc,
@@ -116,10 +116,11 @@ class _Session:
                     Op.PING: self._ping}
         while True:
             recv_exact_into(self.conn, self.header_view)
-            op, _flags, key_len, _r, object_id, size, checksum = REQUEST.unpack(self.header)
-            key_buf = bytearray(key_len)
+            op, _flags, key_len, parent_len, object_id, size, checksum = REQUEST.unpack(self.header)
+            key_buf = bytearray(key_len + parent_len)
             recv_exact_into(self.conn, memoryview(key_buf))
-            key = key_buf.decode("utf-8", errors="replace")
+            key = key_buf[:key_len].decode("utf-8", errors="replace")
+            self.parent = key_buf[key_len:].decode("utf-8", errors="replace") or None
             handler = handlers.get(op)
             if handler is None:
                 # Unknown op: the stream cannot be trusted any more.
@@ -143,7 +144,7 @@ class _Session:
     # ---- ops ----
     def _put(self, key: str, object_id: int, size: int, checksum: int) -> None:
         try:
-            obj, present = self.node.begin_write(key, object_id, size, checksum)
+            obj, present = self.node.begin_write(key, object_id, size, checksum, self.parent)
         except KVStoreError:
             discard(self.conn, size, self.scratch)
             raise
@@ -169,7 +170,7 @@ class _Session:
             self.node.release(obj)
 
     def _shm_alloc(self, key: str, object_id: int, size: int, checksum: int) -> None:
-        obj, present = self.node.begin_write(key, object_id, size, checksum)
+        obj, present = self.node.begin_write(key, object_id, size, checksum, self.parent)
         if present:
             self._reply(object_id=object_id, size=size, checksum=checksum, offset=2**64 - 1)
             return

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from kvstore.errors import ChecksumMismatch, InvalidArgument, NoSpace, NotFound, TooLarge
 from kvstore.keys import value_checksum
 from kvstore.store.allocator import Allocation
+from kvstore.store.eviction import make_policy
 from kvstore.store.tiers.dram import DramTier
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ class StoredObject:
     checksum: int              # xxh3-64 announced by the writer
     state: ObjectState = ObjectState.WRITING
     refs: int = 0              # readers in flight; > 0 pins the memory
+    parent: str | None = None  # previous block of its prefix chain (eviction hint)
     doomed: bool = False       # out of service; if still referenced, freed at last release
     last_access_s: float = field(default_factory=time.monotonic)
 
@@ -62,25 +64,44 @@ class NodeStats:
     num_writing: int
     num_referenced: int      # objects with a reader in flight
     num_doomed: int
+    num_evictable: int       # complete objects no reader holds
+    evictions: int           # objects evicted since start
 
 
 class StoreNode:
     """The object table of one node over its DRAM tier.
 
+    Eviction is local to the node: when a write does not fit, or a commit
+    takes the tier above ``high_watermark``, the policy proposes victims
+    and the node evicts those no reader holds, down to ``low_watermark``.
+    Every eviction is queued as an event for the master (:meth:`take_events`),
+    and ``events_ready`` is set so the node's agent reports it at once.
+
     Args:
         tier: the DRAM tier holding the bytes.
+        policy: eviction policy name (``kvstore.store.eviction`` registry).
+        high_watermark, low_watermark: fractions of capacity.
     """
 
-    def __init__(self, tier: DramTier):
+    def __init__(self, tier: DramTier, policy: str = "default", high_watermark: float = 0.95,
+                 low_watermark: float = 0.85):
+        if not 0 < low_watermark <= high_watermark <= 1:
+            raise ValueError(f"need 0 < low ({low_watermark}) <= high ({high_watermark}) <= 1")
         self.tier = tier
+        self.policy = make_policy(policy)
+        self.high_watermark = high_watermark
+        self.low_watermark = low_watermark
         self._lock = threading.Lock()
         self._objects: dict[str, StoredObject] = {}
         self._doomed: set[StoredObject] = set()
-        self.counters: dict[str, int] = {"puts": 0, "gets": 0, "drops": 0, "checksum_errors": 0}
+        self._events: list[tuple[str, int]] = []     # (key, object_id) evicted, not yet reported
+        self.events_ready = threading.Event()
+        self.counters: dict[str, int] = {"puts": 0, "gets": 0, "drops": 0, "checksum_errors": 0,
+                                         "evictions": 0}
 
     # ---- write ----
-    def begin_write(self, key: str, object_id: int, size_bytes: int, checksum: int
-                    ) -> tuple[StoredObject, bool]:
+    def begin_write(self, key: str, object_id: int, size_bytes: int, checksum: int,
+                    parent: str | None = None) -> tuple[StoredObject, bool]:
         """Reserve space for a new object.
 
         Returns:
@@ -90,7 +111,8 @@ class StoreNode:
         Raises:
             InvalidArgument: negative size.
             TooLarge: larger than the whole tier.
-            NoSpace: no free extent is large enough.
+            NoSpace: no free extent is large enough, even after evicting
+                every object no reader holds.
         """
         if size_bytes < 0:
             raise InvalidArgument(f"size_bytes must be >= 0, got {size_bytes}", key=key)
@@ -104,15 +126,18 @@ class StoreNode:
                     return old, True
                 if old.state is ObjectState.WRITING:
                     raise InvalidArgument("this version is being written already", key=key)
-            alloc = self.tier.allocate(size_bytes)
+            alloc = self._allocate_locked(size_bytes)
             if alloc is None:
+                busy = sum(o.refs > 0 for o in self._objects.values())
                 raise NoSpace(f"no free extent of {size_bytes} B (free {self.tier.free_bytes} B, "
-                              f"largest {self.tier.allocator.largest_free_bytes} B)", key=key)
+                              f"largest {self.tier.allocator.largest_free_bytes} B) and nothing "
+                              f"evictable ({busy} objects being read or written, "
+                              f"{len(self._doomed)} awaiting their last reader)", key=key)
             if old is not None:
                 self._retire(old)
             # The writer holds a reference until commit or abort, so a drop
             # during the write never frees memory that is still being filled.
-            obj = StoredObject(key, object_id, alloc, checksum, refs=1)
+            obj = StoredObject(key, object_id, alloc, checksum, refs=1, parent=parent)
             self._objects[key] = obj
             return obj, False
 
@@ -142,6 +167,8 @@ class StoreNode:
             obj.state = ObjectState.COMPLETE
             self._release_locked(obj)
             self.counters["puts"] += 1
+            self.policy.on_insert(obj.key, obj.alloc.reserved_bytes, time.monotonic(), obj.parent)
+            self._enforce_watermark_locked()
 
     def abort_write(self, obj: StoredObject) -> None:
         """Give back the space of an unfinished write."""
@@ -164,6 +191,7 @@ class StoreNode:
                 raise NotFound("not on this node", key=key)
             obj.refs += 1
             obj.last_access_s = time.monotonic()
+            self.policy.on_access(key, obj.last_access_s)
             self.counters["gets"] += 1
             return obj
 
@@ -191,6 +219,13 @@ class StoreNode:
             self.counters["drops"] += 1
             return True
 
+    def take_events(self) -> list[tuple[str, int]]:
+        """Evictions not yet reported to the master: (key, object_id), in order."""
+        with self._lock:
+            events, self._events = self._events, []
+            self.events_ready.clear()
+            return events
+
     def inventory(self) -> list[tuple[str, int, int, int]]:
         """(key, object_id, size_bytes, checksum) of every complete object."""
         with self._lock:
@@ -208,9 +243,42 @@ class StoreNode:
                 num_writing=sum(o.state is ObjectState.WRITING for o in objs),
                 num_referenced=sum(o.refs > 0 and o.state is ObjectState.COMPLETE for o in objs),
                 num_doomed=len(self._doomed),
+                num_evictable=sum(self._can_evict(o.key) for o in objs),
+                evictions=self.counters["evictions"],
             )
 
     # ---- internals (lock held) ----
+    def _can_evict(self, key: str) -> bool:
+        obj = self._objects.get(key)
+        return obj is not None and obj.refs == 0 and obj.state is ObjectState.COMPLETE
+
+    def _evict_locked(self, key: str) -> None:
+        obj = self._objects[key]
+        self._retire(obj)
+        self._events.append((obj.key, obj.object_id))
+        self.counters["evictions"] += 1
+        self.events_ready.set()
+
+    def _allocate_locked(self, size_bytes: int) -> Allocation | None:
+        """Allocate, evicting policy victims one by one until the extent fits."""
+        alloc = self.tier.allocate(size_bytes)
+        if alloc is not None:
+            return alloc
+        for key in self.policy.victims(None, can_evict=self._can_evict):
+            self._evict_locked(key)
+            alloc = self.tier.allocate(size_bytes)
+            if alloc is not None:
+                return alloc
+        return None
+
+    def _enforce_watermark_locked(self) -> None:
+        cap = self.tier.capacity_bytes
+        if self.tier.used_bytes <= self.high_watermark * cap:
+            return
+        excess = self.tier.used_bytes - int(self.low_watermark * cap)
+        for key in self.policy.victims(excess, can_evict=self._can_evict):
+            self._evict_locked(key)
+
     def _release_locked(self, obj: StoredObject) -> None:
         if obj.refs <= 0:
             raise AssertionError(f"release without a reference on {obj.key}")
@@ -226,6 +294,8 @@ class StoreNode:
         if self._objects.get(obj.key) is obj:
             del self._objects[obj.key]
         obj.doomed = True
+        if obj.state is ObjectState.COMPLETE:
+            self.policy.on_remove(obj.key)
         if obj.refs > 0:
             self._doomed.add(obj)
         else:

@@ -42,6 +42,7 @@ class NodeAgent:
         self.stub = pb_grpc.MasterStub(self.channel)
         self.interval_s = 0.5
         self._stop = threading.Event()
+        self._unreported: list[tuple[str, int]] = []
         self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
 
     def register(self, timeout_s: float = 10.0) -> None:
@@ -56,14 +57,23 @@ class NodeAgent:
 
     def stop(self) -> None:
         self._stop.set()
+        self.node.events_ready.set()
         self._thread.join(timeout=5)
         self.channel.close()
 
     def beat(self) -> None:
+        """One heartbeat: report usage and evictions, apply drop orders.
+
+        Evictions stay queued here until a heartbeat carrying them succeeds.
+        """
+        self._unreported.extend(self.node.take_events())
         stats = self.node.stats()
         resp = self.stub.Heartbeat(pb.HeartbeatRequest(
             node_id=self.address.node_id, used_bytes=stats.used_bytes,
-            num_objects=stats.num_objects), timeout=5)
+            num_objects=stats.num_objects,
+            removed=[pb.DropOrder(key=k, object_id=oid) for k, oid in self._unreported]),
+            timeout=5)
+        self._unreported.clear()
         if not resp.known:
             log.warning("master does not know this node: registering again")
             self.register()
@@ -72,7 +82,12 @@ class NodeAgent:
             self.node.drop(d.key, d.object_id)
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        # Beat every interval, and at once when the node evicted something, so
+        # the index stops offering what the node no longer holds.
+        while not self._stop.is_set():
+            self.node.events_ready.wait(self.interval_s)
+            if self._stop.is_set():
+                return
             try:
                 self.beat()
             except grpc.RpcError as exc:
@@ -86,13 +101,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=0, help="data port; 0 picks a free port")
     p.add_argument("--node-id", default="", help="stable node id (default: random)")
     p.add_argument("--dram", default="256MiB", help="DRAM tier capacity, e.g. 512MiB, 4GiB")
+    p.add_argument("--eviction-policy", default="default", help="lru, lfu or default")
+    p.add_argument("--high-watermark", type=float, default=0.95,
+                   help="evict when DRAM use passes this fraction of capacity")
+    p.add_argument("--low-watermark", type=float, default=0.85, help="... down to this fraction")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     setup_logging(args.log_level)
 
     node_id = args.node_id or f"node-{uuid.uuid4().hex[:8]}"
     tier = DramTier(parse_size(args.dram))
-    node = StoreNode(tier)
+    node = StoreNode(tier, args.eviction_policy, args.high_watermark, args.low_watermark)
     server = DataServer(node, args.host, args.port).start()
     address = pb.NodeAddress(node_id=node_id, host=args.host, data_port=server.port,
                              shm_name=tier.name, host_id=host_id())

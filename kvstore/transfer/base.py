@@ -21,6 +21,7 @@ class WriteItem:
     object_id: int
     data: memoryview         # the value, 1-D bytes view
     checksum: int            # xxh3-64 of data
+    parent: str = ""         # previous block of its prefix chain ("" for none): eviction hint
 
 
 @dataclass(slots=True)

@@ -2,10 +2,12 @@
 
 Every request is a fixed 32-byte header, the key, then for PUT the value::
 
-    request   | op u8 | flags u8 | key_len u16 | reserved u32 | object_id u64 | size u64 | checksum u64 | key | value
+    request   | op u8 | flags u8 | key_len u16 | parent_len u32 | object_id u64 | size u64 | checksum u64 | key | parent | value
     response  | code u8 | flags u8 | msg_len u16 | reserved u32 | object_id u64 | size u64 | checksum u64 | offset u64 | msg | value
 
-All integers are little-endian. ``code`` is a :class:`kvstore._proto.kvstore_pb2.Code`
+``parent`` (PUT and SHM_ALLOC only, may be empty) is the key of the previous
+block of the object's prefix chain: an eviction hint (a chain's tail goes
+before its head). All integers are little-endian. ``code`` is a :class:`kvstore._proto.kvstore_pb2.Code`
 (0 = OK). A response carries a value only for an OK GET. Requests on one
 connection are answered in order, so a client may pipeline many frames and
 read the answers afterwards (batch operations do one round trip).

@@ -107,15 +107,15 @@ class ShmTransport(Transport):
         self.conn = conn
         self.segment = segment
 
-    def _phase(self, op: Op, keys_ids: list[tuple[str, int, int, int]]):
-        for key, oid, size, ck in keys_ids:
-            self.conn.send(op, key, oid, size, ck)
+    def _phase(self, op: Op, keys_ids: list[tuple], parents: list[str] | None = None):
+        for i, (key, oid, size, ck) in enumerate(keys_ids):
+            self.conn.send(op, key, oid, size, ck, parent=parents[i] if parents else "")
         return [self.conn.recv_header() for _ in keys_ids]
 
     def write_many(self, items: list[WriteItem]) -> list[KVStoreError | None]:
         out: list[KVStoreError | None] = [None] * len(items)
         replies = self._phase(Op.SHM_ALLOC, [(i.key, i.object_id, len(i.data), i.checksum)
-                                             for i in items])
+                                             for i in items], [i.parent for i in items])
         to_commit = []
         seg = self.segment.view
         for idx, (it, (code, _oid, _size, _ck, offset, msg)) in enumerate(zip(items, replies)):

@@ -44,11 +44,12 @@ class NodeConnection:
         self.broken = False
 
     def send(self, op: Op, key: str, object_id: int = 0, size: int = 0, checksum: int = 0,
-             payload: memoryview | None = None) -> None:
+             payload: memoryview | None = None, parent: str = "") -> None:
         kb = key.encode()
+        pb_ = parent.encode()
         try:
-            send_parts(self.sock, REQUEST.pack(op, 0, len(kb), 0, object_id, size, checksum) + kb,
-                       payload)
+            send_parts(self.sock, REQUEST.pack(op, 0, len(kb), len(pb_), object_id, size, checksum)
+                       + kb + pb_, payload)
         except OSError as exc:
             self.broken = True
             raise Unavailable(f"send to store node failed: {exc}") from exc
@@ -121,7 +122,8 @@ class TcpTransport(Transport):
 
     def write_many(self, items: list[WriteItem]) -> list[KVStoreError | None]:
         for it in items:
-            self.conn.send(Op.PUT, it.key, it.object_id, len(it.data), it.checksum, it.data)
+            self.conn.send(Op.PUT, it.key, it.object_id, len(it.data), it.checksum, it.data,
+                           it.parent)
         out: list[KVStoreError | None] = []
         for it in items:
             code, _oid, _size, _ck, _off, msg = self.conn.recv_header()

@@ -17,7 +17,8 @@ CAPACITY = 64 * KiB
 def node():
     tier = DramTier(CAPACITY)
     try:
-        yield StoreNode(tier)
+        # No eviction: these tests pin down what a full node does (NoSpace).
+        yield StoreNode(tier, policy="none")
     finally:
         tier.close()
 

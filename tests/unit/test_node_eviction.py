@@ -1,0 +1,85 @@
+"""StoreNode eviction: victims from the policy, readers never evicted, watermarks, events."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvstore.errors import NoSpace
+from kvstore.keys import value_checksum
+from kvstore.store.node import StoreNode
+from kvstore.store.tiers.dram import DramTier
+
+KiB = 1024
+CAPACITY = 64 * KiB
+
+
+@pytest.fixture(params=["lru", "lfu", "default"])
+def node(request):
+    tier = DramTier(CAPACITY)
+    try:
+        yield StoreNode(tier, policy=request.param, high_watermark=0.9, low_watermark=0.5)
+    finally:
+        tier.close()
+
+
+def write(node, key, data, object_id, parent=None):
+    obj, _ = node.begin_write(key, object_id, len(data), value_checksum(data), parent)
+    node.write_view(obj)[:] = data
+    node.commit_write(obj)
+    return obj
+
+
+def test_full_node_evicts_and_reports_events(node):
+    for i in range(40):
+        write(node, f"k{i}", bytes([i]) * (8 * KiB), object_id=i + 1)
+        st = node.stats()
+        assert st.used_bytes + st.free_bytes == CAPACITY
+        assert st.used_bytes <= 0.9 * CAPACITY
+    events = node.take_events()
+    assert len(events) == 40 - node.stats().num_objects
+    assert node.stats().evictions == len(events)
+    resident = {k for k, *_ in node.inventory()}
+    assert not resident & {k for k, _ in events}
+    assert "k39" in resident                      # the newest stays
+    assert node.take_events() == []               # drained once
+
+
+def test_object_being_read_is_never_evicted(node):
+    held = write(node, "held", b"h" * (8 * KiB), object_id=1)
+    reader = node.acquire("held")
+    for i in range(30):
+        write(node, f"k{i}", bytes([i]) * (8 * KiB), object_id=i + 2)
+    assert bytes(node.read_view(reader)) == b"h" * (8 * KiB)
+    assert "held" not in {k for k, _ in node.take_events()}
+    node.release(reader)
+    assert held.refs == 0
+
+
+def test_no_space_when_nothing_is_evictable(node):
+    readers = []
+    for i in range(7):
+        write(node, f"k{i}", bytes([i]) * (8 * KiB), object_id=i + 1)
+        readers.append(node.acquire(f"k{i}"))
+    with pytest.raises(NoSpace) as exc:
+        node.begin_write("more", 99, 16 * KiB, 0)
+    assert "nothing evictable" in str(exc.value) and "being read" in str(exc.value)
+    for r in readers:
+        node.release(r)
+    write(node, "more", b"m" * (16 * KiB), object_id=99)   # now something can go
+
+
+def test_default_policy_evicts_a_chain_tail_before_its_head():
+    tier = DramTier(CAPACITY)
+    try:
+        node = StoreNode(tier, policy="default", high_watermark=1.0, low_watermark=1.0)
+        prev = None
+        for i in range(8):                       # one chain filling the node exactly
+            write(node, f"c{i}", bytes([i]) * (8 * KiB), object_id=i + 1, parent=prev)
+            prev = f"c{i}"
+        for i in range(8):                       # the request reads head to tail
+            node.release(node.acquire(f"c{i}"))
+        write(node, "other", b"o" * (8 * KiB), object_id=100)
+        (evicted,) = [k for k, _ in node.take_events()]
+        assert evicted == "c7"                   # the tail, not the head
+    finally:
+        tier.close()
