@@ -50,6 +50,17 @@ def demo(
         raise typer.Exit(1)
 
 
+def _register_tools() -> None:
+    """Commands whose code lives in tools/ (imported lazily: they pull heavy modules)."""
+    from tools.bench import bench_command
+
+    app.command("bench", help="Data-plane benchmark: kvstore vs memcpy, raw sockets, Redis.")(
+        bench_command)
+
+
+_register_tools()
+
+
 def _component(name: str, target: str, help_text: str) -> None:
     @app.command(name=name, context_settings=_PASS, help=help_text, add_help_option=False)
     def _run(ctx: typer.Context) -> None:

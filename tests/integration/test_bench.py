@@ -1,0 +1,84 @@
+"""``tools/bench.py`` end to end: one tiny run against its own cluster, then its rows and tables.
+
+The run uses one small size, a 4 MiB rotation pool and 50 ms budgets: it
+checks what the benchmark reports and that it tears down, not the numbers.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from tools.bench import OPS, PATHS, SYSTEMS, bench_command, check_targets, render, run_bench
+
+SIZE_BYTES = 64 * 1024
+KEYS = {"system", "path", "op", "size_bytes", "gbps", "ops_per_s"}
+
+
+def _redis_available() -> bool:
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        return False
+    return shutil.which("redis-server") is not None
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[dict]:
+    notes: list[str] = []
+    out = run_bench([SIZE_BYTES], duration_s=0.05, warmup_s=0.01, clients=2, exists_keys=100,
+                    pool_bytes=4 << 20, max_put_bytes=8 << 20, node_dram="256MiB",
+                    note=notes.append)
+    assert any("verify checksums: on" in n for n in notes)
+    return out
+
+
+def test_rows_follow_the_json_schema(rows):
+    for r in rows:
+        assert set(r) == KEYS
+        assert r["system"] in SYSTEMS and r["path"] in PATHS and r["op"] in OPS
+        assert isinstance(r["size_bytes"], int)
+        assert isinstance(r["gbps"], float) and isinstance(r["ops_per_s"], float)
+        assert r["ops_per_s"] > 0 and r["gbps"] >= 0
+
+
+def test_every_measurement_is_there_once(rows):
+    got = [(r["system"], r["path"], r["op"], r["size_bytes"]) for r in rows]
+    assert len(got) == len(set(got))
+    expected = {("memcpy", "cold", "get")}
+    expected |= {("socket", p, op) for p in ("reqresp", "stream") for op in ("get", "put")}
+    expected |= {("kvstore", p, op) for p in ("shm", "tcp", "tcp-batch", "concurrent")
+                 for op in ("get", "put")}
+    if _redis_available():
+        expected |= {("redis", "tcp", "get"), ("redis", "tcp", "put")}
+    assert {g[:3] for g in got if g[3] == SIZE_BYTES} == expected
+    assert ("kvstore", "tcp", "exists", 0) in got
+    for r in rows:
+        if r["size_bytes"]:
+            assert r["gbps"] == pytest.approx(r["ops_per_s"] * r["size_bytes"] / 1e9)
+
+
+def test_tables_and_targets_render(rows):
+    from rich.console import Console
+
+    console = Console(record=True, width=160)
+    console.print(render(rows, verify=True))
+    text = console.export_text()
+    assert "vs limit" in text and "issue 4 targets" in text
+    names = {t[0] for t in check_targets(rows)}
+    assert "batch_exists >= 200k keys/s" in names
+    assert "tcp-batch get >= 0.5x socket stream" in names   # the 64 KiB target
+
+
+def test_command_options_parse():
+    import typer
+
+    app = typer.Typer()
+    app.command("bench")(bench_command)
+    app.command("other")(lambda: None)   # two commands, so "bench" is a subcommand
+    result = CliRunner().invoke(app, ["bench", "--help"])
+    assert result.exit_code == 0
+    for flag in ("--json", "--no-verify", "--duration-s", "--sizes"):
+        assert flag in result.output
