@@ -95,6 +95,8 @@ class EvictionPolicy(ABC):
         self._uids = itertools.count()
         self._seq = 0
         self._used_bytes = 0
+        self._clock = float("-inf")  # the latest ``now`` the caller passed
+        self._proposed: Key | None = None  # the key victims() yielded last
 
     # ------------------------------------------------------------ observing
 
@@ -113,6 +115,7 @@ class EvictionPolicy(ABC):
         if entry is not None:
             self.on_access(key, now)
             return
+        self._clock = max(self._clock, now)
         parent_entry = self._entries.get(parent) if parent is not None else None
         self._seq += 1
         entry = PolicyEntry(key=key, size_bytes=size_bytes, parent=parent_entry,
@@ -134,6 +137,7 @@ class EvictionPolicy(ABC):
         entry = self._entries.get(key)
         if entry is None:
             return
+        self._clock = max(self._clock, now)
         self._seq += 1
         entry.freq += 1
         entry.last_access = now
@@ -156,6 +160,9 @@ class EvictionPolicy(ABC):
         entry.alive = False
         entry.uid = -1
         self._used_bytes -= entry.size_bytes
+        if key == self._proposed:
+            self._proposed = None
+            self._on_evict(entry)
         parent = entry.parent
         if parent is not None and parent.alive:
             parent.num_children -= 1
@@ -173,6 +180,11 @@ class EvictionPolicy(ABC):
         policy can offer a parent once its last child is gone. A proposed key
         the caller keeps stays tracked at its old priority. Keys refused by
         ``can_evict`` are skipped and keep their place.
+
+        One iteration at a time: keys popped by an unfinished iteration are
+        back in the queue only once it is exhausted or closed (a ``for`` loop
+        that breaks closes it). Cost: O(log n) per key popped, vetoed ones
+        included.
 
         Args:
             n_bytes_needed: stop once the proposed keys add up to this many
@@ -202,8 +214,10 @@ class EvictionPolicy(ABC):
                     continue
                 proposed += 1
                 freed += entry.size_bytes
+                self._proposed = entry.key
                 yield entry.key
         finally:
+            self._proposed = None
             for item in held:
                 entry = self._entries.get(item[2])
                 if entry is not None and entry.uid == item[1]:
@@ -249,6 +263,9 @@ class EvictionPolicy(ABC):
 
     def _on_touch(self, entry: PolicyEntry, now: float, hit: bool) -> None:
         """Updates policy state of ``entry`` on insert (hit=False) or access (hit=True)."""
+
+    def _on_evict(self, entry: PolicyEntry) -> None:
+        """``entry`` was removed right after ``victims()`` proposed it (an eviction)."""
 
     def _push(self, entry: PolicyEntry) -> None:
         """(Re)queues ``entry`` at its current priority, unless it is an inner node."""
