@@ -29,6 +29,7 @@ import grpc
 import numpy as np
 
 from client.buffers import readable_view, writable_view
+from client.meta_cache import MetaCache
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.errors import (RETRYABLE, InvalidArgument, KVStoreError, PutInProgress,
@@ -59,19 +60,23 @@ class KVClient:
         timeout_s: deadline of each master RPC and data-plane socket operation.
         put_wait_s: how long a put waits for another in-flight put of the same
             key to finish before failing with PutInProgress.
+        meta_cache_entries: size of the client's metadata cache (0 = off); see
+            :mod:`client.meta_cache` for what it trades.
 
     Raises:
         Unavailable: the master cannot be reached.
     """
 
     def __init__(self, master: str, *, prefer_shm: bool = True, verify_checksum: bool = True,
-                 replica_num: int = 1, timeout_s: float = 10.0, put_wait_s: float = 5.0):
+                 replica_num: int = 1, timeout_s: float = 10.0, put_wait_s: float = 5.0,
+                 meta_cache_entries: int = 65536):
         self.prefer_shm = prefer_shm
         self.verify_checksum = verify_checksum
         self.replica_num = replica_num
         self.timeout_s = timeout_s
         self.put_wait_s = put_wait_s
         self._host_id = host_id()
+        self._meta = MetaCache(meta_cache_entries)
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[str, pb_grpc.MasterStub] = {}
         self._lock = threading.Lock()
@@ -299,9 +304,16 @@ class KVClient:
                 items = [pb.PutEndItem(key=k, object_id=m[k][0], written_node_ids=m[k][1]) for k in ks]
                 return list(self._rpc(address, "PutEnd", pb.PutEndRequest(items=items)).statuses)
 
-            for (i, _), st in zip(ends, self._routed([keys[i] for i, _ in ends], end)):
-                results[i] = True if st.code == pb.OK else error_for_code(st.code, st.message,
-                                                                           key=keys[i])
+            targets = {(i, t.node_id): t for lst in by_node.values() for i, t in lst}
+            for (i, oid), st in zip(ends, self._routed([keys[i] for i, _ in ends], end)):
+                if st.code != pb.OK:
+                    results[i] = error_for_code(st.code, st.message, key=keys[i])
+                    continue
+                results[i] = True
+                self._meta.put(pb.ObjectMeta(
+                    key=keys[i], size_bytes=len(views[i]), checksum=checksums[i], object_id=oid,
+                    replicas=[pb.Replica(node=targets[(i, n)], tier=pb.DRAM, state=pb.COMPLETE)
+                              for n in written[i]]))
         if revokes:
             def revoke(address: str, ks: list[str]) -> list[pb.Status]:
                 m = {keys[i]: oid for i, oid in revokes}
@@ -329,7 +341,60 @@ class KVClient:
         if any(isinstance(r, WrongShard) for r in out):
             self.shard_map = self._fetch_shard_map(self._seed)
             out = self._routed(keys, call)
+        for r in out:
+            if isinstance(r, pb.ObjectMeta):
+                self._meta.put(r)
         return out
+
+    def _resolve(self, keys: Sequence[str]) -> tuple[list, list[bool]]:
+        """Metadata per key from the cache, asking the master only for misses.
+
+        Returns:
+            (metas or errors, from_cache flags), in input order.
+        """
+        metas: list = [self._meta.get(k) if isinstance(k, str) else None for k in keys]
+        cached = [m is not None for m in metas]
+        miss = [i for i, m in enumerate(metas) if m is None]
+        if miss:
+            for i, r in zip(miss, self.lookup([keys[i] for i in miss])):
+                metas[i] = r
+        return metas, cached
+
+    def _read_resolved(self, keys: Sequence[str], view_for) -> tuple[list, list]:
+        """Resolve metadata, then read each object into ``view_for(i, meta)``.
+
+        ``view_for`` returns the destination view for index ``i`` or raises a
+        KVStoreError (e.g. a bad destination). A read through a cached entry
+        that misses (removed, evicted, replaced) drops the entry and is tried
+        once more with fresh metadata from the master.
+
+        Returns:
+            (metas or errors, per-index read error or None).
+        """
+        metas, cached = self._resolve(keys)
+        idx = list(range(len(keys)))
+        res: list = [None] * len(keys)
+        for attempt in range(2):
+            views: list[memoryview | None] = []
+            for i in idx:
+                views.append(None)
+                if isinstance(metas[i], pb.ObjectMeta):
+                    try:
+                        views[-1] = view_for(i, metas[i])
+                    except KVStoreError as err:
+                        metas[i] = err
+            for i, r in zip(idx, self._read([metas[i] for i in idx], views)):
+                res[i] = r
+            idx = [i for i in idx if cached[i] and res[i] is not None
+                   and not isinstance(res[i], InvalidArgument)]
+            if attempt or not idx:
+                break
+            for i in idx:
+                self._meta.drop(keys[i])
+                cached[i] = False
+            for i, m in zip(idx, self.lookup([keys[i] for i in idx])):
+                metas[i] = m
+        return metas, res
 
     def get(self, key: str) -> bytearray:
         """The value of ``key`` as a new bytearray (b"" for a 0-byte value).
@@ -345,9 +410,13 @@ class KVClient:
 
     def batch_get(self, keys: Sequence[str]) -> list[bytearray | KVStoreError]:
         """Values (new bytearrays) or errors per key, in input order."""
-        metas = self.lookup(keys)
-        bufs = [bytearray(m.size_bytes) if not isinstance(m, KVStoreError) else None for m in metas]
-        res = self._read(metas, [memoryview(b) if b is not None else None for b in bufs])
+        bufs: list[bytearray | None] = [None] * len(keys)
+
+        def view_for(i: int, meta: pb.ObjectMeta) -> memoryview:
+            bufs[i] = bytearray(meta.size_bytes)
+            return memoryview(bufs[i])
+
+        metas, res = self._read_resolved(keys, view_for)
         return [r if isinstance(r, KVStoreError) else bufs[i] for i, r in enumerate(res)]
 
     def get_into(self, key: str, dest: Any) -> int:
@@ -369,15 +438,7 @@ class KVClient:
         """Read each key into its destination; per key the size in bytes or the error."""
         if len(keys) != len(dests):
             raise InvalidArgument(f"{len(keys)} keys but {len(dests)} destinations")
-        metas = self.lookup(keys)
-        views: list[memoryview | None] = []
-        for i, d in enumerate(dests):
-            try:
-                views.append(writable_view(d))
-            except KVStoreError as err:
-                metas[i] = err
-                views.append(None)
-        res = self._read(metas, views)
+        metas, res = self._read_resolved(keys, lambda i, meta: writable_view(dests[i]))
         return [r if isinstance(r, KVStoreError) else metas[i].size_bytes for i, r in enumerate(res)]
 
     def get_tensor(self, key: str, out=None, *, shape: Sequence[int] | None = None, dtype=None):
@@ -469,6 +530,10 @@ class KVClient:
 
     def batch_remove(self, keys: Sequence[str], *, reason: str = "remove") -> list[KVStoreError | None]:
         keys = list(keys)
+
+        for k in keys:
+            if isinstance(k, str):
+                self._meta.drop(k)
 
         def call(address: str, ks: list[str]) -> list:
             resp = self._rpc(address, "Remove", pb.RemoveRequest(keys=ks, reason=reason))

@@ -53,9 +53,12 @@ def demo(
 def _register_tools() -> None:
     """Commands whose code lives in tools/ (imported lazily: they pull heavy modules)."""
     from tools.bench import bench_command
+    from tools.cache_sim import simulate_cache_command
 
     app.command("bench", help="Data-plane benchmark: kvstore vs memcpy, raw sockets, Redis.")(
         bench_command)
+    app.command("simulate-cache", help="Replay trace hash_ids through the nodes' eviction "
+                                       "policies (and Belady's optimum).")(simulate_cache_command)
 
 
 _register_tools()

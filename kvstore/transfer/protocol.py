@@ -28,8 +28,6 @@ from kvstore.errors import Unavailable
 REQUEST = struct.Struct("<BBHIQQQ")
 RESPONSE = struct.Struct("<BBHIQQQQ")
 MAX_KEY_BYTES = 65535
-#: Below this many bytes a header and its value go out in one send() call.
-COALESCE_BYTES = 64 * 1024
 
 
 class Op(enum.IntEnum):
@@ -70,14 +68,16 @@ def discard(sock: socket.socket, size_bytes: int, scratch: memoryview) -> None:
 
 
 def send_parts(sock: socket.socket, header: bytes, payload: memoryview | None = None) -> None:
-    """Send a header and an optional value, coalescing small values into one call."""
+    """Send a header and an optional value in one gathered ``sendmsg`` (no copy)."""
     if payload is None or len(payload) == 0:
         sock.sendall(header)
-    elif len(payload) <= COALESCE_BYTES:
-        sock.sendall(header + payload)
-    else:
-        sock.sendall(header)
+        return
+    sent = sock.sendmsg([header, payload])
+    if sent < len(header):
+        sock.sendall(memoryview(header)[sent:])
         sock.sendall(payload)
+    elif sent < len(header) + len(payload):
+        sock.sendall(payload[sent - len(header):])
 
 
 def tune_socket(sock: socket.socket) -> None:

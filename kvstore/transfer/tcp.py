@@ -42,9 +42,19 @@ class NodeConnection:
         self._hdr_view = memoryview(self._hdr)
         self._scratch = memoryview(bytearray(_SCRATCH_BYTES))
         self.broken = False
+        # Replies still owed for requests sent with expect_reply=False; they are
+        # read (and must be OK) before the next reply the caller waits for.
+        self._owed = 0
 
     def send(self, op: Op, key: str, object_id: int = 0, size: int = 0, checksum: int = 0,
-             payload: memoryview | None = None, parent: str = "") -> None:
+             payload: memoryview | None = None, parent: str = "", expect_reply: bool = True) -> None:
+        """Send one request frame.
+
+        With ``expect_reply=False`` the caller does not wait for the answer
+        (used for SHM_RELEASE, saving a round trip); it is checked later.
+        """
+        if not expect_reply:
+            self._owed += 1
         kb = key.encode()
         pb_ = parent.encode()
         try:
@@ -54,8 +64,25 @@ class NodeConnection:
             self.broken = True
             raise Unavailable(f"send to store node failed: {exc}") from exc
 
+    def send_frames(self, frames: list[tuple[Op, str, int]]) -> None:
+        """Send many value-less requests ``(op, key, object_id)`` in one call."""
+        buf = bytearray()
+        for op, key, object_id in frames:
+            kb = key.encode()
+            buf += REQUEST.pack(op, 0, len(kb), 0, object_id, 0, 0)
+            buf += kb
+        try:
+            self.sock.sendall(buf)
+        except OSError as exc:
+            self.broken = True
+            raise Unavailable(f"send to store node failed: {exc}") from exc
+
     def recv_header(self) -> tuple[int, int, int, int, int, str]:
         """Read one response header: (code, object_id, size, checksum, offset, message)."""
+        self.flush_owed()
+        return self._read_header()
+
+    def _read_header(self) -> tuple[int, int, int, int, int, str]:
         try:
             recv_exact_into(self.sock, self._hdr_view)
             code, _f, msg_len, _r, object_id, size, checksum, offset = RESPONSE.unpack(self._hdr)
@@ -95,6 +122,14 @@ class NodeConnection:
             raise error_for_code(code, msg, key=key)
         return oid, size, checksum, offset
 
+    def flush_owed(self) -> None:
+        """Read the replies still owed (see :meth:`send`)."""
+        while self._owed:
+            self._owed -= 1
+            code, *_rest, msg = self._read_header()
+            if code != pb.OK:
+                raise AssertionError(f"store node refused a fire-and-forget request: {msg}")
+
     def close(self) -> None:
         try:
             self.sock.close()
@@ -131,8 +166,7 @@ class TcpTransport(Transport):
         return out
 
     def read_many(self, items: list[ReadItem], verify: bool = True) -> list[KVStoreError | None]:
-        for it in items:
-            self.conn.send(Op.GET, it.key, it.object_id)
+        self.conn.send_frames([(Op.GET, it.key, it.object_id) for it in items])
         out: list[KVStoreError | None] = []
         for it in items:
             code, _oid, size, _ck, _off, msg = self.conn.recv_header()
