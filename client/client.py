@@ -56,6 +56,10 @@ class KVClient:
         master: address ``host:port`` of any master shard.
         prefer_shm: use shared memory with nodes on this host.
         verify_checksum: check each value read against its xxh3-64 checksum.
+            None (default): verify what crossed a socket (TCP); shared-memory
+            reads are trusted, since the node verified the bytes when the
+            write was committed and the read holds a reference, so they
+            cannot change while copied.
         replica_num: default number of replicas per put.
         timeout_s: deadline of each master RPC and data-plane socket operation.
         put_wait_s: how long a put waits for another in-flight put of the same
@@ -67,7 +71,7 @@ class KVClient:
         Unavailable: the master cannot be reached.
     """
 
-    def __init__(self, master: str, *, prefer_shm: bool = True, verify_checksum: bool = True,
+    def __init__(self, master: str, *, prefer_shm: bool = True, verify_checksum: bool | None = None,
                  replica_num: int = 1, timeout_s: float = 10.0, put_wait_s: float = 5.0,
                  meta_cache_entries: int = 65536):
         self.prefer_shm = prefer_shm
@@ -492,7 +496,9 @@ class KVClient:
                 items = [ReadItem(metas[i].key, metas[i].object_id, metas[i].size_bytes,
                                   metas[i].checksum, views[i]) for i in idxs]
                 try:
-                    res = self._transport(addr[node_id]).read_many(items, self.verify_checksum)
+                    tr = self._transport(addr[node_id])
+                    verify = (tr.name == "tcp") if self.verify_checksum is None else self.verify_checksum
+                    res = tr.read_many(items, verify)
                 except Unavailable as err:
                     self._drop_transport(node_id)
                     res = [err] * len(items)

@@ -53,6 +53,7 @@ class Entry:
     deadline_ms: int = 0           # PENDING only: revoked after this
     access_count: int = 0
     last_access_ms: int = 0
+    evicted_on: set[str] = field(default_factory=set)   # PENDING: targets that evicted it already
 
 
 class ObjectIndex:
@@ -179,6 +180,14 @@ class ObjectIndex:
                                                    "(revoked or timed out)", key=item.key)))
                 continue
             written = [n for n in item.written_node_ids if n in entry.targets]
+            if written and all(n in entry.evicted_on for n in written):
+                # The nodes stored it and evicted it before this PutEnd: the put
+                # succeeded, but there is nothing left to index.
+                self._delete(entry, [])
+                self.counters["evicted_before_visible"] += 1
+                statuses.append(OK_STATUS)
+                continue
+            written = [n for n in written if n not in entry.evicted_on]
             if not written:
                 statuses.append(to_status(InvalidArgument("no target node acknowledged the bytes",
                                                           key=item.key)))
@@ -309,7 +318,14 @@ class ObjectIndex:
     def node_removed(self, node_id: str, key: str, object_id: int) -> None:
         """A node evicted its replica of (key, object_id): take it out of the index."""
         entry = self.entries.get(key)
-        if entry is None or entry.object_id != object_id or node_id not in entry.replicas:
+        if entry is None or entry.object_id != object_id:
+            return
+        if entry.state is EntryState.PENDING:
+            # The event overtook the writer's PutEnd: remember it for PutEnd.
+            if node_id in entry.targets:
+                entry.evicted_on.add(node_id)
+            return
+        if node_id not in entry.replicas:
             return
         entry.replicas.remove(node_id)
         self.counters["replicas_evicted"] += 1

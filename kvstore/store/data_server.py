@@ -17,11 +17,10 @@ import threading
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.errors import InvalidArgument, KVStoreError, NotFound, Unavailable
 from kvstore.store.node import StoredObject, StoreNode
-from kvstore.transfer.protocol import (REQUEST, RESPONSE, Op, discard, recv_exact_into,
-                                       send_parts, tune_socket)
+from kvstore.transfer.protocol import REQUEST, RESPONSE, FrameReader, Op, send_parts, tune_socket
 
 log = logging.getLogger(__name__)
-_SCRATCH_BYTES = 1 << 20
+_MAX_NAMES_BYTES = 8192   # key + parent key; both are at most MAX_KEY_BYTES (512 B)
 
 
 class DataServer:
@@ -101,9 +100,7 @@ class _Session:
     def __init__(self, node: StoreNode, conn: socket.socket):
         self.node = node
         self.conn = conn
-        self.header = bytearray(REQUEST.size)
-        self.header_view = memoryview(self.header)
-        self.scratch = memoryview(bytearray(_SCRATCH_BYTES))
+        self.reader = FrameReader(conn)
         # Read references (SHM_ACQUIRE) and reservations (SHM_ALLOC) by (key, object_id).
         self.reading: dict[tuple[str, int], list[StoredObject]] = {}
         self.writing: dict[tuple[str, int], StoredObject] = {}
@@ -115,12 +112,15 @@ class _Session:
                     Op.SHM_RELEASE: self._shm_release, Op.SHM_ABORT: self._shm_abort,
                     Op.PING: self._ping}
         while True:
-            recv_exact_into(self.conn, self.header_view)
-            op, _flags, key_len, parent_len, object_id, size, checksum = REQUEST.unpack(self.header)
-            key_buf = bytearray(key_len + parent_len)
-            recv_exact_into(self.conn, memoryview(key_buf))
-            key = key_buf[:key_len].decode("utf-8", errors="replace")
-            self.parent = key_buf[key_len:].decode("utf-8", errors="replace") or None
+            op, _flags, key_len, parent_len, object_id, size, checksum = REQUEST.unpack(
+                self.reader.read(REQUEST.size))
+            if key_len + parent_len > _MAX_NAMES_BYTES:
+                # Not a frame of ours: the stream cannot be trusted any more.
+                self._reply_error(InvalidArgument(f"key and parent of {key_len + parent_len} B"))
+                return
+            names = bytes(self.reader.read(key_len + parent_len))
+            key = names[:key_len].decode("utf-8", errors="replace")
+            self.parent = names[key_len:].decode("utf-8", errors="replace") or None
             handler = handlers.get(op)
             if handler is None:
                 # Unknown op: the stream cannot be trusted any more.
@@ -146,15 +146,15 @@ class _Session:
         try:
             obj, present = self.node.begin_write(key, object_id, size, checksum, self.parent)
         except KVStoreError:
-            discard(self.conn, size, self.scratch)
+            self.reader.discard(size)
             raise
         if present:
-            discard(self.conn, size, self.scratch)
+            self.reader.discard(size)
             self._reply(object_id=object_id, size=size, checksum=checksum)
             return
         try:
             if size:
-                recv_exact_into(self.conn, self.node.write_view(obj))
+                self.reader.read_into(self.node.write_view(obj))
         except BaseException:
             self.node.abort_write(obj)
             raise

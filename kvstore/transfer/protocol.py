@@ -59,6 +59,64 @@ def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
         got += k
 
 
+class FrameReader:
+    """Buffered reads from a socket: many small frames per ``recv`` call.
+
+    Headers and keys are served from an internal buffer; a value is copied
+    from what is already buffered and the rest received straight into its
+    destination (``recv_into``), so large values are never staged.
+
+    Args:
+        sock: a connected socket.
+        buffer_bytes: size of the read-ahead buffer.
+    """
+
+    def __init__(self, sock: socket.socket, buffer_bytes: int = 256 * 1024):
+        self.sock = sock
+        self._buf = bytearray(buffer_bytes)
+        self._view = memoryview(self._buf)
+        self._start = 0
+        self._end = 0
+
+    def _fill(self, need: int) -> None:
+        if len(self._buf) - self._start < need:
+            n = self._end - self._start
+            self._buf[:n] = self._view[self._start:self._end]
+            self._start, self._end = 0, n
+        while self._end - self._start < need:
+            try:
+                k = self.sock.recv_into(self._view[self._end:])
+            except OSError as exc:
+                raise Unavailable(f"connection failed while receiving: {exc}") from exc
+            if k == 0:
+                raise Unavailable("connection closed by peer")
+            self._end += k
+
+    def read(self, n: int) -> memoryview:
+        """The next ``n`` bytes (n <= buffer size); valid until the next call."""
+        self._fill(n)
+        view = self._view[self._start:self._start + n]
+        self._start += n
+        return view
+
+    def read_into(self, dest: memoryview) -> None:
+        """Fill ``dest`` with the next ``len(dest)`` bytes."""
+        have = min(self._end - self._start, len(dest))
+        if have:
+            dest[:have] = self._view[self._start:self._start + have]
+            self._start += have
+        if have < len(dest):
+            recv_exact_into(self.sock, dest[have:])
+
+    def discard(self, n: int) -> None:
+        """Skip the next ``n`` bytes."""
+        while n > 0:
+            self._fill(1)
+            k = min(n, self._end - self._start)
+            self._start += k
+            n -= k
+
+
 def discard(sock: socket.socket, size_bytes: int, scratch: memoryview) -> None:
     """Read and drop ``size_bytes`` (keeps a stream in sync after a refused PUT)."""
     while size_bytes > 0:

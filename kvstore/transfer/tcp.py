@@ -15,10 +15,9 @@ from kvstore.errors import (ChecksumMismatch, InvalidArgument, KVStoreError, Una
                             error_for_code)
 from kvstore.keys import value_checksum
 from kvstore.transfer.base import ReadItem, Transport, WriteItem
-from kvstore.transfer.protocol import (REQUEST, RESPONSE, Op, discard, recv_exact_into,
-                                       send_parts, tune_socket)
+from kvstore.transfer.protocol import REQUEST, RESPONSE, FrameReader, Op, send_parts, tune_socket
 
-_SCRATCH_BYTES = 1 << 20
+_READ_AHEAD_BYTES = 64 * 1024
 
 
 class NodeConnection:
@@ -38,9 +37,7 @@ class NodeConnection:
         except OSError as exc:
             raise Unavailable(f"cannot connect to store node {host}:{port}: {exc}") from exc
         tune_socket(self.sock)
-        self._hdr = bytearray(RESPONSE.size)
-        self._hdr_view = memoryview(self._hdr)
-        self._scratch = memoryview(bytearray(_SCRATCH_BYTES))
+        self.reader = FrameReader(self.sock, _READ_AHEAD_BYTES)
         self.broken = False
         # Replies still owed for requests sent with expect_reply=False; they are
         # read (and must be OK) before the next reply the caller waits for.
@@ -84,13 +81,9 @@ class NodeConnection:
 
     def _read_header(self) -> tuple[int, int, int, int, int, str]:
         try:
-            recv_exact_into(self.sock, self._hdr_view)
-            code, _f, msg_len, _r, object_id, size, checksum, offset = RESPONSE.unpack(self._hdr)
-            msg = ""
-            if msg_len:
-                buf = bytearray(msg_len)
-                recv_exact_into(self.sock, memoryview(buf))
-                msg = buf.decode(errors="replace")
+            code, _f, msg_len, _r, object_id, size, checksum, offset = RESPONSE.unpack(
+                self.reader.read(RESPONSE.size))
+            msg = bytes(self.reader.read(msg_len)).decode(errors="replace") if msg_len else ""
         except Unavailable:
             self.broken = True
             raise
@@ -100,10 +93,10 @@ class NodeConnection:
         """Read a value that follows an OK GET header into ``dest``."""
         try:
             if size > len(dest):
-                discard(self.sock, size, self._scratch)
+                self.reader.discard(size)
                 return InvalidArgument(f"destination holds {len(dest)} B, value is {size} B")
             if size:
-                recv_exact_into(self.sock, dest[:size])
+                self.reader.read_into(dest[:size])
         except Unavailable:
             self.broken = True
             raise

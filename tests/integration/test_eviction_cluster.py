@@ -56,10 +56,17 @@ def test_pressure_never_returns_wrong_bytes(evicting, transport):
         # The index catches up with the nodes: exists agrees with get.
         keys = sorted(written)
 
+        mismatches: list = []
+
         def consistent() -> bool:
             ex = kv.batch_exists(keys)
             got = kv.batch_get(keys)
-            return all(e == (not isinstance(g, NotFound)) for e, g in zip(ex, got))
-        wait_for(consistent, timeout_s=5)
+            mismatches[:] = [(k, e, repr(g)[:80]) for k, e, g in zip(keys, ex, got)
+                             if e != (not isinstance(g, NotFound))]
+            return not mismatches
+        try:
+            wait_for(consistent, timeout_s=5)
+        except BaseException:
+            raise AssertionError(f"exists disagrees with get: {mismatches[:5]}")
         assert all(g == written[k] for k, g in zip(keys, kv.batch_get(keys))
                    if not isinstance(g, NotFound))

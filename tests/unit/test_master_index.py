@@ -371,3 +371,20 @@ def test_stat_reports_nodes_and_counters(index):
     assert set(by_id) == {"n0", "n1"}
     assert by_id["n0"].alive and by_id["n0"].capacity_bytes == 64 * MiB
     assert (st.counters["puts"], st.counters["lookup_hits"], st.counters["lookup_misses"]) == (1, 1, 1)
+
+
+def test_eviction_event_before_put_end_leaves_nothing_visible(index):
+    r = start(index, "k")
+    node = r.targets[0].node_id
+    index.node_removed(node, "k", r.object_id)     # the node evicted it at once
+    assert end(index, "k", r).code == pb.OK        # the put itself succeeded
+    assert lookup_code(index, "k") == pb.NOT_FOUND
+    assert index.exists(["k"]) == [False]
+    assert index.counters["evicted_before_visible"] == 1
+
+
+def test_eviction_event_after_put_end_removes_the_replica(index):
+    r = put(index, "k")
+    index.node_removed(r.targets[0].node_id, "k", r.object_id)
+    assert index.exists(["k"]) == [False]
+    assert index.counters["replicas_evicted"] == 1
