@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -39,9 +40,13 @@ from kvstore.keys import validate_key, value_checksum
 from kvstore.shardmap import ShardMap
 from kvstore.transfer.base import ReadItem, Transport, WriteItem
 from kvstore.transfer.shm import ShmSegment, ShmTransport, host_id
+from kvstore.transfer.protocol import Op
 from kvstore.transfer.tcp import NodeConnection, TcpTransport
 
 log = logging.getLogger(__name__)
+
+#: Read preference among a node's tiers: DRAM serves directly; GPU and SSD are copied up first.
+_TIER_READ_RANK = {pb.DRAM: 0, pb.GPU: 1, pb.SSD: 2}
 
 _GRPC_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024),
                  ("grpc.max_send_message_length", 64 * 1024 * 1024)]
@@ -474,14 +479,12 @@ class KVClient:
     def _read(self, metas: list, views: list[memoryview | None]) -> list[KVStoreError | None]:
         """Read found objects into views, falling back across replicas."""
         out: list[KVStoreError | None] = [m if isinstance(m, KVStoreError) else None for m in metas]
-        # Candidate replicas per index, same-host first.
+        # Candidate replicas per index, same-host first, then the fastest tier.
         cands: dict[int, list[pb.NodeAddress]] = {}
         for i, m in enumerate(metas):
             if isinstance(m, KVStoreError):
                 continue
-            nodes = [r.node for r in m.replicas]
-            nodes.sort(key=lambda a: a.host_id != self._host_id)
-            cands[i] = nodes
+            cands[i] = [r.node for r in self._read_order(m)]
         while cands:
             by_node: dict[str, list[int]] = defaultdict(list)
             addr: dict[str, pb.NodeAddress] = {}
@@ -509,6 +512,129 @@ class KVClient:
                     if err is not None and not isinstance(err, InvalidArgument) and len(cands[i]) > 1:
                         nxt[i] = cands[i][1:]
             cands = nxt
+        return out
+
+    def _read_order(self, meta: pb.ObjectMeta) -> list[pb.Replica]:
+        """Replicas in the order reads try them: same host first, then by tier speed."""
+        return sorted(meta.replicas, key=lambda r: (r.node.host_id != self._host_id,
+                                                    _TIER_READ_RANK.get(r.tier, len(_TIER_READ_RANK))))
+
+    # ---- tiers: where objects are, queue lookahead, pins ----
+    def locate(self, keys: Sequence[str]) -> list[list[tuple[str, str]] | KVStoreError]:
+        """Per key its replicas as ``(node_id, tier name)`` in read order ("DRAM", "GPU",
+        "SSD"), fresh from the master, or the error (NotFound)."""
+        return [m if isinstance(m, KVStoreError) else
+                [(r.node.node_id, pb.Tier.Name(r.tier)) for r in self._read_order(m)]
+                for m in self.lookup(keys)]
+
+    def prefetch(self, keys: Sequence[str], deadline_ms: int) -> list[KVStoreError | None]:
+        """Queue lookahead: these keys will be read within ``deadline_ms``.
+
+        The node a get would read each key from promotes it to DRAM when it
+        is only on a slower tier (in the background: this call does not wait
+        for the copy) and protects it from eviction until its first read or
+        until the deadline passes. Nodes count prefetches used and wasted.
+
+        Returns:
+            Per key None (accepted) or the error (NotFound, Unavailable).
+
+        Raises:
+            InvalidArgument: ``deadline_ms`` is not positive.
+        """
+        if deadline_ms <= 0:
+            raise InvalidArgument(f"deadline_ms must be > 0, got {deadline_ms}")
+        metas = self.lookup(list(keys))
+        targets = [(i, self._read_order(m)[0].node, m.key, m.object_id)
+                   for i, m in enumerate(metas) if not isinstance(m, KVStoreError)]
+        return self._node_ops(Op.PREFETCH, deadline_ms, targets,
+                              [m if isinstance(m, KVStoreError) else None for m in metas])
+
+    def pin(self, key: str, *, ttl_ms: int = 0) -> None:
+        """Pin ``key`` on every node holding it.
+
+        Args:
+            ttl_ms: 0 for a hard pin (never evicted until :meth:`unpin`);
+                > 0 for a soft pin, which makes it go last, for ``ttl_ms``.
+
+        Raises:
+            NotFound, Unavailable.
+        """
+        err = self.batch_pin([key], ttl_ms=ttl_ms)[0]
+        if err is not None:
+            raise err
+
+    def batch_pin(self, keys: Sequence[str], *, ttl_ms: int = 0) -> list[KVStoreError | None]:
+        """Pin each key on every node holding it; per key None or the first error."""
+        if ttl_ms < 0:
+            raise InvalidArgument(f"ttl_ms must be >= 0, got {ttl_ms}")
+        return self._on_all_replicas(list(keys), Op.PIN, ttl_ms)
+
+    def unpin(self, key: str, *, soft: bool = False) -> None:
+        """Drop one hard pin of ``key`` (or, with ``soft``, its soft pin) on every node holding it.
+
+        Raises:
+            NotFound, Unavailable.
+        """
+        err = self.batch_unpin([key], soft=soft)[0]
+        if err is not None:
+            raise err
+
+    def batch_unpin(self, keys: Sequence[str], *, soft: bool = False) -> list[KVStoreError | None]:
+        return self._on_all_replicas(list(keys), Op.UNPIN, int(soft))
+
+    def node_stats(self) -> dict[str, dict]:
+        """Each live node's own stats, straight from the node (data-plane STATS op):
+        node_id -> dict with per-tier ``tiers`` (used, free, evictable, ...) and ``counters``."""
+        out: dict[str, dict] = {}
+        for st in self.stat():
+            for n in st.nodes:
+                if not n.alive or n.address.node_id in out:
+                    continue
+                try:
+                    conn = self._transport(n.address).conn
+                    conn.send(Op.STATS, "")
+                    code, _oid, size, _ck, _off, msg = conn.recv_header()
+                    if code != pb.OK:
+                        raise error_for_code(code, msg)
+                    buf = bytearray(size)
+                    conn.recv_value_into(size, memoryview(buf))
+                except Unavailable:
+                    self._drop_transport(n.address.node_id)
+                    raise
+                out[n.address.node_id] = json.loads(buf)
+        return out
+
+    def _on_all_replicas(self, keys: list[str], op: Op, size: int) -> list[KVStoreError | None]:
+        metas = self.lookup(keys)
+        targets = [(i, r.node, m.key, m.object_id) for i, m in enumerate(metas)
+                   if not isinstance(m, KVStoreError) for r in m.replicas]
+        return self._node_ops(op, size, targets,
+                              [m if isinstance(m, KVStoreError) else None for m in metas])
+
+    def _node_ops(self, op: Op, size: int, targets: list,
+                  out: list[KVStoreError | None]) -> list[KVStoreError | None]:
+        """Send one value-less ``op`` frame per (index, node, key, object_id), pipelined per
+        node; sets ``out[index]`` to the first error an index gets, and returns ``out``."""
+        by_node: dict[str, list] = defaultdict(list)
+        for t in targets:
+            by_node[t[1].node_id].append(t)
+        for node_id, lst in by_node.items():
+            try:
+                conn = self._transport(lst[0][1]).conn
+                for _i, _node, key, oid in lst:
+                    conn.send(op, key, oid, size)
+                replies = [conn.recv_header() for _ in lst]
+            except Unavailable as err:
+                self._drop_transport(node_id)
+                replies = [(err,)] * len(lst)
+            for (i, _node, key, _oid), reply in zip(lst, replies):
+                if isinstance(reply[0], KVStoreError):
+                    err = reply[0]
+                elif reply[0] != pb.OK:
+                    err = error_for_code(reply[0], reply[-1], key=key)
+                else:
+                    continue
+                out[i] = out[i] or err
         return out
 
     # ---- other ops ----

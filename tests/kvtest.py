@@ -24,12 +24,24 @@ class RunningCluster:
     nodes: dict[str, dict]           # node_id -> READY payload (address, shm_name)
 
 
+def node_args(master: str, node_id: str, dram: str, eviction_policy: str, ssd: str = "",
+              ssd_dir: str = "", extra: tuple[str, ...] = ()) -> list[str]:
+    """Command line of one store node; with ``ssd``, its SSD tier lives in ``ssd_dir/node_id``."""
+    args = ["-m", "kvstore.store.server", "--master", master, "--dram", dram, "--node-id",
+            node_id, "--eviction-policy", eviction_policy]
+    if ssd:
+        args += ["--ssd", ssd, "--ssd-path", f"{ssd_dir}/{node_id}"]
+    return args + list(extra)
+
+
 def start_cluster(log_dir: str, num_nodes: int = 2, dram: str = "64MiB",
-                  node_ttl_ms: int = 3000, eviction_policy: str = "none") -> RunningCluster:
+                  node_ttl_ms: int = 3000, eviction_policy: str = "none", ssd: str = "",
+                  ssd_dir: str = "", extra_node_args: tuple[str, ...] = ()) -> RunningCluster:
     """Start a master and ``num_nodes`` store nodes named n0, n1, ...; the caller stops it.
 
     Nodes default to no eviction, so a full node answers NoSpace (the store
-    rules); eviction tests pass a policy name.
+    rules); eviction tests pass a policy name. With ``ssd`` (a size) each node
+    gets an SSD tier under ``ssd_dir``.
     """
     procs = Cluster(log_dir=log_dir)
     try:
@@ -37,9 +49,9 @@ def start_cluster(log_dir: str, num_nodes: int = 2, dram: str = "64MiB",
                                         "--node-ttl-ms", str(node_ttl_ms)])
         nodes = {}
         for i in range(num_nodes):
-            child = procs.start(f"n{i}", ["-m", "kvstore.store.server", "--master",
-                                          master.address, "--dram", dram, "--node-id", f"n{i}",
-                                          "--eviction-policy", eviction_policy])
+            child = procs.start(f"n{i}", node_args(master.address, f"n{i}", dram,
+                                                   eviction_policy, ssd, ssd_dir,
+                                                   extra_node_args))
             nodes[f"n{i}"] = child.info
     except BaseException:
         procs.stop()

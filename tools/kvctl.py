@@ -93,13 +93,41 @@ def _tier(tier: int) -> str:
     return pb.Tier.Name(tier) if tier in pb.Tier.values() else str(tier)
 
 
+def tier_json(t: pb.TierStat) -> dict:
+    return {"tier": _tier(t.tier), "capacity_bytes": t.capacity_bytes,
+            "used_bytes": t.used_bytes, "free_bytes": t.free_bytes,
+            "evictable_bytes": t.evictable_bytes, "num_objects": t.num_objects,
+            "num_reading": t.num_reading, "num_pinned": t.num_pinned,
+            "num_soft_pinned": t.num_soft_pinned, "num_protected": t.num_protected,
+            "high_watermark": t.high_watermark, "low_watermark": t.low_watermark,
+            "eviction_blocked": t.eviction_blocked}
+
+
 def node_json(n: pb.NodeStat) -> dict:
+    """A node as the master last saw it; the flat sizes are its DRAM tier (where puts
+    land), ``tiers`` has every tier fastest first, ``counters`` the node's own."""
     a = n.address
     return {"node_id": a.node_id, "host": a.host, "data_port": a.data_port,
             "shm_name": a.shm_name, "host_id": a.host_id, "alive": n.alive, "tier": _tier(n.tier),
             "capacity_bytes": n.capacity_bytes, "used_bytes": n.used_bytes,
             "free_bytes": max(0, n.capacity_bytes - n.used_bytes), "num_objects": n.num_objects,
-            "last_heartbeat_ms": n.last_heartbeat_ms}
+            "last_heartbeat_ms": n.last_heartbeat_ms,
+            "tiers": [tier_json(t) for t in n.tiers], "counters": dict(sorted(n.counters.items()))}
+
+
+def _tiers_table(title: str, rows: list[tuple[str, pb.TierStat]]) -> Table:
+    """One row per (node, tier): used / free / evictable and why eviction is blocked."""
+    table = Table(title=title)
+    for col in ("node", "tier", "used", "free", "evictable", "capacity", "objects", "pinned",
+                "protected", "eviction blocked"):
+        table.add_column(col, justify="left" if col in ("node", "tier", "eviction blocked")
+                         else "right", overflow="fold")
+    for node_id, t in rows:
+        table.add_row(node_id, _tier(t.tier), format_size(t.used_bytes), format_size(t.free_bytes),
+                      format_size(t.evictable_bytes), format_size(t.capacity_bytes),
+                      str(t.num_objects), str(t.num_pinned), str(t.num_protected),
+                      t.eviction_blocked or "-")
+    return table
 
 
 def meta_json(m: pb.ObjectMeta) -> dict:
@@ -158,7 +186,7 @@ def _options(
 
 @app.command()
 def nodes(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Store nodes: liveness, tier, memory used, objects."""
+    """Store nodes: liveness, memory used, objects; per tier used / free / evictable."""
     with _client(ctx) as kv:
         found = _nodes(kv)
     if as_json:
@@ -178,7 +206,11 @@ def nodes(ctx: typer.Context, as_json: JsonOpt = False) -> None:
                       "yes" if n.alive else "[red]DEAD[/red]", _tier(n.tier),
                       format_size(n.used_bytes), format_size(n.capacity_bytes), f"{pct:.1f}",
                       str(n.num_objects), age)
-    _console().print(table)
+    console = _console()
+    console.print(table)
+    rows = [(n.address.node_id, t) for n in found for t in n.tiers]
+    if rows:
+        console.print(_tiers_table("tiers", rows))
 
 
 @app.command("ls")
@@ -211,8 +243,8 @@ def list_objects(
     table.add_column("created")
     for m in objects:
         table.add_row(m.key, format_size(m.size_bytes),
-                      ",".join(r.node.node_id for r in m.replicas), str(m.access_count),
-                      _fmt_ms(m.created_ms))
+                      ",".join(f"{r.node.node_id}:{_tier(r.tier)}" for r in m.replicas),
+                      str(m.access_count), _fmt_ms(m.created_ms))
     _console().print(table)
 
 
@@ -270,7 +302,7 @@ def remove(ctx: typer.Context, key: Annotated[str, typer.Argument(help="The obje
 
 @app.command()
 def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Per-shard object counts, bytes, pending puts, counters and node totals."""
+    """Per-shard object counts, bytes, pending puts, counters, node totals and per-tier use."""
     with _client(ctx) as kv:
         shards = kv.stat()
         shard_map = kv.shard_map
@@ -278,6 +310,17 @@ def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     out = []
     for st in shards:
         alive = [n for n in st.nodes if n.alive]
+        tiers: dict[str, dict[str, int]] = {}
+        node_counters: dict[str, int] = {}
+        for n in alive:
+            for t in n.tiers:
+                agg = tiers.setdefault(_tier(t.tier), dict.fromkeys(
+                    ("capacity_bytes", "used_bytes", "free_bytes", "evictable_bytes",
+                     "num_objects"), 0))
+                for k in agg:
+                    agg[k] += getattr(t, k)
+            for k, v in n.counters.items():
+                node_counters[k] = node_counters.get(k, 0) + v
         out.append({
             "shard_id": st.shard_id, "address": addresses.get(st.shard_id, ""),
             "shard_map_version": st.shard_map_version, "num_objects": st.num_objects,
@@ -286,6 +329,8 @@ def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
             "capacity_bytes": sum(n.capacity_bytes for n in alive),
             "used_bytes": sum(n.used_bytes for n in alive),
             "counters": dict(sorted(st.counters.items())),
+            "tiers": tiers,
+            "node_counters": dict(sorted(node_counters.items())),
         })
     if as_json:
         totals = {k: sum(s[k] for s in out) for k in ("num_objects", "total_bytes",
@@ -312,6 +357,27 @@ def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     for name in names:
         counters.add_row(name, str(sum(s["counters"].get(name, 0) for s in out)))
     console.print(counters)
+    tiers = Table(title="tiers (live nodes)")
+    for col in ("tier", "used", "free", "evictable", "capacity", "objects"):
+        tiers.add_column(col, justify="left" if col == "tier" else "right")
+    names = sorted({k for s in out for k in s["tiers"]}, key=lambda n: pb.Tier.Value(n)
+                   if n in pb.Tier.keys() else 99)
+    for name in names:
+        agg = {k: sum(s["tiers"].get(name, {}).get(k, 0) for s in out)
+               for k in ("used_bytes", "free_bytes", "evictable_bytes", "capacity_bytes",
+                         "num_objects")}
+        tiers.add_row(name, format_size(agg["used_bytes"]), format_size(agg["free_bytes"]),
+                      format_size(agg["evictable_bytes"]), format_size(agg["capacity_bytes"]),
+                      str(agg["num_objects"]))
+    if names:
+        console.print(tiers)
+    node_counters = Table(title="node counters (evictions, demotions, promotions, prefetch)")
+    node_counters.add_column("counter")
+    node_counters.add_column("value", justify="right")
+    for name in sorted({k for s in out for k in s["node_counters"]}):
+        node_counters.add_row(name, str(sum(s["node_counters"].get(name, 0) for s in out)))
+    if node_counters.row_count:
+        console.print(node_counters)
 
 
 def main() -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import bisect
 import enum
-import itertools
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
@@ -54,6 +53,8 @@ class Entry:
     access_count: int = 0
     last_access_ms: int = 0
     evicted_on: set[str] = field(default_factory=set)   # PENDING: targets that evicted it already
+    tiers: dict[str, int] = field(default_factory=dict)  # node id -> pb.Tier serving it there
+                                                         # (from events; absent: the node's tier)
 
 
 class ObjectIndex:
@@ -74,7 +75,7 @@ class ObjectIndex:
         self.put_timeout_ms = put_timeout_ms
         self.entries: dict[str, Entry] = {}
         self._sorted_keys: list[str] | None = None   # COMPLETE keys, rebuilt lazily for List
-        self._ids = itertools.count(1)
+        self._next_id = 1              # object ids; above every id seen in an inventory
         self.counters: Counter[str] = Counter()
 
     # ---- helpers ----
@@ -84,6 +85,11 @@ class ObjectIndex:
         if shard.shard_id != self.shard_id:
             raise WrongShard(f"slot owned by shard {shard.shard_id}", key=key,
                              redirect=shard.address)
+
+    def _new_id(self) -> int:
+        oid = self._next_id
+        self._next_id += 1
+        return oid
 
     def _live_replicas(self, entry: Entry) -> list[str]:
         return [n for n in entry.replicas if self.membership.is_alive(n)]
@@ -161,7 +167,7 @@ class ObjectIndex:
                               f"{entry.checksum:#x}); objects are immutable")
         nodes = self._place(item.size_bytes, replica_num, preferred)
         entry = Entry(key=item.key, size_bytes=item.size_bytes, checksum=item.checksum,
-                      object_id=next(self._ids), state=EntryState.PENDING,
+                      object_id=self._new_id(), state=EntryState.PENDING,
                       targets=[n.node_id for n in nodes], created_ms=now_ms,
                       deadline_ms=now_ms + self.put_timeout_ms)
         for n in nodes:
@@ -294,7 +300,8 @@ class ObjectIndex:
         replicas = []
         for node_id in nodes:
             info = self.membership.nodes[node_id]
-            replicas.append(pb.Replica(node=info.address, tier=info.tier, state=pb.COMPLETE))
+            replicas.append(pb.Replica(node=info.address, tier=entry.tiers.get(node_id, info.tier),
+                                       state=pb.COMPLETE))
         return pb.ObjectMeta(key=entry.key, size_bytes=entry.size_bytes, checksum=entry.checksum,
                              object_id=entry.object_id, replicas=replicas,
                              created_ms=entry.created_ms, access_count=entry.access_count,
@@ -310,6 +317,7 @@ class ObjectIndex:
         for entry in list(self.entries.values()):
             if node_id in entry.replicas:
                 entry.replicas.remove(node_id)
+                entry.tiers.pop(node_id, None)
                 if entry.state is EntryState.COMPLETE and not entry.replicas:
                     self._delete(entry, [])
                     lost += 1
@@ -328,9 +336,90 @@ class ObjectIndex:
         if node_id not in entry.replicas:
             return
         entry.replicas.remove(node_id)
+        entry.tiers.pop(node_id, None)
         self.counters["replicas_evicted"] += 1
         if entry.state is EntryState.COMPLETE and not entry.replicas:
             self._delete(entry, [])
+
+    def node_tier_changed(self, node_id: str, key: str, object_id: int, tier: int,
+                          promoted: bool) -> None:
+        """A node now serves its replica of (key, object_id) from ``tier`` (DEMOTED / PROMOTED)."""
+        entry = self.entries.get(key)
+        if entry is None or entry.object_id != object_id:
+            return
+        if node_id in entry.replicas or (entry.state is EntryState.PENDING
+                                         and node_id in entry.targets):
+            entry.tiers[node_id] = tier
+            self.counters["replicas_promoted" if promoted else "replicas_demoted"] += 1
+
+    def node_event(self, node_id: str, event: pb.ReplicaEvent) -> None:
+        """Apply one of a node's events (kvstore/store/events.py), in the order it sent them."""
+        if event.kind == pb.EVICTED:
+            self.node_removed(node_id, event.key, event.object_id)
+        elif event.kind in (pb.DEMOTED, pb.PROMOTED):
+            self.node_tier_changed(node_id, event.key, event.object_id, event.tier,
+                                   promoted=event.kind == pb.PROMOTED)
+
+    def sync_node_inventory(self, node_id: str, items, now_ms: int) -> tuple[int, int]:
+        """Make the index agree with what a (re)registering node holds.
+
+        The node's replicas that its inventory does not list (same key and
+        object_id) are forgotten -- a restart loses DRAM -- and listed
+        objects the index does not know are indexed as COMPLETE (a restart
+        keeps the SSD; a new master learns the cluster this way). A listed
+        version that the index has replaced is ordered dropped; one it already
+        ordered dropped (removed while the node was away) is not indexed again.
+
+        Returns:
+            (entries that lost their last replica, entries indexed from the inventory).
+        """
+        info = self.membership.nodes.get(node_id)
+        ordered = {(d.key, d.object_id) for d in info.drops} if info is not None else set()
+        items = [it for it in items if (it.key, it.object_id) not in ordered]
+        held = {it.key: it for it in items}
+        lost = 0
+        for entry in list(self.entries.values()):
+            if entry.state is EntryState.PENDING and node_id in entry.targets:
+                it = held.get(entry.key)
+                if it is None or it.object_id != entry.object_id:
+                    entry.evicted_on.add(node_id)   # lost in the restart: PutEnd skips it
+                continue
+            if node_id not in entry.replicas:
+                continue
+            it = held.get(entry.key)
+            if it is None or it.object_id != entry.object_id:
+                entry.replicas.remove(node_id)
+                entry.tiers.pop(node_id, None)
+                if entry.state is EntryState.COMPLETE and not entry.replicas:
+                    self._delete(entry, [])
+                    lost += 1
+        indexed = 0
+        for it in items:
+            try:
+                self._check_key(it.key)
+            except KVStoreError:
+                continue                  # another shard's key (or garbage): not ours to index
+            self._next_id = max(self._next_id, it.object_id + 1)
+            entry = self.entries.get(it.key)
+            if entry is None:
+                entry = Entry(key=it.key, size_bytes=it.size_bytes, checksum=it.checksum,
+                              object_id=it.object_id, state=EntryState.COMPLETE, targets=[],
+                              replicas=[node_id], created_ms=now_ms)
+                entry.tiers[node_id] = it.tier
+                self.entries[it.key] = entry
+                self._sorted_keys = None
+                indexed += 1
+            elif entry.object_id == it.object_id:
+                if entry.state is EntryState.COMPLETE:
+                    if node_id not in entry.replicas:
+                        entry.replicas.append(node_id)
+                    entry.tiers[node_id] = it.tier
+                # PENDING with this id: the put in flight ends it (PutEnd).
+            else:
+                self.membership.order_drop(node_id, it.key, it.object_id)
+                self.counters["stale_replicas_dropped"] += 1
+        self.counters["reindexed"] += indexed
+        return lost, indexed
 
     def expire_puts(self, now_ms: int) -> int:
         """Revoke PENDING puts past their deadline; returns how many."""
@@ -347,7 +436,8 @@ class ObjectIndex:
             resp.nodes.append(pb.NodeStat(
                 address=info.address, alive=info.alive, tier=info.tier,
                 capacity_bytes=info.capacity_bytes, used_bytes=info.used_bytes,
-                num_objects=info.num_objects, last_heartbeat_ms=info.last_heartbeat_ms))
+                num_objects=info.num_objects, last_heartbeat_ms=info.last_heartbeat_ms,
+                tiers=info.tiers, counters=info.counters))
         complete = [e for e in self.entries.values() if e.state is EntryState.COMPLETE]
         resp.num_objects = len(complete)
         resp.total_bytes = sum(e.size_bytes for e in complete)

@@ -29,6 +29,8 @@ class NodeInfo:
     last_heartbeat_ms: int = 0
     alive: bool = True
     drops: list[pb.DropOrder] = field(default_factory=list)  # to send with the next heartbeat
+    tiers: list[pb.TierStat] = field(default_factory=list)   # per tier, from the last report
+    counters: dict[str, int] = field(default_factory=dict)   # the node's own, last heartbeat
 
     @property
     def node_id(self) -> str:
@@ -55,12 +57,16 @@ class Membership:
     def register(self, req: pb.RegisterNodeRequest, now_ms: int) -> tuple[NodeInfo, bool]:
         """Add or re-add a node. Returns (info, was_known)."""
         node_id = req.address.node_id
-        known = node_id in self.nodes
+        old = self.nodes.get(node_id)
+        known = old is not None
         info = NodeInfo(address=pb.NodeAddress(), tier=req.tier or pb.DRAM,
                         capacity_bytes=req.capacity_bytes,
                         max_object_bytes=req.max_object_bytes or req.capacity_bytes,
-                        last_heartbeat_ms=now_ms)
+                        last_heartbeat_ms=now_ms, tiers=list(req.tiers))
         info.address.CopyFrom(req.address)
+        if old is not None:
+            # Drops ordered while it was away still apply to what it kept (its SSD).
+            info.drops = old.drops
         self.nodes[node_id] = info
         log.info("node %s registered (%s:%d, %d B)%s", node_id, req.address.host,
                  req.address.data_port, req.capacity_bytes, " again" if known else "")
@@ -76,6 +82,10 @@ class Membership:
         info.used_bytes = req.used_bytes
         info.num_objects = req.num_objects
         info.last_heartbeat_ms = now_ms
+        if req.tiers:
+            info.tiers = list(req.tiers)
+        if req.counters:
+            info.counters = dict(req.counters)
         return info
 
     def take_drops(self, node_id: str) -> list[pb.DropOrder]:

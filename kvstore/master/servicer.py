@@ -28,13 +28,15 @@ class MasterServicer(pb_grpc.MasterServicer):
         self.membership = index.membership
 
     async def RegisterNode(self, request, context):
+        node_id = request.address.node_id
         _, known = self.membership.register(request, now_ms())
-        if known:
-            # A restarted node comes back with empty DRAM: forget what it held.
-            lost = self.index.forget_node_objects(request.address.node_id)
-            if lost:
-                log.warning("node %s re-registered empty: %d objects lost their last replica",
-                            request.address.node_id, lost)
+        # The node's inventory is the truth about it: a restart loses DRAM and
+        # keeps the SSD; objects the index does not know are indexed again.
+        lost, indexed = self.index.sync_node_inventory(node_id, request.inventory, now_ms())
+        if lost or indexed:
+            log.info("node %s registered%s with %d object(s): %d indexed from its inventory, "
+                     "%d lost their last replica", node_id, " again" if known else "",
+                     len(request.inventory), indexed, lost)
         return pb.RegisterNodeResponse(heartbeat_interval_ms=self.membership.heartbeat_interval_ms,
                                        node_ttl_ms=self.membership.node_ttl_ms)
 
@@ -44,6 +46,8 @@ class MasterServicer(pb_grpc.MasterServicer):
             return pb.HeartbeatResponse(known=False)
         for r in request.removed:
             self.index.node_removed(request.node_id, r.key, r.object_id)
+        for event in request.events:
+            self.index.node_event(request.node_id, event)
         return pb.HeartbeatResponse(known=True, drops=self.membership.take_drops(request.node_id))
 
     async def GetShardMap(self, request, context):

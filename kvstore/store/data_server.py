@@ -4,19 +4,29 @@ A connection owns the references and reservations it takes (SHM_ACQUIRE,
 SHM_ALLOC); when it closes, for any reason, they are released in
 ``finally`` so a crashed client never pins memory for good.
 
+A frame may block its connection's thread for a bounded time: a put or a
+read of an object that is only on a slower tier waits for the node's mover
+to make room in DRAM (backpressure; see ``node.py``). A TCP GET whose object
+cannot get DRAM room soon is served from its slower copy through a
+per-connection staging buffer; an SHM_ACQUIRE needs DRAM and answers
+NO_SPACE instead (the client then reads that object over TCP).
+
 Thread safety: connection threads share only the :class:`StoreNode`, which
-locks itself. Sockets block; ``recv_into``/``sendall`` release the GIL.
+locks itself. Sockets block; ``recv_into``/``sendall`` release the GIL, and
+so do lmdb reads.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import threading
 
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.errors import InvalidArgument, KVStoreError, NotFound, Unavailable
+from kvstore.errors import Internal, InvalidArgument, KVStoreError, NotFound, Unavailable
 from kvstore.store.node import StoredObject, StoreNode
+from kvstore.store.tiers.base import TierIOError
 from kvstore.transfer.protocol import REQUEST, RESPONSE, FrameReader, Op, send_parts, tune_socket
 
 log = logging.getLogger(__name__)
@@ -105,12 +115,14 @@ class _Session:
         self.reading: dict[tuple[str, int], list[StoredObject]] = {}
         self.writing: dict[tuple[str, int], StoredObject] = {}
         self.parent: str | None = None   # parent key of the frame being handled
+        self.staging = bytearray()       # GET of an object DRAM had no room for
 
     def run(self) -> None:
         handlers = {Op.PUT: self._put, Op.GET: self._get, Op.SHM_ALLOC: self._shm_alloc,
                     Op.SHM_COMMIT: self._shm_commit, Op.SHM_ACQUIRE: self._shm_acquire,
                     Op.SHM_RELEASE: self._shm_release, Op.SHM_ABORT: self._shm_abort,
-                    Op.PING: self._ping}
+                    Op.PING: self._ping, Op.PIN: self._pin, Op.UNPIN: self._unpin,
+                    Op.PREFETCH: self._prefetch, Op.STATS: self._stats}
         while True:
             op, _flags, key_len, parent_len, object_id, size, checksum = REQUEST.unpack(
                 self.reader.read(REQUEST.size))
@@ -162,12 +174,27 @@ class _Session:
         self._reply(object_id=object_id, size=size, checksum=checksum)
 
     def _get(self, key: str, object_id: int, _size: int, _checksum: int) -> None:
-        obj = self.node.acquire(key, object_id)
+        # An object only on SSD (or GPU) is promoted to DRAM first; when DRAM has
+        # no room soon, it is served from its slower copy through a staging buffer.
+        obj = self.node.acquire(key, object_id, require_dram=False)
         try:
+            if obj.alloc is not None:
+                payload = self.node.read_view(obj)
+            else:
+                payload = self._staging(obj.size_bytes)
+                try:
+                    self.node.read_into(obj, payload)
+                except TierIOError as exc:
+                    raise Internal(f"reading the slower copy failed: {exc}", key=key) from exc
             self._reply(object_id=obj.object_id, size=obj.size_bytes, checksum=obj.checksum,
-                        payload=self.node.read_view(obj))
+                        payload=payload)
         finally:
             self.node.release(obj)
+
+    def _staging(self, size_bytes: int) -> memoryview:
+        if len(self.staging) < size_bytes:
+            self.staging = bytearray(size_bytes)
+        return memoryview(self.staging)[:size_bytes]
 
     def _shm_alloc(self, key: str, object_id: int, size: int, checksum: int) -> None:
         obj, present = self.node.begin_write(key, object_id, size, checksum, self.parent)
@@ -207,6 +234,22 @@ class _Session:
 
     def _ping(self, key: str, object_id: int, size: int, checksum: int) -> None:
         self._reply()
+
+    def _pin(self, key: str, object_id: int, ttl_ms: int, _checksum: int) -> None:
+        self.node.pin(key, object_id, ttl_ms)
+        self._reply(object_id=object_id)
+
+    def _unpin(self, key: str, object_id: int, soft: int, _checksum: int) -> None:
+        self.node.unpin(key, object_id, soft=bool(soft))
+        self._reply(object_id=object_id)
+
+    def _prefetch(self, key: str, object_id: int, deadline_ms: int, _checksum: int) -> None:
+        in_dram = self.node.prefetch(key, object_id, deadline_ms)
+        self._reply(object_id=object_id, offset=int(in_dram))
+
+    def _stats(self, _key: str, _object_id: int, _size: int, _checksum: int) -> None:
+        payload = json.dumps(self.node.stats().to_dict()).encode()
+        self._reply(size=len(payload), payload=memoryview(payload))
 
     def release_all(self) -> None:
         for objs in self.reading.values():

@@ -1,149 +1,195 @@
-"""A store node's object table: what it holds, who is reading it, what to free.
+"""A store node's object table over its chain of tiers: what it holds, who reads it, what to free.
 
 The node owns its memory. Objects are written once and then immutable; a
 reader holds a reference for as long as it reads, and memory with a
 reference is never freed or reused (no time-based lease decides that)::
 
-    begin_write --> WRITING --commit_write (checksum ok)--> COMPLETE --drop--> doomed
-         |                                                     |               |
+    begin_write --> WRITING --commit_write (checksum ok)--> COMPLETE --drop / evict--> doomed
+         |                                                     |                          |
          +--abort_write / bad checksum--> freed    acquire/release (refs)   freed when refs == 0
 
 Each object is named by (key, object_id): the master issues a fresh
 object_id per put, so a drop order for an old version never frees a newer one.
 
-Thread safety: every public method takes the node's lock; the data server
-calls it from one thread per connection. Value bytes are copied outside
-the lock (a reference or a WRITING state keeps the memory in place).
+Tiers. The node keeps a chain of tiers, DRAM first (``DRAM [-> GPU] [-> SSD]``,
+see ``tiers/``). Puts land in DRAM, the only tier the transports address;
+every tier has its own eviction policy and its own watermarks (the moves
+themselves are in ``tiering.py``)::
+
+    DRAM  over high watermark --victims--> copy down (demote) --> GPU / SSD  (mover thread)
+          a victim with a slower copy already: drop the DRAM copy (no I/O, inline)
+          no tier below has room: evict                          (EVICTED event)
+    SSD   over high watermark --victims--> evict (queued lmdb delete, no I/O under the lock)
+    read of an object not in DRAM ---------> copy up (promote), keep the slower copy
+
+A demotion counts only once the copy below is durable (the SSD commit);
+until then the DRAM copy stays readable, and if the copy fails the object is
+evicted instead. Copies between tiers run off the node's lock, in the node's
+:class:`~kvstore.store.mover.TierMover` thread (demotions, prefetch
+promotions) or in the reading connection's thread (a read that needs DRAM);
+a reference on the object keeps both ends alive meanwhile. A write or a
+promotion that finds DRAM full waits (bounded) for the mover to make room,
+which is the node's backpressure. A node without slower tiers evicts inline,
+under the lock, as there is nothing to copy.
+
+What eviction never takes, at any tier: objects being read, written or
+moved (a reference), hard-pinned objects, objects protected by queue
+lookahead (``prefetch``) until their first read or their deadline. Soft
+pins (with a TTL) go last: victims come first from the unpinned objects.
+An existence check never reaches the node: nothing is pinned or refreshed.
+When eviction cannot free what a tier needs, :meth:`StoreNode.stats` and the
+log say why (``eviction_blocked``), and a write gets NoSpace with the reason.
+
+Every change to what get can read from the node (demoted, promoted,
+evicted) is queued as an event for the master (:meth:`take_events`), and
+``events_ready`` is set so the node's agent reports it at once.
+
+Thread safety: every public method takes the node's lock (a Condition that
+waiters for room wait on); the data server calls them from one thread per
+connection and the mover from its own. Value bytes are copied outside the
+lock (a reference, a WRITING state or a move keeps the memory in place).
 """
 
 from __future__ import annotations
 
-import enum
+import dataclasses
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from typing import Sequence
 
 from kvstore.errors import ChecksumMismatch, InvalidArgument, NoSpace, NotFound, TooLarge
 from kvstore.keys import value_checksum
-from kvstore.store.allocator import Allocation
 from kvstore.store.eviction import make_policy
-from kvstore.store.tiers.dram import DramTier
+from kvstore.store.events import EventKind, NodeEvent
+from kvstore.store.mover import TierMover
+from kvstore.store.objects import ObjectState, StoredObject
+from kvstore.store.stats import NodeStats, TierStats
+from kvstore.store.tiering import DEFAULT_WATERMARKS, Tiering, TierLevel
+from kvstore.store.tiers.base import ObjectRecord, Tier, TierKind
 
 log = logging.getLogger(__name__)
 
 
-class ObjectState(enum.Enum):
-    WRITING = 1    # space reserved, bytes arriving
-    COMPLETE = 2   # checksum verified, readable
-
-
-@dataclass(slots=True, eq=False)
-class StoredObject:
-    key: str
-    object_id: int             # the master's id of this version
-    alloc: Allocation          # where the bytes live in the DRAM tier
-    checksum: int              # xxh3-64 announced by the writer
-    state: ObjectState = ObjectState.WRITING
-    refs: int = 0              # readers in flight; > 0 pins the memory
-    parent: str | None = None  # previous block of its prefix chain (eviction hint)
-    doomed: bool = False       # out of service; if still referenced, freed at last release
-    last_access_s: float = field(default_factory=time.monotonic)
-
-    @property
-    def size_bytes(self) -> int:
-        return self.alloc.size_bytes
-
-
-@dataclass(frozen=True, slots=True)
-class NodeStats:
-    capacity_bytes: int
-    used_bytes: int
-    free_bytes: int
-    num_objects: int         # COMPLETE objects
-    num_writing: int
-    num_referenced: int      # objects with a reader in flight
-    num_doomed: int
-    num_evictable: int       # complete objects no reader holds
-    evictions: int           # objects evicted since start
-
-
-class StoreNode:
-    """The object table of one node over its DRAM tier.
-
-    Eviction is local to the node: when a write does not fit, or a commit
-    takes the tier above ``high_watermark``, the policy proposes victims
-    and the node evicts those no reader holds, down to ``low_watermark``.
-    Every eviction is queued as an event for the master (:meth:`take_events`),
-    and ``events_ready`` is set so the node's agent reports it at once.
+class StoreNode(Tiering):
+    """The object table of one node over its tiers (moves between tiers: :class:`Tiering`).
 
     Args:
-        tier: the DRAM tier holding the bytes.
-        policy: eviction policy name (``kvstore.store.eviction`` registry).
-        high_watermark, low_watermark: fractions of capacity.
+        tiers: the DRAM tier, or the chain ``[DramTier, (GpuTier,) (SsdTier)]``,
+            fastest first; the first must be DRAM.
+        policy: eviction policy name (``kvstore.store.eviction`` registry),
+            one instance per tier.
+        high_watermark, low_watermark: memory tiers (DRAM, GPU) evict above
+            ``high`` down to ``low`` (fractions of capacity).
+        ssd_watermarks: (high, low) of the SSD tier.
+        room_wait_s: how long a write or a promotion waits for the mover to
+            make room before NoSpace.
+        start_mover: start the mover thread now (nodes with slower tiers).
+
+    Raises:
+        ValueError: bad watermarks or chain.
     """
 
-    def __init__(self, tier: DramTier, policy: str = "default", high_watermark: float = 0.95,
-                 low_watermark: float = 0.85):
-        if not 0 < low_watermark <= high_watermark <= 1:
-            raise ValueError(f"need 0 < low ({low_watermark}) <= high ({high_watermark}) <= 1")
-        self.tier = tier
-        self.policy = make_policy(policy)
+    def __init__(self, tiers: Tier | Sequence[Tier], policy: str = "default",
+                 high_watermark: float = 0.95, low_watermark: float = 0.85, *,
+                 ssd_watermarks: tuple[float, float] = DEFAULT_WATERMARKS[TierKind.SSD],
+                 room_wait_s: float = 5.0, start_mover: bool = True):
+        chain = [tiers] if isinstance(tiers, Tier) else list(tiers)
+        if not chain or chain[0].kind is not TierKind.DRAM:
+            raise ValueError("a node's tier chain must start with its DRAM tier")
+        self.levels: list[TierLevel] = []
+        for tier in chain:
+            high, low = ssd_watermarks if tier.kind is TierKind.SSD else (high_watermark,
+                                                                            low_watermark)
+            if not 0 < low <= high <= 1:
+                raise ValueError(f"{tier.kind.name}: need 0 < low ({low}) <= high ({high}) <= 1")
+            self.levels.append(TierLevel(tier, make_policy(policy), high, low))
+        self.tier = chain[0]                       # DRAM: where puts land and reads are served
+        self.policy = self.levels[0].policy        # DRAM's policy
         self.high_watermark = high_watermark
         self.low_watermark = low_watermark
+        self.room_wait_s = room_wait_s
         self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._objects: dict[str, StoredObject] = {}
         self._doomed: set[StoredObject] = set()
-        self._events: list[tuple[str, int]] = []     # (key, object_id) evicted, not yet reported
+        self._protected: dict[str, StoredObject] = {}     # prefetch lookahead in force
+        self._prefetch_queue: dict[str, StoredObject] = {}  # to promote to DRAM, FIFO
+        self._events: list[NodeEvent] = []
         self.events_ready = threading.Event()
-        self.counters: dict[str, int] = {"puts": 0, "gets": 0, "drops": 0, "checksum_errors": 0,
-                                         "evictions": 0}
+        self.counters: dict[str, int] = dict.fromkeys((   # see kvstore/store/stats.py
+            "puts", "gets", "drops", "checksum_errors", "evictions", "demotions",
+            "demotion_failures", "evicted_no_room", "promotions", "promotion_failures",
+            "prefetch_requests", "prefetches", "prefetch_used", "prefetch_wasted", "pins",
+            "unpins", "recovered"), 0)
+        self._recover()
+        self.mover: TierMover | None = None
+        if len(self.levels) > 1:
+            self.mover = TierMover(self)
+            if start_mover:
+                self.mover.start()
 
-    # ---- write ----
+    # ================================================================ write
     def begin_write(self, key: str, object_id: int, size_bytes: int, checksum: int,
                     parent: str | None = None) -> tuple[StoredObject, bool]:
-        """Reserve space for a new object.
+        """Reserve DRAM for a new object (waiting, bounded, for the mover to make room).
 
         Returns:
             ``(obj, already_present)``: when this exact version is already
             complete, ``already_present`` is True and nothing must be written.
 
         Raises:
-            InvalidArgument: negative size.
-            TooLarge: larger than the whole tier.
-            NoSpace: no free extent is large enough, even after evicting
-                every object no reader holds.
+            InvalidArgument: negative size, or this version is being written.
+            TooLarge: larger than the whole DRAM tier.
+            NoSpace: no room, even after evicting or demoting every object that
+                may go; the message says what holds the rest.
         """
         if size_bytes < 0:
             raise InvalidArgument(f"size_bytes must be >= 0, got {size_bytes}", key=key)
         if size_bytes > self.tier.capacity_bytes:
             raise TooLarge(f"{size_bytes} B exceeds the node's capacity of "
                            f"{self.tier.capacity_bytes} B", key=key)
-        with self._lock:
-            old = self._objects.get(key)
-            if old is not None and old.object_id == object_id:
-                if old.state is ObjectState.COMPLETE and old.checksum == checksum:
-                    return old, True
-                if old.state is ObjectState.WRITING:
-                    raise InvalidArgument("this version is being written already", key=key)
-            alloc = self._allocate_locked(size_bytes)
+        record = ObjectRecord(key, object_id, size_bytes, checksum, parent)
+        with self._cond:
+            present = self._present_locked(key, object_id, checksum)
+            if present is not None:
+                return present, True
+            alloc = self._allocate_locked(0, record)
             if alloc is None:
-                busy = sum(o.refs > 0 for o in self._objects.values())
-                raise NoSpace(f"no free extent of {size_bytes} B (free {self.tier.free_bytes} B, "
-                              f"largest {self.tier.allocator.largest_free_bytes} B) and nothing "
-                              f"evictable ({busy} objects being read or written, "
-                              f"{len(self._doomed)} awaiting their last reader)", key=key)
+                alloc = self._wait_for_room_locked(0, record, self.room_wait_s)
+            if alloc is None:
+                raise NoSpace(self._no_space_message(0, size_bytes), key=key)
+            try:
+                # The lock may have been released while waiting: look again.
+                present = self._present_locked(key, object_id, checksum)
+            except InvalidArgument:
+                self.tier.free(alloc)
+                raise
+            if present is not None:
+                self.tier.free(alloc)
+                return present, True
+            old = self._objects.get(key)
             if old is not None:
                 self._retire(old)
             # The writer holds a reference until commit or abort, so a drop
             # during the write never frees memory that is still being filled.
-            obj = StoredObject(key, object_id, alloc, checksum, refs=1, parent=parent)
+            obj = StoredObject(key, object_id, size_bytes, checksum, parent,
+                               copies=[alloc] + [None] * (len(self.levels) - 1), refs=1)
             self._objects[key] = obj
             return obj, False
 
+    def _present_locked(self, key: str, object_id: int, checksum: int) -> StoredObject | None:
+        old = self._objects.get(key)
+        if old is not None and old.object_id == object_id:
+            if old.state is ObjectState.COMPLETE and old.checksum == checksum:
+                return old
+            if old.state is ObjectState.WRITING:
+                raise InvalidArgument("this version is being written already", key=key)
+        return None
+
     def write_view(self, obj: StoredObject) -> memoryview:
         """Where the writer puts the value (valid while ``obj`` is WRITING)."""
-        return self.tier.view(obj.alloc)
+        return self.tier.view(obj.copies[0])
 
     def commit_write(self, obj: StoredObject) -> None:
         """Verify the checksum and make the object readable.
@@ -151,9 +197,10 @@ class StoreNode:
         Raises:
             ChecksumMismatch: the bytes are not what the writer announced;
                 the space is freed and nothing stays behind.
+            NotFound: the object was dropped while being written.
         """
-        actual = value_checksum(self.tier.view(obj.alloc))
-        with self._lock:
+        actual = value_checksum(self.tier.view(obj.copies[0]))
+        with self._cond:
             if actual != obj.checksum:
                 self.counters["checksum_errors"] += 1
                 self._retire(obj)
@@ -167,51 +214,148 @@ class StoreNode:
             obj.state = ObjectState.COMPLETE
             self._release_locked(obj)
             self.counters["puts"] += 1
-            self.policy.on_insert(obj.key, obj.alloc.reserved_bytes, time.monotonic(), obj.parent)
-            self._enforce_watermark_locked()
+            obj.last_access_s = time.monotonic()
+            self.levels[0].policy.on_insert(obj.key, obj.copies[0].reserved_bytes,
+                                            obj.last_access_s, obj.parent)
+            self._after_growth_locked(0)
 
     def abort_write(self, obj: StoredObject) -> None:
         """Give back the space of an unfinished write."""
-        with self._lock:
+        with self._cond:
             if obj.state is ObjectState.WRITING:
                 self._retire(obj)
                 self._release_locked(obj)
 
-    # ---- read ----
-    def acquire(self, key: str, object_id: int = 0) -> StoredObject:
+    # ================================================================ read
+    def acquire(self, key: str, object_id: int = 0, *, require_dram: bool = True) -> StoredObject:
         """Take a read reference on a complete object (``object_id`` 0 = any version).
 
+        An object that is not in DRAM is promoted first (an SSD or GPU hit);
+        the slower copy stays. The first read of a prefetched object ends its
+        lookahead protection (counted as a prefetch used).
+
+        Args:
+            require_dram: True (shared-memory readers): the object must end up
+                in DRAM, else NoSpace. False (TCP): when DRAM has no room soon,
+                return it anyway and read it with :meth:`read_into`.
+
         Raises:
-            NotFound: no complete object under this key (and version).
+            NotFound: no complete object under this key (and version), or its
+                only copy turned out corrupt.
+            NoSpace: ``require_dram`` and no room in DRAM for the promotion.
         """
-        with self._lock:
+        with self._cond:
             obj = self._objects.get(key)
             if obj is None or obj.state is not ObjectState.COMPLETE or (
                     object_id and obj.object_id != object_id):
                 raise NotFound("not on this node", key=key)
             obj.refs += 1
-            obj.last_access_s = time.monotonic()
-            self.policy.on_access(key, obj.last_access_s)
-            self.counters["gets"] += 1
+            self._note_read_locked(obj)
+            if obj.copies[0] is not None:
+                return obj
+            try:
+                self._promote_locked(obj, self.room_wait_s if require_dram else
+                                     min(self.room_wait_s, 0.25))
+            except NoSpace:
+                if require_dram:
+                    self._release_locked(obj)
+                    raise
+            except BaseException:
+                self._release_locked(obj)
+                raise
             return obj
 
     def read_view(self, obj: StoredObject) -> memoryview:
-        """The object's bytes (valid while the caller holds its reference)."""
-        return self.tier.view(obj.alloc)
+        """The object's DRAM bytes (valid while the caller holds its reference)."""
+        return self.tier.view(obj.copies[0])
+
+    def read_into(self, obj: StoredObject, dest: memoryview) -> None:
+        """Copy the object's bytes from its fastest copy (the caller holds a reference).
+
+        Raises:
+            TierIOError: the slower tier failed.
+        """
+        level = obj.best_level()
+        self.levels[level].tier.read_into(obj.copies[level], dest)
 
     def release(self, obj: StoredObject) -> None:
         """Drop a read reference taken by :meth:`acquire`."""
-        with self._lock:
+        with self._cond:
             self._release_locked(obj)
 
-    # ---- removal ----
+    # ================================================================ pins, lookahead
+    def pin(self, key: str, object_id: int = 0, ttl_ms: int = 0) -> None:
+        """Pin an object: hard (``ttl_ms`` 0: never evicted until unpinned) or
+        soft (evicted only after unpinned objects, for ``ttl_ms``).
+
+        Raises:
+            NotFound: no such complete object.
+        """
+        with self._cond:
+            obj = self._complete_locked(key, object_id)
+            if ttl_ms:
+                obj.soft_pin_until_s = max(obj.soft_pin_until_s, time.monotonic() + ttl_ms / 1000)
+            else:
+                obj.hard_pins += 1
+            self.counters["pins"] += 1
+
+    def unpin(self, key: str, object_id: int = 0, soft: bool = False) -> bool:
+        """Drop one hard pin, or (``soft``) the soft pin. Returns whether one was held.
+
+        Raises:
+            NotFound: no such complete object.
+        """
+        with self._cond:
+            obj = self._complete_locked(key, object_id)
+            if soft:
+                held = obj.soft_pin_until_s > time.monotonic()
+                obj.soft_pin_until_s = 0.0
+            else:
+                held = obj.hard_pins > 0
+                obj.hard_pins = max(0, obj.hard_pins - 1)
+            self.counters["unpins"] += held
+            self._after_growth_locked(0)
+            return held
+
+    def prefetch(self, key: str, object_id: int = 0, deadline_ms: int = 0) -> bool:
+        """Queue lookahead: a queued request will read this object within ``deadline_ms``.
+
+        Protects the object from eviction at every tier until its first read
+        or the deadline, and promotes it to DRAM in the background when it is
+        only in slower tiers. Returns True when it is in DRAM already.
+
+        Raises:
+            NotFound: no such complete object.
+            InvalidArgument: ``deadline_ms`` is 0.
+        """
+        if deadline_ms <= 0:
+            raise InvalidArgument("prefetch needs a deadline_ms > 0", key=key)
+        with self._cond:
+            obj = self._complete_locked(key, object_id)
+            now = time.monotonic()
+            self.counters["prefetch_requests"] += 1
+            if key not in self._protected:
+                self.counters["prefetches"] += 1
+                self._protected[key] = obj
+            obj.protect_until_s = max(obj.protect_until_s, now + deadline_ms / 1000)
+            for level, extent in enumerate(obj.copies):
+                if extent is not None:
+                    self.levels[level].policy.on_prefetch(key, now)
+            if obj.copies[0] is not None:
+                return True
+            self._prefetch_queue[key] = obj
+            if self.mover is not None:
+                self.mover.wake()
+            return False
+
+    # ================================================================ removal, events
     def drop(self, key: str, object_id: int = 0) -> bool:
         """Free an object (``object_id`` 0 = whatever version is there).
 
         Memory under a reader is freed when the last reader releases it.
         Returns True when an object was dropped.
         """
-        with self._lock:
+        with self._cond:
             obj = self._objects.get(key)
             if obj is None or (object_id and obj.object_id != object_id):
                 return False
@@ -219,22 +363,34 @@ class StoreNode:
             self.counters["drops"] += 1
             return True
 
-    def take_events(self) -> list[tuple[str, int]]:
-        """Evictions not yet reported to the master: (key, object_id), in order."""
-        with self._lock:
+    def take_events(self) -> list[NodeEvent]:
+        """Changes not yet reported to the master, in order (see ``events``)."""
+        with self._cond:
             events, self._events = self._events, []
             self.events_ready.clear()
             return events
 
     def inventory(self) -> list[tuple[str, int, int, int]]:
         """(key, object_id, size_bytes, checksum) of every complete object."""
-        with self._lock:
+        with self._cond:
             return [(o.key, o.object_id, o.size_bytes, o.checksum)
                     for o in self._objects.values() if o.state is ObjectState.COMPLETE]
 
+    def holdings(self) -> list[tuple[str, int, int, int, TierKind]]:
+        """(key, object_id, size_bytes, checksum, tier it is served from) of every complete object."""
+        with self._cond:
+            return [(o.key, o.object_id, o.size_bytes, o.checksum,
+                     self.levels[o.best_level()].tier.kind)
+                    for o in self._objects.values() if o.state is ObjectState.COMPLETE]
+
+    # ================================================================ stats
     def stats(self) -> NodeStats:
-        with self._lock:
+        """Everything, counted now: O(objects) under the lock (see :meth:`refresh_usage`)."""
+        with self._cond:
+            now = time.monotonic()
             objs = list(self._objects.values())
+            tiers = tuple(self._tier_stats_locked(level, objs, now)
+                          for level in range(len(self.levels)))
             return NodeStats(
                 capacity_bytes=self.tier.capacity_bytes,
                 used_bytes=self.tier.used_bytes,
@@ -243,41 +399,103 @@ class StoreNode:
                 num_writing=sum(o.state is ObjectState.WRITING for o in objs),
                 num_referenced=sum(o.refs > 0 and o.state is ObjectState.COMPLETE for o in objs),
                 num_doomed=len(self._doomed),
-                num_evictable=sum(self._can_evict(o.key) for o in objs),
+                num_evictable=sum(self._can_give_up(0, o, True, now) for o in objs),
                 evictions=self.counters["evictions"],
+                tiers=tiers,
+                counters=dict(self.counters),
             )
 
-    # ---- internals (lock held) ----
-    def _can_evict(self, key: str) -> bool:
+    def refresh_usage(self, stats: NodeStats) -> NodeStats:
+        """``stats`` with its byte usage, object counts and counters brought up to date.
+
+        O(tiers): for frequent reports (heartbeats) between full :meth:`stats`
+        calls; the per-object counts (evictable, pinned, ...) stay as they were.
+        """
+        with self._cond:
+            tiers = tuple(dataclasses.replace(
+                t, used_bytes=lv.tier.used_bytes, free_bytes=lv.tier.free_bytes,
+                num_objects=len(lv.policy)) for t, lv in zip(stats.tiers, self.levels))
+            return dataclasses.replace(
+                stats, used_bytes=self.tier.used_bytes, free_bytes=self.tier.free_bytes,
+                num_objects=len(self._objects), evictions=self.counters["evictions"],
+                tiers=tiers, counters=dict(self.counters))
+
+    def _tier_stats_locked(self, level: int, objs: list[StoredObject], now: float) -> TierStats:
+        lv = self.levels[level]
+        here = [o for o in objs if o.copies[level] is not None]
+        evictable = sum(o.copies[level].reserved_bytes for o in here
+                        if self._can_give_up(level, o, True, now))
+        blocked = lv.blocked if self._need_bytes_locked(level) > 0 else ""
+        if not blocked and lv.tier.used_bytes > lv.high * lv.tier.capacity_bytes and not evictable:
+            blocked = self._blocked_reason_locked(level, now)
+        return TierStats(
+            kind=lv.tier.kind, capacity_bytes=lv.tier.capacity_bytes,
+            used_bytes=lv.tier.used_bytes, free_bytes=lv.tier.free_bytes,
+            evictable_bytes=evictable, num_objects=len(here),
+            num_reading=sum(o.refs > 0 for o in here),
+            num_pinned=sum(o.hard_pins > 0 for o in here),
+            num_soft_pinned=sum(o.soft_pin_until_s > now for o in here),
+            num_protected=sum(o.protect_until_s > now for o in here),
+            high_watermark=lv.high, low_watermark=lv.low, eviction_blocked=blocked)
+
+    def check_invariants(self, idle: bool = False) -> None:
+        """Fails loudly when tier accounting and the table disagree (for tests).
+
+        Args:
+            idle: no move is in flight, so every reserved extent is an installed copy.
+        """
+        with self._cond:
+            for level, lv in enumerate(self.levels):
+                lv.tier.check_invariants()
+                assert lv.tier.used_bytes + lv.tier.free_bytes == lv.tier.capacity_bytes
+                held = sum(o.copies[level].reserved_bytes
+                           for o in list(self._objects.values()) + list(self._doomed)
+                           if o.copies[level] is not None)
+                # A move in flight has reserved its destination but not installed it.
+                assert held == lv.tier.used_bytes if idle else held <= lv.tier.used_bytes, (
+                    lv.tier.kind.name, held, lv.tier.used_bytes)
+                assert len(lv.policy) == sum(o.copies[level] is not None
+                                             and o.state is ObjectState.COMPLETE
+                                             for o in self._objects.values()), lv.tier.kind.name
+
+    def close(self) -> None:
+        """Stop the mover and close every tier."""
+        if self.mover is not None:
+            self.mover.stop()
+        for lv in self.levels:
+            lv.tier.close()
+
+    # ================================================================ internals (lock held)
+    def _complete_locked(self, key: str, object_id: int) -> StoredObject:
         obj = self._objects.get(key)
-        return obj is not None and obj.refs == 0 and obj.state is ObjectState.COMPLETE
+        if obj is None or obj.state is not ObjectState.COMPLETE or (
+                object_id and obj.object_id != object_id):
+            raise NotFound("not on this node", key=key)
+        return obj
 
-    def _evict_locked(self, key: str) -> None:
-        obj = self._objects[key]
+    def _note_read_locked(self, obj: StoredObject) -> None:
+        obj.last_access_s = time.monotonic()
+        for level, extent in enumerate(obj.copies):
+            if extent is not None:
+                self.levels[level].policy.on_access(obj.key, obj.last_access_s)
+        self.counters["gets"] += 1
+        if obj.key in self._protected and self._protected[obj.key] is obj:
+            self._end_protection_locked(obj, used=True)
+
+    def _end_protection_locked(self, obj: StoredObject, used: bool) -> None:
+        self._protected.pop(obj.key, None)
+        self._prefetch_queue.pop(obj.key, None)
+        obj.protect_until_s = 0.0
+        self.counters["prefetch_used" if used else "prefetch_wasted"] += 1
+
+    def _evict_locked(self, obj: StoredObject) -> None:
         self._retire(obj)
-        self._events.append((obj.key, obj.object_id))
         self.counters["evictions"] += 1
+        self._emit(EventKind.EVICTED, obj, None)
+
+    def _emit(self, kind: EventKind, obj: StoredObject, tier: TierKind | None) -> None:
+        self._events.append(NodeEvent(kind, obj.key, obj.object_id, tier))
         self.events_ready.set()
-
-    def _allocate_locked(self, size_bytes: int) -> Allocation | None:
-        """Allocate, evicting policy victims one by one until the extent fits."""
-        alloc = self.tier.allocate(size_bytes)
-        if alloc is not None:
-            return alloc
-        for key in self.policy.victims(None, can_evict=self._can_evict):
-            self._evict_locked(key)
-            alloc = self.tier.allocate(size_bytes)
-            if alloc is not None:
-                return alloc
-        return None
-
-    def _enforce_watermark_locked(self) -> None:
-        cap = self.tier.capacity_bytes
-        if self.tier.used_bytes <= self.high_watermark * cap:
-            return
-        excess = self.tier.used_bytes - int(self.low_watermark * cap)
-        for key in self.policy.victims(excess, can_evict=self._can_evict):
-            self._evict_locked(key)
 
     def _release_locked(self, obj: StoredObject) -> None:
         if obj.refs <= 0:
@@ -285,7 +503,7 @@ class StoreNode:
         obj.refs -= 1
         if obj.refs == 0 and obj.doomed:
             self._doomed.discard(obj)
-            self._free(obj)
+            self._free_copies(obj)
 
     def _retire(self, obj: StoredObject) -> None:
         """Take ``obj`` out of service: free now, or at its last release."""
@@ -294,12 +512,43 @@ class StoreNode:
         if self._objects.get(obj.key) is obj:
             del self._objects[obj.key]
         obj.doomed = True
+        if self._protected.get(obj.key) is obj:
+            self._end_protection_locked(obj, used=False)
+        if self._prefetch_queue.get(obj.key) is obj:
+            del self._prefetch_queue[obj.key]
         if obj.state is ObjectState.COMPLETE:
-            self.policy.on_remove(obj.key)
+            for level, extent in enumerate(obj.copies):
+                if extent is not None:
+                    self.levels[level].policy.on_remove(obj.key)
         if obj.refs > 0:
             self._doomed.add(obj)
         else:
-            self._free(obj)
+            self._free_copies(obj)
 
-    def _free(self, obj: StoredObject) -> None:
-        self.tier.free(obj.alloc)
+    def _free_copies(self, obj: StoredObject) -> None:
+        for level, extent in enumerate(obj.copies):
+            if extent is not None:
+                self.levels[level].tier.free(extent)
+                obj.copies[level] = None
+
+    # ================================================================ restart
+    def _recover(self) -> None:
+        """Adopt what persistent tiers kept across a restart (checksums checked by the tier)."""
+        for level, lv in enumerate(self.levels):
+            if not lv.tier.persistent:
+                continue
+            for record, extent in lv.tier.recover():
+                old = self._objects.get(record.key)
+                if old is not None:       # two versions on disk: the later write wins
+                    self._retire(old)
+                obj = StoredObject(record.key, record.object_id, record.size_bytes,
+                                   record.checksum, record.parent,
+                                   copies=[None] * len(self.levels), state=ObjectState.COMPLETE)
+                obj.copies[level] = extent
+                self._objects[record.key] = obj
+                lv.policy.on_insert(record.key, extent.reserved_bytes, obj.last_access_s,
+                                    record.parent)
+                self.counters["recovered"] += 1
+            if self.counters["recovered"]:
+                log.info("recovered %d object(s) from %s", self.counters["recovered"],
+                         lv.tier.kind.name)

@@ -5,10 +5,14 @@ Every request is a fixed 32-byte header, the key, then for PUT the value::
     request   | op u8 | flags u8 | key_len u16 | parent_len u32 | object_id u64 | size u64 | checksum u64 | key | parent | value
     response  | code u8 | flags u8 | msg_len u16 | reserved u32 | object_id u64 | size u64 | checksum u64 | offset u64 | msg | value
 
+PIN, UNPIN and PREFETCH carry their argument (a TTL, a kind, a deadline in
+milliseconds) in ``size`` and send no value; STATS sends an empty key and
+gets JSON back as the value.
+
 ``parent`` (PUT and SHM_ALLOC only, may be empty) is the key of the previous
 block of the object's prefix chain: an eviction hint (a chain's tail goes
 before its head). All integers are little-endian. ``code`` is a :class:`kvstore._proto.kvstore_pb2.Code`
-(0 = OK). A response carries a value only for an OK GET. Requests on one
+(0 = OK). A response carries a value only for an OK GET or STATS. Requests on one
 connection are answered in order, so a client may pipeline many frames and
 read the answers afterwards (batch operations do one round trip).
 
@@ -39,6 +43,10 @@ class Op(enum.IntEnum):
     SHM_RELEASE = 6  # drop a read reference taken by SHM_ACQUIRE
     SHM_ABORT = 7    # give back a reservation from SHM_ALLOC
     PING = 8
+    PIN = 9          # pin an object: size = ttl_ms; 0 = hard pin (until UNPIN), > 0 = soft pin
+    UNPIN = 10       # size 0: drop one hard pin; size 1: drop the soft pin
+    PREFETCH = 11    # queue lookahead: size = deadline_ms; promote to DRAM, protect until read
+    STATS = 12       # node-side stats: the reply's value is JSON (size = its length)
 
 
 def recv_exact_into(sock: socket.socket, view: memoryview) -> None:

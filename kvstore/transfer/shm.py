@@ -24,7 +24,7 @@ from kvstore._proto import kvstore_pb2 as _pb
 from kvstore.errors import InvalidArgument, KVStoreError, error_for_code
 from kvstore.transfer.base import ReadItem, Transport, WriteItem
 from kvstore.transfer.protocol import Op
-from kvstore.transfer.tcp import NodeConnection, check_read
+from kvstore.transfer.tcp import NodeConnection, TcpTransport, check_read
 
 SHM_DIR = "/dev/shm"
 
@@ -158,6 +158,13 @@ class ShmTransport(Transport):
             if not self.conn.broken:
                 for key, oid in held:
                     self.conn.send(Op.SHM_RELEASE, key, oid, expect_reply=False)
+        fallback = [idx for idx, reply in enumerate(replies) if reply[0] == _pb.NO_SPACE]
+        if fallback:
+            # Only on a slower tier and DRAM had no room to promote it: the node
+            # serves it inline over TCP from that tier instead.
+            for idx, err in zip(fallback, TcpTransport(self.conn).read_many(
+                    [items[i] for i in fallback], verify)):
+                out[idx] = err
         return out
 
     def close(self) -> None:

@@ -1,1 +1,1 @@
-"""Storage tiers of a store node (GPU / DRAM / SSD)."""
+"""Storage tiers of a store node behind one interface (``base.Tier``): DRAM, GPU, SSD."""

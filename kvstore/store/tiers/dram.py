@@ -4,8 +4,13 @@
               | obj A |  free  | obj B | obj C |      free           |
     each object = one Allocation (offset, reserved_bytes, 64-byte aligned)
 
-Thread safety: not thread-safe; the owning :class:`~kvstore.store.node.StoreNode`
-serialises every call under its lock.
+The only host-addressable tier: transports write into it (TCP ``recv_into``,
+same-host clients copying through the segment) and read from it, so every
+put lands here and an object is promoted here before a shared-memory read.
+
+Thread safety: allocation and accounting are serialised by the owning
+:class:`~kvstore.store.node.StoreNode`'s lock; views may be used from any
+thread while the node keeps the extent alive.
 """
 
 from __future__ import annotations
@@ -13,12 +18,12 @@ from __future__ import annotations
 import os
 import uuid
 
-from kvstore._proto import kvstore_pb2 as pb
-from kvstore.store.allocator import Allocation, OffsetAllocator
+from kvstore.store.allocator import Allocation
+from kvstore.store.tiers.base import OffsetTier, TierKind
 from kvstore.transfer.shm import ShmSegment
 
 
-class DramTier:
+class DramTier(OffsetTier):
     """Objects in a shared-memory segment.
 
     Args:
@@ -26,35 +31,17 @@ class DramTier:
         name: segment name; defaults to a unique ``kvstore-<pid>-<rand>``.
     """
 
-    tier = pb.DRAM
+    kind = TierKind.DRAM
+    tier = TierKind.DRAM   # older name of ``kind``
 
     def __init__(self, capacity_bytes: int, name: str | None = None):
+        super().__init__(capacity_bytes)
         self.name = name or f"kvstore-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.segment = ShmSegment(self.name, capacity_bytes, create=True)
-        self.allocator = OffsetAllocator(capacity_bytes)
 
-    @property
-    def capacity_bytes(self) -> int:
-        return self.allocator.capacity_bytes
-
-    @property
-    def used_bytes(self) -> int:
-        return self.allocator.used_bytes
-
-    @property
-    def free_bytes(self) -> int:
-        return self.allocator.free_bytes
-
-    def allocate(self, size_bytes: int) -> Allocation | None:
-        """Reserve space; None when no free extent is large enough."""
-        return self.allocator.allocate(size_bytes)
-
-    def free(self, alloc: Allocation) -> None:
-        self.allocator.free(alloc)
-
-    def view(self, alloc: Allocation) -> memoryview:
+    def view(self, extent: Allocation) -> memoryview:
         """The object's bytes in the segment (a view, no copy)."""
-        return self.segment.view[alloc.offset:alloc.offset + alloc.size_bytes]
+        return self.segment.view[extent.offset:extent.offset + extent.size_bytes]
 
     def close(self) -> None:
         self.segment.close()

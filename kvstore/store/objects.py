@@ -1,0 +1,82 @@
+"""What a store node knows about each object it holds, and the moves between its tiers.
+
+An object has at most one copy per tier of the node's chain (level 0 is
+DRAM, then the slower tiers)::
+
+    copies   [ DRAM extent | GPU extent | SSD extent ]     None where absent
+               level 0       level 1      level 2          (GPU only with --gpu)
+
+The fastest copy serves reads; a slower copy of an object that also sits
+in DRAM is kept (objects are immutable, so it never goes stale) and makes
+the next demotion of that object free.
+
+Thread safety: owned by the :class:`~kvstore.store.node.StoreNode`'s lock;
+the mover and readers touch a :class:`Move`'s extents off the lock while
+the object's reference keeps them alive.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from kvstore.store.tiers.base import Extent, ObjectRecord
+
+
+class ObjectState(enum.Enum):
+    WRITING = 1    # space reserved, bytes arriving
+    COMPLETE = 2   # checksum verified, readable
+
+
+@dataclass(slots=True, eq=False)
+class StoredObject:
+    key: str
+    object_id: int                 # the master's id of this version
+    size_bytes: int
+    checksum: int                  # xxh3-64 announced by the writer
+    parent: str | None             # previous block of its prefix chain (eviction hint)
+    copies: list[Extent | None]    # per level of the node's chain; None = no copy there
+    state: ObjectState = ObjectState.WRITING
+    refs: int = 0                  # readers, the writer, a move in flight; > 0 pins every copy
+    doomed: bool = False           # out of service; if still referenced, freed at last release
+    moving: bool = False           # the mover is copying it between tiers
+    promoting: bool = False        # a reader or the mover is copying it up to DRAM
+    hard_pins: int = 0             # PIN without a TTL, until as many UNPINs
+    soft_pin_until_s: float = 0.0  # monotonic; evicted only after unpinned objects until then
+    protect_until_s: float = 0.0   # monotonic; prefetch lookahead: never evicted until then
+    last_access_s: float = field(default_factory=time.monotonic)
+
+    @property
+    def alloc(self) -> Extent | None:
+        """The DRAM copy's extent (None when the object is only in slower tiers)."""
+        return self.copies[0]
+
+    @property
+    def record(self) -> ObjectRecord:
+        return ObjectRecord(self.key, self.object_id, self.size_bytes, self.checksum, self.parent)
+
+    def best_level(self) -> int | None:
+        """Level of the fastest copy, None when there is none."""
+        for level, extent in enumerate(self.copies):
+            if extent is not None:
+                return level
+        return None
+
+
+@dataclass(slots=True, eq=False)
+class Move:
+    """One object's copy from one tier to another, planned under the node's lock.
+
+    The planner takes a reference on ``obj`` and marks it moving (demotion)
+    or promoting (promotion); the extent ``dst_extent`` is reserved but not yet
+    installed. The mover copies off the lock, then hands the move back with
+    ``ok`` set, and the node installs or frees the new copy.
+    """
+
+    obj: StoredObject
+    src_level: int
+    dst_level: int
+    dst_extent: Extent
+    ok: bool = False               # set by the mover: bytes copied (and durable, for SSD)
+    error: str = ""                # why not, when not ok
