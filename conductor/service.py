@@ -1,14 +1,31 @@
 """Conductor process: accepts requests, schedules prefill and decode, streams tokens.
 
-``Generate`` (gRPC, server streaming) runs one request through the
-disaggregated pipeline::
+:meth:`Conductor.generate` runs one request through the disaggregated
+pipeline::
 
     prefix keys -> store hits -> pick prefill -> Prefill (first token: TTFT)
                 -> pick decode -> Decode stream (later tokens: TBT) -> metrics
 
 TTFT and TBT are measured here, from the moment the request reaches the
-conductor. Thread safety: everything runs on the conductor's event loop;
-the blocking store client is called through ``asyncio.to_thread``.
+conductor. The gRPC ``Conductor`` servicer and the HTTP front
+(:mod:`conductor.http`) are thin over :class:`Conductor`.
+
+Worker failures (see :mod:`conductor.health` for liveness):
+
+* A Prefill RPC that fails with UNAVAILABLE (the worker died under it, or
+  could not reach the store) is retried on another instance, after the
+  failed instance was probed, so a dead one is out of the candidate set.
+* A Decode stream that fails with UNAVAILABLE before its first token is
+  retried on another decode instance, after a fresh prefill (the failed
+  decoder may have consumed the request's transfer keys); after decode
+  tokens went out, the request ends with an error.
+* Every RPC has a deadline (:class:`Deadlines`), so no request hangs on a
+  stuck worker: it ends with ``error`` and ``error_code`` set.
+* No live instance (or a scheduler rejection) ends the request with
+  ``rejected`` and the reason in ``error``.
+
+Thread safety: everything runs on the conductor's event loop; the blocking
+store client is called through ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
@@ -18,10 +35,14 @@ import asyncio
 import logging
 import signal
 import time
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import AsyncIterator, Awaitable, Callable
 
 import grpc
 
-from client import KVClient, Namespace, prefix_keys
+from client import KVClient, KVStoreError, Namespace, prefix_keys
+from conductor.health import HealthMonitor, ProbeResult, Worker
 from conductor.scheduler import DecodeInstance, PrefillInstance, Scheduler
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
@@ -29,62 +50,160 @@ from kvstore.process import announce_ready, setup_logging
 
 log = logging.getLogger(__name__)
 
+#: The only engine status retried on another instance (STYLE rule 11).
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
+
+#: Channel options: a worker restarted at the same address is reconnected
+#: within seconds (gRPC's default backoff grows to two minutes).
+_CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 250),
+                    ("grpc.min_reconnect_backoff_ms", 250),
+                    ("grpc.max_reconnect_backoff_ms", 2000)]
+
 
 def _ms() -> float:
     return time.perf_counter() * 1000.0
 
 
-class ConductorServicer(spb_grpc.ConductorServicer):
-    """Thin over :class:`Scheduler`; owns the engine stubs and the store client.
+@dataclass(frozen=True, slots=True)
+class Deadlines:
+    """Time limits that keep a request from waiting on a stuck worker."""
+
+    prefill_s: float = 60.0        # one Prefill RPC, the engine's queue included
+    decode_idle_s: float = 30.0    # longest wait for the next decode token
+    probe_s: float = 2.0           # one Status probe
+    probe_interval_s: float = 0.5  # between probe rounds
+    probe_misses: int = 3          # probe timeouts in a row that mark a worker dead
+
+
+class _RequestFailed(Exception):
+    """Ends a request: rejected (no capacity) or failed (with a gRPC code)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, rejected: bool = False):
+        super().__init__(message)
+        self.code = code
+        self.rejected = rejected
+
+
+class Conductor:
+    """Owns the engine stubs, the store client and worker liveness.
 
     Args:
         scheduler: instance choice.
         kv: store client (prefix hit lookups).
         namespace: the model's KV namespace (same as the engines').
         use_cache: False runs every request without reading the prefix cache.
+        deadlines: RPC time limits and probe settings.
+        lookahead_window: queued requests per prefill instance that prefetch
+            their cached blocks (queue lookahead); 0 turns it off.
     """
 
     def __init__(self, scheduler: Scheduler, kv: KVClient, namespace: Namespace,
-                 use_cache: bool = True):
+                 use_cache: bool = True, deadlines: Deadlines = Deadlines(),
+                 lookahead_window: int = 64):
         self.scheduler = scheduler
         self.kv = kv
         self.namespace = namespace
         self.use_cache = use_cache
-        self._prefill_stubs = {p.instance_id: spb_grpc.PrefillEngineStub(
-            grpc.aio.insecure_channel(p.address)) for p in scheduler.prefill}
-        self._decode_stubs = {d.instance_id: spb_grpc.DecodeEngineStub(
-            grpc.aio.insecure_channel(d.address)) for d in scheduler.decode}
+        self.deadlines = deadlines
+        self._channels: list[grpc.aio.Channel] = []
+        self.lookahead_window = lookahead_window
+        self._background: set = set()
+        self._prefill_stubs = {p.instance_id: spb_grpc.PrefillEngineStub(self._channel(p.address))
+                               for p in scheduler.prefill}
+        self._decode_stubs = {d.instance_id: spb_grpc.DecodeEngineStub(self._channel(d.address))
+                              for d in scheduler.decode}
+        self.monitor = HealthMonitor(scheduler.prefill, scheduler.decode, self._probe,
+                                     interval_s=deadlines.probe_interval_s,
+                                     timeout_s=deadlines.probe_s, miss_limit=deadlines.probe_misses)
 
-    async def _cached_prefix_tokens(self, prompt: list[int]) -> tuple[int, str | None]:
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        ch = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self._channels.append(ch)
+        return ch
+
+    def start(self) -> None:
+        """Start health probing (call on the serving event loop)."""
+        self.monitor.start()
+
+    async def close(self) -> None:
+        await self.monitor.stop()
+        for ch in self._channels:
+            await ch.close()
+
+    async def _probe(self, w: Worker, timeout_s: float) -> tuple[ProbeResult, str]:
+        stub = self._prefill_stubs.get(w.instance_id) or self._decode_stubs[w.instance_id]
+        try:
+            await stub.Status(spb.EngineStatusRequest(), timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            detail = f"{exc.code().name}: {exc.details()}"
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return ProbeResult.TIMEOUT, detail
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                return ProbeResult.DOWN, detail
+            return ProbeResult.UP, detail      # it answered, if with an error
+        return ProbeResult.UP, ""
+
+    def status(self) -> spb.ConductorStatus:
+        return spb.ConductorStatus(workers=[
+            spb.WorkerState(instance_id=s.instance_id, role=s.role.value, address=s.address,
+                            alive=s.alive, routed=s.routed, failures=s.failures,
+                            last_error=s.last_error, since_ms=s.since_ms)
+            for s in self.monitor.snapshot()])
+
+    async def _cached_prefix(self, prompt: list[int]) -> tuple[list[str], str | None]:
+        """The keys of the prompt's cached prefix, and its first block key."""
         keys = prefix_keys(prompt, self.namespace)
         if not keys or not self.use_cache:
-            return 0, keys[0] if keys else None
-        hits = await asyncio.to_thread(self.kv.batch_exists, keys)
+            return [], keys[0] if keys else None
+        try:
+            hits = await asyncio.to_thread(self.kv.batch_exists, keys)
+        except KVStoreError as exc:
+            # Only a scheduling hint: the prefill engine looks the prefix up again.
+            log.warning("prefix lookup failed, scheduling as uncached: %s", exc)
+            return [], keys[0]
         n = 0
         while n < len(hits) and hits[n]:
             n += 1
-        return n * self.namespace.block_tokens, keys[0]
+        return keys[:n], keys[0]
 
-    async def Generate(self, request, context):
+    def _lookahead(self, inst, hit_keys: list[str]) -> None:
+        """Queue-lookahead prefetch (DESIGN.md): a request that will wait in a
+        prefill queue tells the store which blocks it will read, so the nodes
+        promote them to DRAM and keep them until read or until the deadline.
+        Bounded: only the first ``lookahead_window`` queued requests of an
+        instance prefetch. Fire and forget: it never delays the request."""
+        if not hit_keys or not 1 < inst.queued_requests <= self.lookahead_window:
+            return
+        deadline_ms = int(self.deadlines.prefill_s * 1000)
+
+        def send() -> None:
+            try:
+                self.kv.prefetch(hit_keys, deadline_ms)
+            except KVStoreError as exc:
+                log.info("lookahead prefetch failed: %s", exc)
+        task = asyncio.get_running_loop().run_in_executor(None, send)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def generate(self, request: spb.GenerateRequest) -> AsyncIterator[spb.GenerateChunk]:
+        """Run one request; yields token chunks, then one chunk with ``done=True``.
+
+        Never raises for a request's failure: the last chunk carries
+        ``error`` / ``error_code`` (and ``rejected`` when it was refused).
+        """
         t0 = _ms()
         prompt = list(request.prompt_tokens)
         metrics = spb.RequestMetrics(prompt_tokens=len(prompt))
         if not prompt or request.max_tokens < 1:
             yield spb.GenerateChunk(done=True, rejected=True, metrics=metrics,
-                                    error="prompt must be non-empty and max_tokens >= 1")
+                                    error="prompt must be non-empty and max_tokens >= 1",
+                                    error_code=grpc.StatusCode.INVALID_ARGUMENT.name)
             return
+        produced = 0
         try:
-            cached, first_key = await self._cached_prefix_tokens(prompt)
-            choice = self.scheduler.pick_prefill(len(prompt), cached, first_key)
-            inst = choice.instance
-            inst.queued_requests += 1
-            inst.queued_tokens += choice.tokens_to_compute
-            try:
-                pre = await self._prefill_stubs[inst.instance_id].Prefill(spb.PrefillRequest(
-                    request_id=request.request_id, prompt_tokens=prompt, use_cache=self.use_cache))
-            finally:
-                inst.queued_requests -= 1
-                inst.queued_tokens -= choice.tokens_to_compute
+            hit_keys, first_key = await self._cached_prefix(prompt)
+            cached = len(hit_keys) * self.namespace.block_tokens
+            pre = await self._prefill(request, prompt, cached, first_key, metrics, hit_keys)
             t_first = _ms()
             metrics.ttft_ms = t_first - t0
             metrics.cached_tokens = pre.cached_tokens
@@ -93,35 +212,150 @@ class ConductorServicer(spb_grpc.ConductorServicer):
             metrics.total_blocks = pre.total_blocks
             metrics.queue_ms = pre.queue_ms
             metrics.prefill_ms = pre.compute_ms
-            metrics.prefill_instance = inst.instance_id
             yield spb.GenerateChunk(tokens=[pre.first_token])
             produced = 1
             t_last = t_first
             if request.max_tokens > 1:
-                dec = self.scheduler.pick_decode()
-                metrics.decode_instance = dec.instance_id
-                dec.active_requests += 1
-                try:
-                    stream = self._decode_stubs[dec.instance_id].Decode(spb.DecodeRequest(
-                        request_id=request.request_id, prompt_tokens=prompt,
-                        first_token=pre.first_token, max_tokens=request.max_tokens,
-                        block_keys=pre.block_keys, tail_key=pre.tail_key))
-                    async for chunk in stream:
-                        if chunk.tokens:
-                            produced += len(chunk.tokens)
-                            t_last = _ms()
-                            yield spb.GenerateChunk(tokens=chunk.tokens)
-                finally:
-                    dec.active_requests -= 1
+                def reprefill() -> Awaitable[spb.PrefillResponse]:
+                    return self._prefill(request, prompt, cached, first_key, metrics)
+                async with aclosing(self._decode(request, prompt, pre, reprefill, metrics)) as stream:
+                    async for tokens in stream:
+                        produced += len(tokens)
+                        t_last = _ms()
+                        yield spb.GenerateChunk(tokens=tokens)
             metrics.output_tokens = produced
             metrics.tbt_ms = (t_last - t_first) / (produced - 1) if produced > 1 else 0.0
             yield spb.GenerateChunk(done=True, metrics=metrics)
-        except grpc.aio.AioRpcError as exc:
-            log.warning("request %s failed: %s %s", request.request_id, exc.code(), exc.details())
-            yield spb.GenerateChunk(done=True, metrics=metrics,
-                                    error=f"{exc.code().name}: {exc.details()}")
-        except RuntimeError as exc:   # no live instance
-            yield spb.GenerateChunk(done=True, rejected=True, metrics=metrics, error=str(exc))
+        except _RequestFailed as exc:
+            metrics.output_tokens = produced
+            log.warning("request %s %s: %s", request.request_id,
+                        "rejected" if exc.rejected else "failed", exc)
+            yield spb.GenerateChunk(done=True, rejected=exc.rejected, metrics=metrics,
+                                    error=str(exc), error_code=exc.code.name)
+
+    async def _prefill(self, request: spb.GenerateRequest, prompt: list[int], cached: int,
+                       first_key: str | None, metrics: spb.RequestMetrics,
+                       hit_keys: list[str] | None = None) -> spb.PrefillResponse:
+        """Prefill on the best live instance, retrying elsewhere when one is unavailable."""
+        attempts = max(2, len(self.scheduler.prefill))
+        last = ""
+        for attempt in range(1, attempts + 1):
+            try:
+                choice = self.scheduler.pick_prefill(len(prompt), cached, first_key)
+            except RuntimeError as exc:    # no live instance
+                raise _RequestFailed(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                     str(exc) + (f" (after: {last})" if last else ""),
+                                     rejected=True) from None
+            inst = choice.instance
+            metrics.prefill_attempts += 1      # counts a second prefill for a decode retry too
+            metrics.prefill_instance = inst.instance_id
+            self.monitor.routed(inst.instance_id)
+            inst.queued_requests += 1
+            inst.queued_tokens += choice.tokens_to_compute
+            if hit_keys:
+                self._lookahead(inst, hit_keys)
+            try:
+                return await self._prefill_stubs[inst.instance_id].Prefill(
+                    spb.PrefillRequest(request_id=request.request_id, prompt_tokens=prompt,
+                                       use_cache=self.use_cache),
+                    timeout=self.deadlines.prefill_s)
+            except grpc.aio.AioRpcError as exc:
+                last = f"prefill on {inst.instance_id}: {exc.code().name}: {exc.details()}"
+                if exc.code() in RETRYABLE:
+                    alive = await self.monitor.suspect(inst.instance_id, last)
+                    log.warning("request %s: %s (worker %s); retrying", request.request_id, last,
+                                "alive" if alive else "dead")
+                    continue
+                if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    # Not retried: the work may still run there. A hung worker
+                    # leaves the candidate set after its probes time out.
+                    await self.monitor.suspect(inst.instance_id, last)
+                    last = f"prefill on {inst.instance_id} took over {self.deadlines.prefill_s:.0f} s"
+                raise _RequestFailed(exc.code(), last) from None
+            finally:
+                inst.queued_requests -= 1
+                inst.queued_tokens -= choice.tokens_to_compute
+        raise _RequestFailed(grpc.StatusCode.UNAVAILABLE,
+                             f"prefill failed on {attempts} attempts; last: {last}")
+
+    async def _decode(self, request: spb.GenerateRequest, prompt: list[int],
+                      pre: spb.PrefillResponse,
+                      reprefill: Callable[[], Awaitable[spb.PrefillResponse]],
+                      metrics: spb.RequestMetrics) -> AsyncIterator[list[int]]:
+        """Stream the decode tokens; retry on another instance until the first token.
+
+        A retry prefills again first: the failed decoder may have loaded, and
+        so removed, the request's transfer keys. The new prefill comes mostly
+        from the prefix cache and gives the same first token (greedy,
+        bit-identical).
+        """
+        attempts = max(2, len(self.scheduler.decode))
+        last = ""
+        for attempt in range(1, attempts + 1):
+            if attempt > 1:
+                again = await reprefill()
+                if again.first_token != pre.first_token:
+                    raise _RequestFailed(grpc.StatusCode.INTERNAL,
+                                         f"prefill again gave first token {again.first_token}, "
+                                         f"not {pre.first_token}: the engines are not deterministic")
+                pre = again
+            try:
+                dec = self.scheduler.pick_decode()
+            except RuntimeError as exc:
+                raise _RequestFailed(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                     str(exc) + (f" (after: {last})" if last else ""),
+                                     rejected=True) from None
+            metrics.decode_attempts = attempt
+            metrics.decode_instance = dec.instance_id
+            self.monitor.routed(dec.instance_id)
+            dec.active_requests += 1
+            call = self._decode_stubs[dec.instance_id].Decode(spb.DecodeRequest(
+                request_id=request.request_id, prompt_tokens=prompt,
+                first_token=pre.first_token, max_tokens=request.max_tokens,
+                block_keys=pre.block_keys, tail_key=pre.tail_key))
+            got = 0
+            try:
+                while True:
+                    try:
+                        chunk = await asyncio.wait_for(call.read(), self.deadlines.decode_idle_s)
+                    except asyncio.TimeoutError:
+                        last = (f"decode on {dec.instance_id} sent no token for "
+                                f"{self.deadlines.decode_idle_s:.0f} s")
+                        await self.monitor.suspect(dec.instance_id, last)
+                        raise _RequestFailed(grpc.StatusCode.DEADLINE_EXCEEDED, last) from None
+                    if chunk is grpc.aio.EOF:
+                        return
+                    if chunk.tokens:
+                        got += len(chunk.tokens)
+                        yield list(chunk.tokens)
+            except grpc.aio.AioRpcError as exc:
+                last = f"decode on {dec.instance_id}: {exc.code().name}: {exc.details()}"
+                if exc.code() in RETRYABLE:
+                    alive = await self.monitor.suspect(dec.instance_id, last)
+                    if got == 0:
+                        log.warning("request %s: %s (worker %s); retrying", request.request_id,
+                                    last, "alive" if alive else "dead")
+                        continue
+                raise _RequestFailed(exc.code(), last) from None
+            finally:
+                call.cancel()        # no-op once finished; stops the stream if we left early
+                dec.active_requests -= 1
+        raise _RequestFailed(grpc.StatusCode.UNAVAILABLE,
+                             f"decode failed on {attempts} attempts; last: {last}")
+
+
+class ConductorServicer(spb_grpc.ConductorServicer):
+    """gRPC face of :class:`Conductor`."""
+
+    def __init__(self, conductor: Conductor):
+        self.conductor = conductor
+
+    async def Generate(self, request, context):
+        async for chunk in self.conductor.generate(request):
+            yield chunk
+
+    async def Status(self, request, context):
+        return self.conductor.status()
 
 
 def _parse_instances(specs: list[str], cls):
@@ -133,28 +367,45 @@ def _parse_instances(specs: list[str], cls):
 
 
 async def serve(args) -> None:
-    from engines.namespace import namespace_for_model
+    from engines.namespace import model_config, namespace_for_model
 
     namespace = namespace_for_model(args.model, args.block_tokens)
     scheduler = Scheduler(_parse_instances(args.prefill, PrefillInstance),
                           _parse_instances(args.decode, DecodeInstance))
     kv = KVClient(args.master)
+    deadlines = Deadlines(prefill_s=args.prefill_timeout_s, decode_idle_s=args.decode_timeout_s,
+                          probe_s=args.probe_timeout_s, probe_interval_s=args.probe_interval_s)
+    conductor = Conductor(scheduler, kv, namespace, use_cache=not args.no_cache,
+                          deadlines=deadlines)
     server = grpc.aio.server()
     port = server.add_insecure_port(f"{args.host}:{args.port}")
-    spb_grpc.add_ConductorServicer_to_server(
-        ConductorServicer(scheduler, kv, namespace, use_cache=not args.no_cache), server)
+    spb_grpc.add_ConductorServicer_to_server(ConductorServicer(conductor), server)
     await server.start()
-    announce_ready({"role": "conductor", "address": f"{args.host}:{port}", "port": port})
+    conductor.start()
+    info = {"role": "conductor", "address": f"{args.host}:{port}", "port": port}
+    http = None
+    if args.http_port is not None:
+        from conductor.http import ByteTokenizer, HttpFront, LocalBackend
+
+        http = HttpFront(LocalBackend(conductor), model_name=args.served_model_name or args.model,
+                         tokenizer=ByteTokenizer(model_config(args.model).vocab_size))
+        http_port = await http.start(args.http_host, args.http_port)
+        info.update(http_address=f"{args.http_host}:{http_port}", http_port=http_port)
+    announce_ready(info)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    if http is not None:
+        await http.stop()
     await server.stop(1.0)
+    await conductor.close()
     kv.close()
 
 
 def main(argv: list[str] | None = None) -> None:
+    d = Deadlines()
     p = argparse.ArgumentParser(prog="kvstore conductor", description="Run the conductor.")
     p.add_argument("--master", required=True)
     p.add_argument("--prefill", action="append", required=True,
@@ -166,6 +417,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-cache", action="store_true", help="never read the prefix cache")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
+    p.add_argument("--http-port", type=int, default=None,
+                   help="also serve the OpenAI-style HTTP front on this port (0: any free port)")
+    p.add_argument("--http-host", default="127.0.0.1", help="HTTP front bind address")
+    p.add_argument("--served-model-name", default="",
+                   help="model name the HTTP front answers to (default: --model)")
+    p.add_argument("--prefill-timeout-s", type=float, default=d.prefill_s)
+    p.add_argument("--decode-timeout-s", type=float, default=d.decode_idle_s,
+                   help="longest wait for the next decode token")
+    p.add_argument("--probe-timeout-s", type=float, default=d.probe_s)
+    p.add_argument("--probe-interval-s", type=float, default=d.probe_interval_s)
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     setup_logging(args.log_level)

@@ -1,7 +1,8 @@
 """An embedded local cluster: every component as its own process on loopback.
 
-    master <- 2 store nodes (shm DRAM)        engines: 1 prefill, 1 decode
+    master <- 2 store nodes (shm DRAM)        engines: N prefill, M decode
                                   conductor -> engines, store
+                                  (+ OpenAI-style HTTP front inside it, optional)
 
 Ports are chosen at run time (each child binds port 0 and reports it in its
 READY line). Stopping the :class:`LocalCluster` (context manager, Ctrl-C or a
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvstore.process import Cluster
+from kvstore.process import Child, Cluster
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +27,8 @@ class ClusterSpec:
     kv_pages: int = 4096               # per engine
     use_cache: bool = True
     log_dir: str | None = None
+    http_port: int | None = None       # serve the HTTP front on it (0: any free port); None: off
+    conductor_args: tuple[str, ...] = ()   # extra conductor options (deadlines, probes)
 
 
 class LocalCluster:
@@ -36,6 +39,7 @@ class LocalCluster:
         self.procs = Cluster(log_dir=spec.log_dir)
         self.master = ""
         self.conductor = ""
+        self.http = ""                  # HTTP front host:port, "" when off
 
     def start(self, on_step=None) -> "LocalCluster":
         s = self.spec
@@ -65,11 +69,23 @@ class LocalCluster:
                     "--block-tokens", str(s.block_tokens), *prefill, *decode]
             if not s.use_cache:
                 args.append("--no-cache")
-            self.conductor = self.procs.start("conductor", args, timeout_s=120).address
+            if s.http_port is not None:
+                args += ["--http-port", str(s.http_port)]
+            args += list(s.conductor_args)
+            c = self.procs.start("conductor", args, timeout_s=120)
+            self.conductor = c.address
+            self.http = c.info.get("http_address", "")
         except BaseException:
             self.stop()
             raise
         return self
+
+    def process(self, name: str) -> Child:
+        """The child called ``name`` ("master", "node0", "prefill1", "decode0", "conductor")."""
+        for c in self.procs.children:
+            if c.name == name:
+                return c
+        raise KeyError(name)
 
     def check(self) -> None:
         """Raise ChildFailed if any process died."""

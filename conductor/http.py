@@ -1,0 +1,524 @@
+"""OpenAI-compatible HTTP front of the conductor (aiohttp).
+
+Routes::
+
+    POST /v1/completions   prompt as text or token ids (one or a batch), max_tokens,
+                           stream (SSE, ``data: {...}`` events, then ``data: [DONE]``)
+    GET  /v1/models        the one served model
+    GET  /health           worker liveness; 200 while a prefill and a decode
+                           instance are alive, else 503
+
+The front is thin: it parses a request into :class:`CompletionRequest`, runs
+every prompt through a :class:`Backend` (the in-process :class:`Conductor`,
+or a remote one over gRPC) and writes OpenAI-shaped JSON. Decoding is
+greedy, so ``temperature``, ``top_p``, ``seed`` and the penalties are
+accepted and ignored; ``n``, ``best_of``, ``echo``, ``logprobs``, ``stop``
+and ``suffix`` are refused with 400 unless they ask for the default.
+
+Extensions to the OpenAI schema: every choice (and every streamed chunk)
+carries ``token_ids``, the generated token ids; a finished choice carries
+``metrics`` (the conductor's :class:`RequestMetrics`: TTFT, TBT, cache hits,
+instances).
+
+Status mapping (one table, :data:`HTTP_STATUS`): a request the conductor
+rejected (overload, SLO, no live worker) is 429 with the reason; invalid
+input is 400; a worker failure before the first token is 503 (504 on a
+deadline). Rejections and failures are known before the first token, so a
+streamed request gets them as an HTTP status too; a failure after tokens
+went out ends the stream with an ``{"error": ...}`` event.
+
+Thread safety: everything runs on the serving event loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import codecs
+import json
+import logging
+import time
+import uuid
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import AsyncIterator, Protocol
+
+import grpc
+from aiohttp import web
+from google.protobuf.json_format import MessageToDict
+
+from kvstore._proto import serving_pb2 as spb
+from kvstore._proto import serving_pb2_grpc as spb_grpc
+from kvstore.process import announce_ready, setup_logging
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_TOKENS = 16     # OpenAI's default for /v1/completions
+MAX_BATCH_PROMPTS = 64
+
+#: gRPC status name of a failed request -> HTTP status. A request with
+#: ``rejected`` set is always 429; a name not listed is 500.
+HTTP_STATUS = {
+    "INVALID_ARGUMENT": 400,
+    "RESOURCE_EXHAUSTED": 429,
+    "UNAVAILABLE": 503,
+    "DEADLINE_EXCEEDED": 504,
+}
+_ERROR_TYPE = {400: "invalid_request_error", 404: "not_found_error", 429: "rejected",
+               503: "service_unavailable", 504: "timeout"}
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+class ByteTokenizer:
+    """A deterministic tokenizer for models without their own (the seeded ``tiny`` model).
+
+    * encode: the text's UTF-8 bytes; token id = byte value (0..255).
+    * decode: ids 0..255 are those bytes, read as UTF-8 (an invalid sequence
+      becomes U+FFFD); any other id is written ``<|id|>``.
+
+    ``decode(encode(text)) == text`` for every string.
+
+    Args:
+        vocab_size: the model's vocabulary; at least 256.
+    """
+
+    def __init__(self, vocab_size: int):
+        if vocab_size < 256:
+            raise ValueError(f"the byte tokenizer needs vocab_size >= 256, the model has {vocab_size}")
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, token_ids: list[int]) -> str:
+        d = self.stream_decoder()
+        return d.feed(token_ids) + d.flush()
+
+    def stream_decoder(self) -> "ByteStreamDecoder":
+        """A decoder for tokens arriving in pieces (a multi-byte character may span pieces)."""
+        return ByteStreamDecoder()
+
+
+class ByteStreamDecoder:
+    """Incremental :meth:`ByteTokenizer.decode`: ``feed(a) + feed(b) + flush() == decode(a + b)``."""
+
+    def __init__(self):
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, token_ids: list[int]) -> str:
+        out = []
+        for t in token_ids:
+            if t < 256:
+                out.append(self._utf8.decode(bytes((t,))))
+            else:
+                out.append(self._utf8.decode(b"", final=True))
+                self._utf8.reset()
+                out.append(f"<|{t}|>")
+        return "".join(out)
+
+    def flush(self) -> str:
+        text = self._utf8.decode(b"", final=True)
+        self._utf8.reset()
+        return text
+
+
+# --------------------------------------------------------------------------- requests
+
+class HttpError(Exception):
+    """An error answered in OpenAI's shape: ``{"error": {message, type, param, code}}``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        return {"error": {"message": str(self), "type": _ERROR_TYPE.get(self.status, "server_error"),
+                          "param": self.param, "code": self.code}}
+
+    def response(self) -> web.Response:
+        headers = {"Retry-After": "1"} if self.status == 429 else None
+        return web.json_response(self.body(), status=self.status, headers=headers)
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRequest:
+    """A parsed ``/v1/completions`` body."""
+
+    model: str
+    prompts: tuple[tuple[int, ...], ...]   # token ids of each prompt (a batch: several)
+    max_tokens: int                        # per prompt, the first token included
+    stream: bool
+    include_usage: bool                    # stream_options.include_usage
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def parse_completion(body, model_name: str, tokenizer: ByteTokenizer) -> CompletionRequest:
+    """Validate a ``/v1/completions`` JSON body.
+
+    Raises:
+        HttpError: 400 for invalid or unsupported fields, 404 for another model.
+    """
+    if not isinstance(body, dict):
+        raise HttpError(400, "the body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise HttpError(400, "'model' is required", "model")
+    if model != model_name:
+        raise HttpError(404, f"model {model!r} is not served here; this server serves {model_name!r}",
+                        "model", "model_not_found")
+    prompts = _parse_prompts(body.get("prompt"), tokenizer)
+    max_tokens = body.get("max_tokens")
+    if max_tokens is None:
+        max_tokens = DEFAULT_MAX_TOKENS
+    if not _is_int(max_tokens) or max_tokens < 1:
+        raise HttpError(400, f"'max_tokens' must be an integer >= 1, got {max_tokens!r}", "max_tokens")
+    for name, default in (("n", 1), ("best_of", 1), ("echo", False), ("logprobs", None),
+                          ("suffix", None)):
+        value = body.get(name)
+        if value is not None and value != default:
+            raise HttpError(400, f"'{name}'={value!r} is not supported (greedy decoding, one choice)",
+                            name)
+    if body.get("stop") not in (None, [], ""):
+        raise HttpError(400, "'stop' is not supported", "stop")
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise HttpError(400, "'stream' must be a boolean", "stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise HttpError(400, "'stream_options' must be an object", "stream_options")
+    return CompletionRequest(model, prompts, max_tokens, stream,
+                             bool(stream and options.get("include_usage")))
+
+
+def _parse_prompts(prompt, tokenizer: ByteTokenizer) -> tuple[tuple[int, ...], ...]:
+    """str | list[str] | list[int] | list[list[int]] -> token ids per prompt."""
+    if isinstance(prompt, str):
+        batch = [prompt]
+    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        batch = [prompt]
+    elif isinstance(prompt, list) and prompt:
+        batch = prompt
+    else:
+        raise HttpError(400, "'prompt' must be a non-empty string, list of strings, list of token "
+                        "ids or list of token id lists", "prompt")
+    if len(batch) > MAX_BATCH_PROMPTS:
+        raise HttpError(400, f"at most {MAX_BATCH_PROMPTS} prompts per request, got {len(batch)}",
+                        "prompt")
+    out = []
+    for p in batch:
+        if isinstance(p, str):
+            ids = tokenizer.encode(p)
+        elif isinstance(p, list) and all(_is_int(t) for t in p):
+            ids = p
+        else:
+            raise HttpError(400, "a batch must hold only strings or only token id lists", "prompt")
+        if not ids:
+            raise HttpError(400, "a prompt must hold at least one token", "prompt")
+        bad = [t for t in ids if not 0 <= t < tokenizer.vocab_size]
+        if bad:
+            raise HttpError(400, f"token id {bad[0]} is outside the vocabulary "
+                            f"[0, {tokenizer.vocab_size})", "prompt")
+        out.append(tuple(ids))
+    return tuple(out)
+
+
+def failure_of(chunk: spb.GenerateChunk) -> HttpError:
+    """The HTTP error of a failed request's last chunk (see :data:`HTTP_STATUS`)."""
+    status = 429 if chunk.rejected and chunk.error_code != "INVALID_ARGUMENT" else \
+        HTTP_STATUS.get(chunk.error_code, 500)
+    return HttpError(status, chunk.error or "request failed", code=(chunk.error_code or None)
+                     and chunk.error_code.lower())
+
+
+def _failed(chunk: spb.GenerateChunk) -> bool:
+    return chunk.done and (chunk.rejected or bool(chunk.error))
+
+
+# --------------------------------------------------------------------------- backends
+
+class Backend(Protocol):
+    """What the front needs from a conductor."""
+
+    def generate(self, request: spb.GenerateRequest) -> AsyncIterator[spb.GenerateChunk]:
+        """Token chunks, then one ``done`` chunk; never raises for a failed request."""
+
+    async def status(self) -> spb.ConductorStatus:
+        """The workers' liveness."""
+
+
+class LocalBackend:
+    """The conductor in this process."""
+
+    def __init__(self, conductor):
+        self.conductor = conductor
+
+    def generate(self, request: spb.GenerateRequest) -> AsyncIterator[spb.GenerateChunk]:
+        return self.conductor.generate(request)
+
+    async def status(self) -> spb.ConductorStatus:
+        return self.conductor.status()
+
+
+class GrpcBackend:
+    """A conductor in another process, over its gRPC service."""
+
+    def __init__(self, address: str):
+        self._channel = grpc.aio.insecure_channel(address)
+        self._stub = spb_grpc.ConductorStub(self._channel)
+
+    async def generate(self, request: spb.GenerateRequest) -> AsyncIterator[spb.GenerateChunk]:
+        call = self._stub.Generate(request)
+        try:
+            async for chunk in call:
+                yield chunk
+        except grpc.aio.AioRpcError as exc:
+            yield spb.GenerateChunk(done=True, error=f"conductor: {exc.details()}",
+                                    error_code=exc.code().name)
+        finally:
+            call.cancel()
+
+    async def status(self) -> spb.ConductorStatus:
+        return await self._stub.Status(spb.ConductorStatusRequest(), timeout=5.0)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+
+# --------------------------------------------------------------------------- the front
+
+class HttpFront:
+    """The aiohttp application and its listener.
+
+    Args:
+        backend: where requests run.
+        model_name: the model id clients name in ``model``.
+        tokenizer: text <-> token ids.
+    """
+
+    def __init__(self, backend: Backend, model_name: str, tokenizer: ByteTokenizer):
+        self.backend = backend
+        self.model_name = model_name
+        self.tokenizer = tokenizer
+        self.app = web.Application()
+        self.app.add_routes([web.post("/v1/completions", self.completions),
+                             web.get("/v1/models", self.models),
+                             web.get("/health", self.health)])
+        self._runner: web.AppRunner | None = None
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Listen on ``host:port`` (0: a free port); returns the port."""
+        self._runner = web.AppRunner(self.app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        bound = self._runner.addresses[0][1]
+        log.info("HTTP front on http://%s:%d/v1 (model %s)", host, bound, self.model_name)
+        return bound
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": self.model_name, "object": "model", "created": 0, "owned_by": "kvstore"}]})
+
+    async def health(self, request: web.Request) -> web.Response:
+        try:
+            st = await self.backend.status()
+        except grpc.aio.AioRpcError as exc:
+            return web.json_response({"status": "unavailable", "error": exc.details()}, status=503)
+        workers = [{"instance_id": w.instance_id, "role": w.role, "address": w.address,
+                    "alive": w.alive, "routed": w.routed, "failures": w.failures,
+                    "last_error": w.last_error, "since_ms": round(w.since_ms, 1)}
+                   for w in st.workers]
+        live = {r: any(w.alive for w in st.workers if w.role == r) for r in ("prefill", "decode")}
+        ok = all(live.values())
+        status = "unavailable" if not ok else "ok" if all(w.alive for w in st.workers) else "degraded"
+        return web.json_response({"status": status, "model": self.model_name, "workers": workers},
+                                 status=200 if ok else 503)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return HttpError(400, "the body is not valid JSON").response()
+        try:
+            req = parse_completion(body, self.model_name, self.tokenizer)
+        except HttpError as exc:
+            return exc.response()
+        run = _Completion(self, req)
+        try:
+            failure = await run.admit()
+            if failure is not None:
+                return failure.response()
+            if req.stream:
+                return await run.stream(request)
+            return await run.collect()
+        finally:
+            await run.close()
+
+
+class _Completion:
+    """One ``/v1/completions`` request: its prompts' streams, merged by choice index."""
+
+    def __init__(self, front: HttpFront, req: CompletionRequest):
+        self.front = front
+        self.req = req
+        self.id = f"cmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.gens = [front.backend.generate(spb.GenerateRequest(
+            request_id=f"{self.id}-{i}", prompt_tokens=p, max_tokens=req.max_tokens,
+            arrival_ms=time.time() * 1000.0)) for i, p in enumerate(req.prompts)]
+        self.firsts: list[spb.GenerateChunk] = []
+        self._tasks: list[asyncio.Task] = []
+
+    async def admit(self) -> HttpError | None:
+        """Wait for every prompt's first chunk; the error if any was refused or failed.
+
+        Rejection and failures before the first token end the request here,
+        so they reach the client as an HTTP status, streamed or not.
+        """
+        self.firsts = list(await asyncio.gather(*(g.__anext__() for g in self.gens)))
+        bad = [c for c in self.firsts if _failed(c)]
+        if not bad:
+            return None
+        return failure_of(next((c for c in bad if c.rejected), bad[0]))
+
+    async def _events(self) -> AsyncIterator[tuple[int, spb.GenerateChunk]]:
+        """(choice index, chunk) as chunks arrive from every prompt."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int) -> None:
+            await queue.put((i, self.firsts[i]))
+            if not self.firsts[i].done:
+                async for chunk in self.gens[i]:
+                    await queue.put((i, chunk))
+        self._tasks = [asyncio.create_task(pump(i)) for i in range(len(self.gens))]
+        remaining = len(self.gens)
+        while remaining:
+            i, chunk = await queue.get()
+            remaining -= chunk.done
+            yield i, chunk
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for g in self.gens:
+            await g.aclose()
+
+    def _choice(self, i: int, text: str, token_ids: list[int], done: spb.GenerateChunk | None) -> dict:
+        c = {"index": i, "text": text, "logprobs": None, "finish_reason": None,
+             "token_ids": token_ids}
+        if done is not None:
+            c["finish_reason"] = "length" if done.metrics.output_tokens >= self.req.max_tokens \
+                else "stop"
+            c["metrics"] = MessageToDict(done.metrics, preserving_proto_field_name=True)
+        return c
+
+    def _usage(self, completion_tokens: int) -> dict:
+        prompt_tokens = sum(len(p) for p in self.req.prompts)
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens}
+
+    def _envelope(self, choices: list[dict]) -> dict:
+        return {"id": self.id, "object": "text_completion", "created": self.created,
+                "model": self.req.model, "choices": choices}
+
+    async def collect(self) -> web.Response:
+        tokens: list[list[int]] = [[] for _ in self.gens]
+        done: list[spb.GenerateChunk | None] = [None] * len(self.gens)
+        async with aclosing(self._events()) as events:
+            async for i, chunk in events:
+                if _failed(chunk):
+                    return failure_of(chunk).response()
+                tokens[i].extend(chunk.tokens)
+                if chunk.done:
+                    done[i] = chunk
+        tok = self.front.tokenizer
+        out = self._envelope([self._choice(i, tok.decode(t), t, done[i]) for i, t in enumerate(tokens)])
+        out["usage"] = self._usage(sum(len(t) for t in tokens))
+        return web.json_response(out)
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        decoders = [self.front.tokenizer.stream_decoder() for _ in self.gens]
+        produced = 0
+        try:
+            async with aclosing(self._events()) as events:
+                async for i, chunk in events:
+                    if _failed(chunk):
+                        await _sse(resp, failure_of(chunk).body())
+                        return resp
+                    produced += len(chunk.tokens)
+                    text = decoders[i].feed(list(chunk.tokens))
+                    if chunk.done:
+                        text += decoders[i].flush()
+                    if chunk.tokens or chunk.done:
+                        await _sse(resp, self._envelope([self._choice(
+                            i, text, list(chunk.tokens), chunk if chunk.done else None)]))
+            if self.req.include_usage:
+                last = self._envelope([])
+                last["usage"] = self._usage(produced)
+                await _sse(resp, last)
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except ConnectionError:
+            log.info("client of %s went away; request cancelled", self.id)
+        return resp
+
+
+async def _sse(resp: web.StreamResponse, obj: dict) -> None:
+    await resp.write(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
+
+
+# --------------------------------------------------------------------------- standalone
+
+async def _serve(args) -> None:
+    import signal
+
+    from engines.namespace import model_config
+
+    backend = GrpcBackend(args.conductor)
+    front = HttpFront(backend, args.served_model_name or args.model,
+                      ByteTokenizer(model_config(args.model).vocab_size))
+    port = await front.start(args.host, args.port)
+    announce_ready({"role": "http", "address": f"{args.host}:{port}", "port": port,
+                    "http_address": f"{args.host}:{port}", "conductor": args.conductor})
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await front.stop()
+    await backend.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the HTTP front as its own process, in front of a conductor's gRPC address."""
+    p = argparse.ArgumentParser(prog="python -m conductor.http",
+                                description="OpenAI-compatible HTTP front of a conductor.")
+    p.add_argument("--conductor", required=True, help="conductor gRPC address host:port")
+    p.add_argument("--model", default="tiny", help="'tiny' or a Hugging Face style folder")
+    p.add_argument("--served-model-name", default="", help="model id clients use (default: --model)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    setup_logging(args.log_level)
+    asyncio.run(_serve(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""The OpenAI-compatible HTTP front, driven by the official ``openai`` client.
+
+A local cluster (master, 2 store nodes, prefill, decode, conductor with its
+HTTP front on a free loopback port) must give, through ``/v1/completions``,
+exactly the tokens of a plain single-process greedy run of the same model,
+streamed or not, for token-id and text prompts; and exactly what the
+conductor's gRPC ``Generate`` gives. Errors come back in OpenAI's shape with
+the right status: 404 unknown model, 400 bad input, 429 rejection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import time
+import urllib.error
+import urllib.request
+
+import grpc
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from conductor.http import ByteTokenizer
+from engines.generate import greedy_generate
+from engines.model import LlamaModel
+from engines.namespace import model_config
+from kvstore._proto import serving_pb2 as spb
+from kvstore._proto import serving_pb2_grpc as spb_grpc
+from kvstore.local_cluster import ClusterSpec, LocalCluster
+
+BLOCK_TOKENS = 16
+TOK = ByteTokenizer(model_config("tiny").vocab_size)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    spec = ClusterSpec(node_dram="64MiB", kv_pages=256, block_tokens=BLOCK_TOKENS, http_port=0,
+                       log_dir=str(tmp_path_factory.mktemp("http-front-logs")),
+                       conductor_args=("--probe-interval-s", "0.2"))
+    with LocalCluster(spec) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def client(cluster):
+    # max_retries=0: a 429 or 503 must reach the test, not be retried away.
+    c = openai.OpenAI(base_url=f"http://{cluster.http}/v1", api_key="dummy", max_retries=0,
+                      timeout=30.0)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return LlamaModel.random(model_config("tiny"))
+
+
+def _reference(model, prompt: list[int], max_tokens: int) -> list[int]:
+    return greedy_generate(model, prompt, max_tokens, page_tokens=BLOCK_TOKENS)
+
+
+def _ids(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(TOK.vocab_size) for _ in range(n)]
+
+
+def _get(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _stream(client, **kwargs) -> tuple[list[int], str, list]:
+    """(token ids, text, chunks) of a streamed completion."""
+    chunks = list(client.completions.create(stream=True, **kwargs))
+    ids: list[int] = []
+    text = ""
+    for ch in chunks:
+        for c in ch.choices:
+            ids += c.model_extra["token_ids"]
+            text += c.text
+    return ids, text, chunks
+
+
+@pytest.mark.parametrize("n_prompt", [5, 37])
+def test_token_prompt_equals_greedy(client, model, n_prompt):
+    prompt = _ids(n_prompt, seed=n_prompt)
+    ref = _reference(model, prompt, 6)
+    r = client.completions.create(model="tiny", prompt=prompt, max_tokens=6)
+    (c,) = r.choices
+    assert c.model_extra["token_ids"] == ref
+    assert c.text == TOK.decode(ref)
+    assert c.finish_reason == "length"
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (n_prompt, 6)
+    assert r.object == "text_completion" and r.model == "tiny"
+
+    ids, text, chunks = _stream(client, model="tiny", prompt=prompt, max_tokens=6,
+                                stream_options={"include_usage": True})
+    assert ids == ref and text == c.text
+    assert chunks[-1].usage.completion_tokens == 6 and not chunks[-1].choices
+    assert [c.finish_reason for ch in chunks for c in ch.choices][-1] == "length"
+
+
+def test_text_prompt_equals_greedy(client, model):
+    text = "KV caches are for reuse, café ☕"
+    prompt = TOK.encode(text)
+    assert TOK.decode(prompt) == text
+    ref = _reference(model, prompt, 5)
+    r = client.completions.create(model="tiny", prompt=text, max_tokens=5)
+    assert r.choices[0].model_extra["token_ids"] == ref
+    assert r.usage.prompt_tokens == len(prompt)
+    ids, streamed_text, _ = _stream(client, model="tiny", prompt=text, max_tokens=5)
+    assert ids == ref and streamed_text == r.choices[0].text
+
+
+def test_equals_conductor_grpc(cluster, client):
+    prompt = _ids(40, seed=7)
+
+    async def grpc_tokens() -> list[int]:
+        async with grpc.aio.insecure_channel(cluster.conductor) as ch:
+            out = []
+            async for chunk in spb_grpc.ConductorStub(ch).Generate(spb.GenerateRequest(
+                    request_id="grpc-ref", prompt_tokens=prompt, max_tokens=7), timeout=30):
+                assert not chunk.error
+                out += chunk.tokens
+            return out
+
+    via_grpc = asyncio.run(grpc_tokens())
+    r = client.completions.create(model="tiny", prompt=prompt, max_tokens=7)
+    assert r.choices[0].model_extra["token_ids"] == via_grpc and len(via_grpc) == 7
+
+
+def test_batch_of_prompts(client, model):
+    prompts = [_ids(3, seed=1), _ids(20, seed=2)]
+    r = client.completions.create(model="tiny", prompt=prompts, max_tokens=3)
+    got = {c.index: c.model_extra["token_ids"] for c in r.choices}
+    assert got == {i: _reference(model, p, 3) for i, p in enumerate(prompts)}
+    ids_by_index: dict[int, list[int]] = {0: [], 1: []}
+    for ch in client.completions.create(model="tiny", prompt=prompts, max_tokens=3, stream=True):
+        for c in ch.choices:
+            ids_by_index[c.index] += c.model_extra["token_ids"]
+    assert ids_by_index == got
+
+
+def test_models_and_health(cluster, client):
+    assert [m.id for m in client.models.list()] == ["tiny"]
+    status, body = _get(f"http://{cluster.http}/health")
+    assert status == 200 and body["status"] == "ok"
+    assert {w["role"] for w in body["workers"]} == {"prefill", "decode"}
+
+
+def test_bad_requests(client):
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="gpt-4", prompt="hi", max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="outside the vocabulary"):
+        client.completions.create(model="tiny", prompt=[1, TOK.vocab_size], max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.completions.create(model="tiny", prompt="hi", max_tokens=0)
+    with pytest.raises(openai.BadRequestError, match="'n'"):
+        client.completions.create(model="tiny", prompt="hi", max_tokens=2, n=2)
+
+
+def test_rejection_is_429_with_reason(cluster, client):
+    """Last in the module: it kills the only prefill engine."""
+    os.kill(cluster.process("prefill0").proc.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while _get(f"http://{cluster.http}/health")[0] != 503:
+        assert time.monotonic() < deadline, "dead prefill engine still in /health after 10 s"
+        time.sleep(0.1)
+    with pytest.raises(openai.RateLimitError, match="no live prefill instance"):
+        client.completions.create(model="tiny", prompt="hi", max_tokens=2)
+    with pytest.raises(openai.RateLimitError, match="no live prefill instance"):
+        _stream(client, model="tiny", prompt="hi", max_tokens=2)

@@ -1,0 +1,67 @@
+"""Tests for conductor.http request parsing, errors and the byte tokenizer (no network)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conductor.http import ByteTokenizer, HttpError, failure_of, parse_completion
+from kvstore._proto import serving_pb2 as spb
+
+TOK = ByteTokenizer(2048)
+
+
+@pytest.mark.parametrize("text", ["", "plain ascii", "café ☕ 日本語", "\x00\x7f"])
+def test_byte_tokenizer_round_trip(text):
+    assert TOK.decode(TOK.encode(text)) == text
+
+
+def test_stream_decoder_joins_split_characters_and_marks_other_ids():
+    ids = TOK.encode("é☕") + [300] + TOK.encode("x")
+    d = TOK.stream_decoder()
+    pieces = [d.feed([t]) for t in ids] + [d.flush()]
+    assert "".join(pieces) == TOK.decode(ids) == "é☕<|300|>x"
+    assert pieces[0] == ""          # half of "é" is not text yet
+
+
+def test_parse_prompt_forms():
+    def prompts(p):
+        return parse_completion({"model": "tiny", "prompt": p}, "tiny", TOK).prompts
+    assert prompts("ab") == ((97, 98),)
+    assert prompts([1, 2]) == ((1, 2),)
+    assert prompts(["a", "b"]) == ((97,), (98,))
+    assert prompts([[1], [2, 3]]) == ((1,), (2, 3))
+    r = parse_completion({"model": "tiny", "prompt": "a", "stream": True,
+                          "stream_options": {"include_usage": True}}, "tiny", TOK)
+    assert (r.max_tokens, r.stream, r.include_usage) == (16, True, True)
+
+
+@pytest.mark.parametrize("body, status, match", [
+    ({"prompt": "a"}, 400, "'model'"),
+    ({"model": "other", "prompt": "a"}, 404, "not served"),
+    ({"model": "tiny", "prompt": ""}, 400, "at least one token"),
+    ({"model": "tiny", "prompt": []}, 400, "'prompt'"),
+    ({"model": "tiny", "prompt": [2048]}, 400, "outside the vocabulary"),
+    ({"model": "tiny", "prompt": [True]}, 400, "only strings"),
+    ({"model": "tiny", "prompt": ["a", [1.5]]}, 400, "only strings"),
+    ({"model": "tiny", "prompt": "a", "max_tokens": 0}, 400, "max_tokens"),
+    ({"model": "tiny", "prompt": "a", "n": 3}, 400, "'n'"),
+    ({"model": "tiny", "prompt": "a", "stop": ["\n"]}, 400, "'stop'"),
+])
+def test_parse_rejects(body, status, match):
+    with pytest.raises(HttpError, match=match) as e:
+        parse_completion(body, "tiny", TOK)
+    assert e.value.status == status
+    assert e.value.body()["error"]["message"] == str(e.value)
+
+
+@pytest.mark.parametrize("chunk, status", [
+    (spb.GenerateChunk(done=True, rejected=True, error="SLO", error_code="RESOURCE_EXHAUSTED"), 429),
+    (spb.GenerateChunk(done=True, rejected=True, error="no live prefill instance"), 429),
+    (spb.GenerateChunk(done=True, rejected=True, error="empty", error_code="INVALID_ARGUMENT"), 400),
+    (spb.GenerateChunk(done=True, error="x", error_code="UNAVAILABLE"), 503),
+    (spb.GenerateChunk(done=True, error="x", error_code="DEADLINE_EXCEEDED"), 504),
+    (spb.GenerateChunk(done=True, error="x", error_code="INTERNAL"), 500),
+])
+def test_failure_status(chunk, status):
+    err = failure_of(chunk)
+    assert err.status == status and str(err) == chunk.error
