@@ -10,8 +10,18 @@ For each request (FIFO, one worker thread owns the model and its KV pages)::
     hand every block to decode: prefix keys, or request-scoped transfer keys
     for blocks the cache could not keep (and the partial last block)
 
+Saving is done by a saver from :mod:`engines.kv_saver` (``--save-mode``):
+``sync`` (default) puts every new block in one batch after prefill;
+``streamed`` puts blocks from a background thread as soon as the model
+completes them, overlapping the store's round trips with the next
+chunks' compute (slower on the CPU-only tiny model: see that module). Each
+response reports the save time and the part of it hidden behind compute
+(``save_ms``, ``save_hidden_ms``); :meth:`PrefillServicer.Status` reports
+the totals.
+
 With ``use_cache=False`` nothing is read from or written to the prefix
-cache; the KV still reaches decode through transfer keys.
+cache; the KV still reaches decode through transfer keys (streamed the
+same way).
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import time
 import uuid
 
@@ -27,6 +38,8 @@ import grpc
 from client import KVClient, KVStoreError, prefix_keys
 from engines.generate import greedy_token
 from engines.kv_cache import OutOfPages, Sequence
+from engines.kv_saver import (DEFAULT_SAVE_MODE, SAVE_MODE_ENV, SAVE_MODES, BlockSaver, SaveJob,
+                              SaveReport, make_saver)
 from engines.model import max_cached_blocks
 from engines.namespace import transfer_key
 from engines.server_common import engine_args, load_engine, namespace_of, serve_until_signal
@@ -37,17 +50,39 @@ from kvstore.errors import InvalidArgument, KeyConflict, NoSpace
 log = logging.getLogger(__name__)
 
 
-class PrefillWorker:
-    """Runs prefill requests one at a time on its own thread (it owns model and pages)."""
+#: SaveJob tag of the partial last block.
+_TAIL = -1
 
-    def __init__(self, model, cache, kv: KVClient, namespace, instance_id: str):
+
+class PrefillWorker:
+    """Runs prefill requests one at a time on its own thread (it owns model and pages).
+
+    Args:
+        model: the model.
+        cache: the worker's KV pages (``page_tokens`` = the namespace's block size).
+        kv: the store client (thread-safe; the streamed saver uses it from its thread).
+        namespace: the store namespace of ``model``.
+        instance_id: name in logs and metrics.
+        save_mode: a name in :data:`engines.kv_saver.SAVE_MODES`.
+        saver: a ready saver instead (tests and benchmarks tune it); the
+            worker owns it either way and closes it in :meth:`close`.
+    """
+
+    def __init__(self, model, cache, kv: KVClient, namespace, instance_id: str,
+                 save_mode: str = DEFAULT_SAVE_MODE, saver: BlockSaver | None = None):
         self.model = model
         self.cache = cache
         self.kv = kv
         self.namespace = namespace
         self.instance_id = instance_id
         self.block_tokens = cache.page_tokens
+        self.saver = saver or make_saver(save_mode, kv)
         self.counters = {"requests": 0, "hit_blocks": 0, "saved_blocks": 0, "save_failures": 0}
+        # Totals over finished requests, in milliseconds (Status reports them).
+        self.times_ms = {"compute": 0.0, "save": 0.0, "save_hidden": 0.0}
+
+    def close(self) -> None:
+        self.saver.close()
 
     def run(self, req: spb.PrefillRequest, submitted_s: float) -> spb.PrefillResponse:
         started = time.perf_counter()
@@ -56,27 +91,47 @@ class PrefillWorker:
             raise InvalidArgument("empty prompt")
         b = self.block_tokens
         keys = prefix_keys(prompt, self.namespace)
+        nonce = uuid.uuid4().hex[:8]
         seq = Sequence(req.request_id)
         self.cache.reserve(seq, len(prompt))
+        session = self.saver.begin()
         try:
             hit = self._load_prefix(seq, keys, len(prompt)) if req.use_cache else 0
             self.cache.mark_computed(seq, hit * b)
-            first = greedy_token(self.model.prefill(seq, self.cache, prompt))
-            nonce = uuid.uuid4().hex[:8]
-            block_keys, saved = self._hand_over(req, seq, keys, hit, nonce)
+            # Where each new full block goes: its prefix key (the shared cache),
+            # or a transfer key when the cache is bypassed.
+            if req.use_cache:
+                dest = {i: (keys[i], keys[i - 1] if i else None) for i in range(hit, len(keys))}
+            else:
+                dest = {i: (transfer_key(req.request_id, nonce, i), None) for i in range(len(keys))}
+
+            def on_block(i: int, page_id: int) -> None:
+                key, parent = dest[i]
+                session.submit(SaveJob(i, key, self.cache.page(page_id), parent))
+
+            first = greedy_token(self.model.prefill(seq, self.cache, prompt, on_block=on_block))
             tail_key = ""
             if len(prompt) % b:
                 tail_key = transfer_key(req.request_id, nonce, "tail")
-                self.kv.put(tail_key, self.cache.page(seq.page_ids[-1]))
+                session.submit(SaveJob(_TAIL, tail_key, self.cache.page(seq.page_ids[-1])))
+            report = session.finish()
+            block_keys, saved, fallback_ms = self._hand_over(req, seq, keys, hit, nonce, report)
         finally:
+            session.abandon()   # nothing may read the pages once they are free
             self.cache.free(seq)
+        compute_ms = (time.perf_counter() - started) * 1000
+        save_ms = report.save_ms + fallback_ms
         self.counters["requests"] += 1
         self.counters["hit_blocks"] += hit
         self.counters["saved_blocks"] += saved
+        self.times_ms["compute"] += compute_ms
+        self.times_ms["save"] += save_ms
+        self.times_ms["save_hidden"] += report.hidden_ms
         return spb.PrefillResponse(
             first_token=first, cached_tokens=hit * b, saved_blocks=saved, tail_key=tail_key,
             block_keys=block_keys, hit_blocks=hit, total_blocks=len(keys),
-            queue_ms=(started - submitted_s) * 1000, compute_ms=(time.perf_counter() - started) * 1000)
+            queue_ms=(started - submitted_s) * 1000, compute_ms=compute_ms,
+            save_mode=report.mode, save_ms=save_ms, save_hidden_ms=report.hidden_ms)
 
     def _load_prefix(self, seq: Sequence, keys: list[str], num_tokens: int) -> int:
         """Load the longest cached prefix into the sequence's pages; returns blocks loaded.
@@ -97,35 +152,55 @@ class PrefillWorker:
                 return i
         return n
 
-    def _hand_over(self, req, seq: Sequence, keys: list[str], hit: int, nonce: str
-                   ) -> tuple[list[str], int]:
-        """Make every full block readable by decode; returns (block keys, blocks saved)."""
-        pages = [self.cache.page(p) for p in seq.page_ids[:len(keys)]]
+    def _hand_over(self, req, seq: Sequence, keys: list[str], hit: int, nonce: str,
+                   report: SaveReport) -> tuple[list[str], int, float]:
+        """Make every full block readable by decode, given what the saver did.
+
+        Blocks ``< hit`` are in the cache already; the saver put the others
+        under their prefix keys (``use_cache``) or transfer keys. A prefix
+        block the cache refused (full, or different bytes) goes by a
+        transfer key instead, put here.
+
+        Returns:
+            (block keys for decode, prefix blocks saved, fallback put time in ms).
+
+        Raises:
+            KVStoreError: a transfer key (or the tail) could not be stored.
+        """
+        tail = report.results.get(_TAIL)
+        if tail is not None:
+            raise tail
+        if not req.use_cache:
+            block_keys = [transfer_key(req.request_id, nonce, i) for i in range(len(keys))]
+            for i in range(len(keys)):
+                if report.results[i] is not None:
+                    raise report.results[i]
+            return block_keys, 0, 0.0
         block_keys = list(keys)
         saved = 0
-        todo = list(range(hit, len(keys))) if req.use_cache else []
-        if todo:
-            res = self.kv.batch_put([keys[i] for i in todo], [pages[i] for i in todo],
-                                    parents=[keys[i - 1] if i else None for i in todo])
-            for i, err in zip(todo, res):
-                if err is None:
-                    saved += 1
-                    continue
-                if isinstance(err, KeyConflict):
-                    # Same prefix, different KV bytes: the model is not deterministic
-                    # or the namespace is wrong. A bug: say so loudly.
-                    log.error("prefix block %s holds different KV: %s", keys[i], err)
-                self.counters["save_failures"] += 1
-                block_keys[i] = ""     # hand this block over by transfer key instead
-        missing = [i for i, k in enumerate(block_keys) if not k] if req.use_cache else list(range(len(keys)))
-        if missing:
-            xkeys = [transfer_key(req.request_id, nonce, i) for i in missing]
-            res = self.kv.batch_put(xkeys, [pages[i] for i in missing])
-            for i, k, err in zip(missing, xkeys, res):
-                if err is not None:
-                    raise err
-                block_keys[i] = k
-        return block_keys, saved
+        for i in range(hit, len(keys)):
+            err = report.results[i]
+            if err is None:
+                saved += 1
+                continue
+            if isinstance(err, KeyConflict):
+                # Same prefix, different KV bytes: the model is not deterministic
+                # or the namespace is wrong. A bug: say so loudly.
+                log.error("prefix block %s holds different KV: %s", keys[i], err)
+            self.counters["save_failures"] += 1
+            block_keys[i] = ""     # hand this block over by transfer key instead
+        missing = [i for i, k in enumerate(block_keys) if not k]
+        if not missing:
+            return block_keys, saved, 0.0
+        t0 = time.perf_counter()
+        pages = [self.cache.page(p) for p in seq.page_ids[:len(keys)]]
+        xkeys = [transfer_key(req.request_id, nonce, i) for i in missing]
+        res = self.kv.batch_put(xkeys, [pages[i] for i in missing])
+        for i, k, err in zip(missing, xkeys, res):
+            if err is not None:
+                raise err
+            block_keys[i] = k
+        return block_keys, saved, (time.perf_counter() - t0) * 1000
 
 
 class PrefillServicer(spb_grpc.PrefillEngineServicer):
@@ -151,26 +226,44 @@ class PrefillServicer(spb_grpc.PrefillEngineServicer):
             self.queued_tokens -= len(request.prompt_tokens)
 
     async def Status(self, request, context):
-        return spb.EngineStatus(instance_id=self.worker.instance_id, role="prefill",
-                                queued=self.queued, queued_tokens=self.queued_tokens)
+        w = self.worker
+        return spb.EngineStatus(instance_id=w.instance_id, role="prefill",
+                                queued=self.queued, queued_tokens=self.queued_tokens,
+                                save_mode=w.saver.name, requests_done=w.counters["requests"],
+                                compute_ms_total=w.times_ms["compute"],
+                                save_ms_total=w.times_ms["save"],
+                                save_hidden_ms_total=w.times_ms["save_hidden"])
 
 
 async def serve(args) -> None:
     model, cache = load_engine(args)
     kv = KVClient(args.master)
     instance_id = args.instance_id or f"prefill-{uuid.uuid4().hex[:6]}"
-    servicer = PrefillServicer(PrefillWorker(model, cache, kv, namespace_of(args), instance_id))
+    worker = PrefillWorker(model, cache, kv, namespace_of(args), instance_id, args.save_mode)
+    servicer = PrefillServicer(worker)
     server = grpc.aio.server()
     port = server.add_insecure_port(f"{args.host}:{args.port}")
     spb_grpc.add_PrefillEngineServicer_to_server(servicer, server)
     await server.start()
     await serve_until_signal(server, port, {"role": "prefill", "instance_id": instance_id,
                                             "address": f"{args.host}:{port}", "port": port},
-                             on_stop=kv.close)
+                             on_stop=lambda: _close(worker, kv))
+
+
+def _close(worker: PrefillWorker, kv: KVClient) -> None:
+    worker.close()   # the saver thread first: it uses the client
+    kv.close()
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = engine_args("kvstore prefill", "Run a prefill engine.").parse_args(argv)
+    p = engine_args("kvstore prefill", "Run a prefill engine.")
+    p.add_argument("--save-mode", choices=sorted(SAVE_MODES),
+                   default=os.environ.get(SAVE_MODE_ENV, DEFAULT_SAVE_MODE),
+                   help="how new KV blocks reach the store: 'sync' puts them all after "
+                        "prefill; 'streamed' puts them from a background thread as they are "
+                        "computed, overlapping compute (default: $%s or %s)"
+                        % (SAVE_MODE_ENV, DEFAULT_SAVE_MODE))
+    args = p.parse_args(argv)
     asyncio.run(serve(args))
 
 

@@ -28,6 +28,8 @@ def demo(
     max_output_tokens: int = typer.Option(16, help="cap on generated tokens per request"),
     node_dram: str = typer.Option("512MiB", help="DRAM tier per store node"),
     log_dir: Optional[str] = typer.Option(None, help="component logs (default: a temp dir)"),
+    save_mode: Optional[str] = typer.Option(
+        None, help="prefill KV save: 'sync' (default) or 'streamed' (overlaps compute)"),
 ) -> None:
     """Start an embedded local cluster and replay the bundled Mooncake trace."""
     from kvstore.demo import run_demo
@@ -39,7 +41,7 @@ def demo(
         summary = run_demo(requests=requests, trace=trace, use_cache=not no_cache, out=out,
                            time_scale=time_scale, block_tokens=block_tokens,
                            max_output_tokens=max_output_tokens, node_dram=node_dram,
-                           log_dir=log_dir, console=console)
+                           log_dir=log_dir, console=console, save_mode=save_mode)
     except ChildFailed as exc:
         console.print(f"[red]a cluster process failed:[/] {exc}")
         raise typer.Exit(1)
@@ -54,11 +56,17 @@ def _register_tools() -> None:
     """Commands whose code lives in tools/ (imported lazily: they pull heavy modules)."""
     from tools.bench import bench_command
     from tools.cache_sim import simulate_cache_command
+    from tools.profile import profile_command
+    from tools.simulate import simulate_command
 
     app.command("bench", help="Data-plane benchmark: kvstore vs memcpy, raw sockets, Redis.")(
         bench_command)
     app.command("simulate-cache", help="Replay trace hash_ids through the nodes' eviction "
                                        "policies (and Belady's optimum).")(simulate_cache_command)
+    app.command("simulate", help="Discrete-event simulation of the conductor's scheduling "
+                                 "over a trace, with a cost model.")(simulate_command)
+    app.command("profile", help="Fit the cost model (prefill, decode, transfer) from the "
+                                "bundled engines on this machine.")(profile_command)
 
 
 _register_tools()

@@ -9,6 +9,10 @@ Outcomes are exclusive: a request is *rejected* (the conductor refused it,
 HTTP 429), else *errored* (``error`` is set), else *completed*. Latency
 percentiles and throughput count completed requests only.
 
+``save_summary`` folds the prefill engines' save totals (how much of the
+time spent putting new KV blocks into the store was hidden behind compute,
+see :mod:`engines.kv_saver`) into the ``kv_save`` entry a live run adds.
+
 ``output_digest`` fingerprints the generated tokens so that two runs (with and
 without the cache) can be checked for equal greedy outputs without storing them.
 """
@@ -154,6 +158,34 @@ def summarize(
     return summary
 
 
+def save_summary(engines: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Folds the prefill engines' KV save totals into one ``kv_save`` entry.
+
+    Args:
+        engines: per prefill engine, ``{"mode", "requests", "compute_ms",
+            "save_ms", "hidden_ms"}`` (totals over its requests, milliseconds).
+
+    Returns:
+        ``{"mode", "requests", "prefill_ms_total", "save_ms_total",
+        "hidden_ms_total", "exposed_ms_total", "hidden_fraction"}``:
+        ``mode`` is the engines' save mode ("mixed" when they differ),
+        ``exposed`` = save time on the requests' critical path,
+        ``hidden_fraction`` = hidden / save (None when nothing was saved).
+    """
+    modes = sorted({e["mode"] for e in engines})
+    save = sum(e["save_ms"] for e in engines)
+    hidden = sum(e["hidden_ms"] for e in engines)
+    return {
+        "mode": modes[0] if len(modes) == 1 else ("mixed" if modes else None),
+        "requests": sum(e["requests"] for e in engines),
+        "prefill_ms_total": sum(e["compute_ms"] for e in engines),
+        "save_ms_total": save,
+        "hidden_ms_total": hidden,
+        "exposed_ms_total": max(save - hidden, 0.0),
+        "hidden_fraction": hidden / save if save > 0 else None,
+    }
+
+
 def mismatched_outputs(a: dict[str, Any], b: dict[str, Any]) -> list[int]:
     """Indices of requests completed in both summaries whose output digests differ.
 
@@ -203,7 +235,19 @@ def _rows() -> list[tuple[str, Any, Any]]:
         ),
         ("duration (s)", lambda s: s["duration_s"], lambda v: f"{v:.2f}"),
     ]
+    # Live runs only (``kv_save``, see save_summary); "-" elsewhere.
+    rows += [
+        ("KV save mode", lambda s: _save(s, "mode"), lambda v: v or "-"),
+        ("prefill total (ms)", lambda s: _save(s, "prefill_ms_total"), _ms),
+        ("KV save total (ms)", lambda s: _save(s, "save_ms_total"), _ms),
+        ("  hidden behind compute (ms)", lambda s: _save(s, "hidden_ms_total"), _ms),
+        ("  exposed (ms)", lambda s: _save(s, "exposed_ms_total"), _ms),
+    ]
     return rows
+
+
+def _save(summary: dict[str, Any], field: str) -> Any:
+    return (summary.get("kv_save") or {}).get(field)
 
 
 def render_summary(summary: dict[str, Any]) -> Table:
@@ -253,5 +297,6 @@ __all__ = [
     "output_digest",
     "render_comparison",
     "render_summary",
+    "save_summary",
     "summarize",
 ]
