@@ -78,8 +78,10 @@ def test_exists_probes_do_not_stop_eviction(probed):
             for key, oid in held:                  # the readers let go, probes go on
                 conn.call(Op.SHM_RELEASE, key, oid)
             t0 = time.monotonic()
+            # Generous: demotion writes 62 MiB to lmdb with fsync, slow on a busy
+            # disk; what matters is that it completes while the probes go on.
             wait_for(lambda: dram_stats(kv)["tiers"][0]["used_bytes"] <= 0.85 * DRAM,
-                     timeout_s=10)
+                     timeout_s=30)
             evict_s = time.monotonic() - t0
             assert probes[0] > calls_at_release     # probing went on all along
         finally:
