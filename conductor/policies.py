@@ -38,10 +38,11 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Sequence
 
 from conductor.cost_model import CostModel
 from conductor.instances import PrefillChoice, PrefillInstance, SchedRequest
+from kvstore.registry import Registry
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,39 +115,14 @@ class SchedulingPolicy(ABC):
         """The plan for ``sit.request``; ``sit.candidates`` is never empty."""
 
 
-PolicyT = TypeVar("PolicyT", bound=type[SchedulingPolicy])
+SCHEDULERS: Registry[SchedulingPolicy] = Registry("scheduler")
 
-SCHEDULING_POLICIES: dict[str, type[SchedulingPolicy]] = {}
-"""Registered policies by name."""
-
-
-def register_scheduling_policy(name: str) -> Callable[[PolicyT], PolicyT]:
-    """Class decorator: registers a scheduling policy under ``name``.
-
-    Raises:
-        ValueError: the name is taken by another class.
-    """
-
-    def decorate(cls: PolicyT) -> PolicyT:
-        if name in SCHEDULING_POLICIES and SCHEDULING_POLICIES[name] is not cls:
-            raise ValueError(f"scheduling policy {name!r} already registered")
-        cls.name = name
-        SCHEDULING_POLICIES[name] = cls
-        return cls
-
-    return decorate
-
-
-def make_scheduling_policy(name: str) -> SchedulingPolicy:
-    """Builds the policy registered as ``name``.
-
-    Raises:
-        KeyError: unknown name (the message lists the known ones).
-    """
-    try:
-        return SCHEDULING_POLICIES[name]()
-    except KeyError:
-        raise KeyError(f"unknown scheduler {name!r}; known: {sorted(SCHEDULING_POLICIES)}") from None
+#: Registered policies by name.
+SCHEDULING_POLICIES = SCHEDULERS.classes
+#: Class decorator: registers a scheduling policy under a name.
+register_scheduling_policy = SCHEDULERS.register
+#: Builds the policy registered under a name (KeyError if unknown).
+make_scheduling_policy = SCHEDULERS.make
 
 
 def _min_by(sit: Situation, plans: Sequence[PrefillChoice], key: Callable[[PrefillChoice], float]

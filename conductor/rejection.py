@@ -41,9 +41,10 @@ import math
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Hashable, Sequence, TypeVar
+from typing import Hashable, Sequence
 
 from conductor.instances import DecodeInstance, DecodeLoad
+from kvstore.registry import Registry
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,36 +235,14 @@ class RejectionPolicy(ABC):
         """The decode load to check a request against at arrival; None: no check."""
 
 
-PolicyT = TypeVar("PolicyT", bound=type[RejectionPolicy])
+REJECTIONS: Registry[RejectionPolicy] = Registry("rejection policy")
 
-REJECTION_POLICIES: dict[str, type[RejectionPolicy]] = {}
-"""Registered rejection policies by name."""
-
-
-def register_rejection_policy(name: str) -> Callable[[PolicyT], PolicyT]:
-    """Class decorator: registers a rejection policy under ``name``."""
-
-    def decorate(cls: PolicyT) -> PolicyT:
-        if name in REJECTION_POLICIES and REJECTION_POLICIES[name] is not cls:
-            raise ValueError(f"rejection policy {name!r} already registered")
-        cls.name = name
-        REJECTION_POLICIES[name] = cls
-        return cls
-
-    return decorate
-
-
-def make_rejection_policy(name: str) -> RejectionPolicy:
-    """Builds the rejection policy registered as ``name``.
-
-    Raises:
-        KeyError: unknown name (the message lists the known ones).
-    """
-    try:
-        return REJECTION_POLICIES[name]()
-    except KeyError:
-        raise KeyError(f"unknown rejection policy {name!r}; known: {sorted(REJECTION_POLICIES)}"
-                       ) from None
+#: Registered rejection policies by name.
+REJECTION_POLICIES = REJECTIONS.classes
+#: Class decorator: registers a rejection policy under a name.
+register_rejection_policy = REJECTIONS.register
+#: Builds the rejection policy registered under a name (KeyError if unknown).
+make_rejection_policy = REJECTIONS.make
 
 
 @register_rejection_policy("none")

@@ -49,7 +49,9 @@ import heapq
 import itertools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Iterator, TypeVar
+from typing import Any, Callable, Hashable, Iterator
+
+from kvstore.registry import Registry
 
 Key = Hashable
 """A tier's object key; policies only hash and compare it for equality."""
@@ -286,37 +288,11 @@ class EvictionPolicy(ABC):
         heapq.heapify(self._heap)
 
 
-PolicyT = TypeVar("PolicyT", bound=type[EvictionPolicy])
+EVICTION_POLICIES: Registry[EvictionPolicy] = Registry("eviction policy")
 
-POLICIES: dict[str, type[EvictionPolicy]] = {}
-"""Registered policies by name; ``make_policy`` builds one."""
-
-
-def register_policy(name: str) -> Callable[[PolicyT], PolicyT]:
-    """Class decorator: registers an ``EvictionPolicy`` under ``name``.
-
-    Raises:
-        ValueError: ``name`` is taken by another class.
-    """
-
-    def decorate(cls: PolicyT) -> PolicyT:
-        if name in POLICIES and POLICIES[name] is not cls:
-            raise ValueError(f"eviction policy {name!r} already registered by {POLICIES[name].__name__}")
-        cls.name = name
-        POLICIES[name] = cls
-        return cls
-
-    return decorate
-
-
-def make_policy(name: str, **kwargs: Any) -> EvictionPolicy:
-    """Builds the policy registered as ``name`` with its keyword options.
-
-    Raises:
-        KeyError: no policy has that name (the message lists the known ones).
-    """
-    try:
-        cls = POLICIES[name]
-    except KeyError:
-        raise KeyError(f"unknown eviction policy {name!r}; known: {sorted(POLICIES)}") from None
-    return cls(**kwargs)
+#: Registered policies by name; ``make_policy`` builds one.
+POLICIES = EVICTION_POLICIES.classes
+#: Class decorator: registers an ``EvictionPolicy`` under a name.
+register_policy = EVICTION_POLICIES.register
+#: Builds the policy registered under a name with its keyword options (KeyError if unknown).
+make_policy = EVICTION_POLICIES.make
