@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import time
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -46,7 +45,7 @@ from conductor.health import HealthMonitor, ProbeResult, Worker
 from conductor.scheduler import DecodeInstance, PrefillInstance, Scheduler
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
-from kvstore.process import announce_ready, setup_logging
+from kvstore.process import announce_ready, setup_logging, wait_for_stop_signal
 
 log = logging.getLogger(__name__)
 
@@ -392,11 +391,7 @@ async def serve(args) -> None:
         http_port = await http.start(args.http_host, args.http_port)
         info.update(http_address=f"{args.http_host}:{http_port}", http_port=http_port)
     announce_ready(info)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await wait_for_stop_signal()
     if http is not None:
         await http.stop()
     await server.stop(1.0)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import signal
 
 import grpc
 import torch
@@ -12,7 +10,7 @@ import torch
 from engines.kv_cache import PagedKVCache
 from engines.model import LlamaModel
 from engines.namespace import TINY, model_config, namespace_for_model
-from kvstore.process import announce_ready, setup_logging
+from kvstore.process import announce_ready, setup_logging, wait_for_stop_signal
 
 
 def engine_args(prog: str, description: str) -> argparse.ArgumentParser:
@@ -45,11 +43,7 @@ def namespace_of(args):
 async def serve_until_signal(server: grpc.aio.Server, port: int, info: dict, on_stop=None) -> None:
     """Announce READY, run until SIGTERM/SIGINT, stop gracefully."""
     announce_ready(info)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await wait_for_stop_signal()
     if on_stop is not None:
         on_stop()
     await server.stop(1.0)

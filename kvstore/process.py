@@ -8,6 +8,7 @@ when one dies, on Ctrl-C, or when it exits.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -30,6 +31,15 @@ def announce_ready(info: dict) -> None:
     """Tell the launcher this process is serving (one line on stdout)."""
     sys.stdout.write(READY_PREFIX + json.dumps(info) + "\n")
     sys.stdout.flush()
+
+
+async def wait_for_stop_signal() -> None:
+    """Return when the process gets SIGTERM or SIGINT (call on the serving event loop)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
 
 
 class ChildFailed(RuntimeError):
