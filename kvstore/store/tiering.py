@@ -69,6 +69,7 @@ class TierLevel:
     rounds: int = 0             # reclaim rounds run for this level
     blocked: str = ""           # set by a round that could free nothing it needed
     blocked_logged_s: float = 0.0
+    draining: bool = False      # passed ``high``; reclaiming until back at ``low`` (hysteresis)
 
 
 class Tiering:
@@ -177,9 +178,20 @@ class Tiering:
                     close()
 
     def _need_bytes_locked(self, level: int) -> int:
+        """Bytes ``level`` must give up now.
+
+        Watermarks with hysteresis: passing ``high`` starts draining, which
+        goes on -- over later rounds, as readers let go -- until use is back
+        at ``low``; a round that frees only part of the excess does not end it.
+        """
         lv = self.levels[level]
         cap = lv.tier.capacity_bytes
-        excess = lv.tier.used_bytes - int(lv.low * cap) if lv.tier.used_bytes > lv.high * cap else 0
+        if lv.tier.used_bytes > lv.high * cap:
+            lv.draining = True
+        excess = lv.tier.used_bytes - int(lv.low * cap) if lv.draining else 0
+        if excess <= 0:
+            lv.draining = False
+            excess = 0
         return max(excess, lv.want_bytes + lv.prefetch_want_bytes)
 
     @staticmethod
@@ -382,7 +394,7 @@ class Tiering:
     def _after_growth_locked(self, level: int) -> None:
         """A tier grew (or a pin went): evict inline, or wake the mover."""
         lv = self.levels[level]
-        if lv.tier.used_bytes <= lv.high * lv.tier.capacity_bytes:
+        if lv.tier.used_bytes <= lv.high * lv.tier.capacity_bytes and not lv.draining:
             return
         if self._is_bottom(level):
             now = time.monotonic()
