@@ -67,6 +67,11 @@ class KVClient:
             cannot change while copied.
         replica_num: default number of replicas per put.
         timeout_s: deadline of each master RPC and data-plane socket operation.
+        failover_wait_s: with a shard of several masters (``a|b``), how long
+            a call keeps trying them while a new leader is elected.
+        read_timeout_s: data-plane socket timeout (connect and each operation;
+            default ``timeout_s``). Short (e.g. 2 s) bounds how long a read
+            waits on a hung node (SIGSTOP) before it tries the next replica.
         put_wait_s: how long a put waits for another in-flight put of the same
             key to finish before failing with PutInProgress.
         meta_cache_entries: size of the client's metadata cache (0 = off); see
@@ -78,8 +83,14 @@ class KVClient:
 
     def __init__(self, master: str, *, prefer_shm: bool = True, verify_checksum: bool | None = None,
                  replica_num: int = 1, timeout_s: float = 10.0, put_wait_s: float = 5.0,
-                 meta_cache_entries: int = 65536):
+                 meta_cache_entries: int = 65536, read_timeout_s: float | None = None,
+                 failover_wait_s: float = 15.0):
         self.prefer_shm = prefer_shm
+        self.failover_wait_s = failover_wait_s
+        self.suspect_s = 5.0                # a node that failed a transfer is tried last this long
+        self._suspect: dict[str, float] = {}   # node id -> monotonic time it stops being suspect
+        self._leader: dict[str, int] = {}   # "a|b" shard address -> index of the last leader
+        self.read_timeout_s = read_timeout_s or timeout_s
         self.verify_checksum = verify_checksum
         self.replica_num = replica_num
         self.timeout_s = timeout_s
@@ -106,7 +117,37 @@ class KVClient:
             return stub
 
     def _rpc(self, address: str, method: str, request):
-        """Call a master RPC; retries only on UNAVAILABLE (RETRYABLE)."""
+        """Call a master RPC; retries only on UNAVAILABLE (RETRYABLE).
+
+        ``address`` may name a shard's masters as ``a|b|...`` (a leader and
+        standbys): the call goes to the one that answered last, and on
+        UNAVAILABLE (down, not the leader, a new leader warming up) moves on
+        to the next, for up to ``failover_wait_s``.
+        """
+        if "|" in address:
+            return self._rpc_ha(address, method, request)
+        return self._rpc_one(address, method, request)
+
+    def _rpc_ha(self, address: str, method: str, request):
+        addrs = address.split("|")
+        start = self._leader.get(address, 0)
+        deadline = time.monotonic() + self.failover_wait_s
+        attempt = 0
+        while True:
+            addr = addrs[(start + attempt) % len(addrs)]
+            try:
+                resp = getattr(self._stub(addr), method)(request, timeout=self.timeout_s)
+                self._leader[address] = (start + attempt) % len(addrs)
+                return resp
+            except grpc.RpcError as exc:
+                err = from_rpc_error(exc)
+                if not isinstance(err, RETRYABLE) or time.monotonic() > deadline:
+                    raise err from None
+            attempt += 1
+            if attempt % len(addrs) == 0:
+                time.sleep(0.1)
+
+    def _rpc_one(self, address: str, method: str, request):
         for attempt in range(_MASTER_ATTEMPTS):
             try:
                 return getattr(self._stub(address), method)(request, timeout=self.timeout_s)
@@ -161,7 +202,7 @@ class KVClient:
             return tr
         if tr is not None:
             tr.close()
-        conn = NodeConnection(node.host, node.data_port, self.timeout_s)
+        conn = NodeConnection(node.host, node.data_port, self.read_timeout_s)
         tr = TcpTransport(conn)
         if self.prefer_shm and node.shm_name and node.host_id == self._host_id:
             try:
@@ -299,6 +340,7 @@ class KVClient:
                 outcome = self._transport(lst[0][1]).write_many(items)
             except Unavailable as err:
                 self._drop_transport(node_id)
+                self._node_failed(lst[0][1], keys[lst[0][0]], err)
                 outcome = [err] * len(items)
             for (i, _), err in zip(lst, outcome):
                 if err is None:
@@ -504,6 +546,7 @@ class KVClient:
                     res = tr.read_many(items, verify)
                 except Unavailable as err:
                     self._drop_transport(node_id)
+                    self._node_failed(addr[node_id], metas[idxs[0]].key, err)
                     res = [err] * len(items)
                 for i, err in zip(idxs, res):
                     out[i] = err
@@ -515,9 +558,23 @@ class KVClient:
         return out
 
     def _read_order(self, meta: pb.ObjectMeta) -> list[pb.Replica]:
-        """Replicas in the order reads try them: same host first, then by tier speed."""
-        return sorted(meta.replicas, key=lambda r: (r.node.host_id != self._host_id,
+        """Replicas in the order reads try them: nodes that failed lately last,
+        then same host first, then by tier speed."""
+        now = time.monotonic()
+        return sorted(meta.replicas, key=lambda r: (self._suspect.get(r.node.node_id, 0.0) > now,
+                                                    r.node.host_id != self._host_id,
                                                     _TIER_READ_RANK.get(r.tier, len(_TIER_READ_RANK))))
+
+    def _node_failed(self, node: pb.NodeAddress, key: str, err: KVStoreError) -> None:
+        """A transfer with ``node`` failed (down, hung, broken): try it last for a
+        while, and tell the master shard of ``key`` (which quarantines a node
+        that keeps failing while it heartbeats)."""
+        self._suspect[node.node_id] = time.monotonic() + self.suspect_s
+        try:
+            self._rpc(self.shard_map.shard_for_key(key).address, "ReportFailure",
+                      pb.ReportFailureRequest(node_ids=[node.node_id], reason=str(err)[:200]))
+        except KVStoreError as exc:
+            log.debug("could not report failure of %s: %s", node.node_id, exc)
 
     # ---- tiers: where objects are, queue lookahead, pins ----
     def locate(self, keys: Sequence[str]) -> list[list[tuple[str, str]] | KVStoreError]:
@@ -647,7 +704,11 @@ class KVClient:
         keys = list(keys)
 
         def call(address: str, ks: list[str]) -> list[bool]:
-            return list(self._rpc(address, "Exists", pb.ExistsRequest(keys=ks)).exists)
+            resp = self._rpc(address, "Exists", pb.ExistsRequest(keys=ks))
+            for st in resp.statuses:
+                if st.code == pb.WRONG_SHARD:
+                    raise WrongShard(st.message, redirect=st.redirect)
+            return list(resp.exists)
         return self._routed(keys, call, invalid=lambda err: False)
 
     def remove(self, key: str, *, reason: str = "remove") -> None:

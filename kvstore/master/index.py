@@ -55,6 +55,9 @@ class Entry:
     evicted_on: set[str] = field(default_factory=set)   # PENDING: targets that evicted it already
     tiers: dict[str, int] = field(default_factory=dict)  # node id -> pb.Tier serving it there
                                                          # (from events; absent: the node's tier)
+    replica_num: int = 1           # replicas wanted; repair copies up to it
+    repair_target: str = ""        # COMPLETE: node a repair copy is going to ("" none)
+    repair_deadline_ms: int = 0    # ... given up after this
 
 
 class ObjectIndex:
@@ -77,6 +80,8 @@ class ObjectIndex:
         self._sorted_keys: list[str] | None = None   # COMPLETE keys, rebuilt lazily for List
         self._next_id = 1              # object ids; above every id seen in an inventory
         self.counters: Counter[str] = Counter()
+        self._now_ms = 0               # time of the current request (for placement)
+        self.repair_timeout_ms = 10_000
 
     # ---- helpers ----
     def _check_key(self, key: str) -> None:
@@ -123,6 +128,8 @@ class ObjectIndex:
         alive = self.membership.alive_nodes()
         if not alive:
             raise Unavailable("no live store node")
+        healthy = [n for n in alive if not self.membership.is_quarantined(n.node_id, self._now_ms)]
+        alive = healthy or alive   # all quarantined: better a suspect node than no put
         fits = [n for n in alive if n.max_object_bytes >= size_bytes]
         if not fits:
             biggest = max(n.max_object_bytes for n in alive)
@@ -146,6 +153,7 @@ class ObjectIndex:
     def _put_start_one(self, item: pb.PutStartItem, replica_num: int, preferred: str,
                        now_ms: int) -> pb.PutStartResult:
         self._check_key(item.key)
+        self._now_ms = now_ms
         entry = self.entries.get(item.key)
         if entry is not None and entry.state is EntryState.PENDING and now_ms > entry.deadline_ms:
             log.warning("put of %s timed out after %d ms: revoked", item.key, self.put_timeout_ms)
@@ -169,7 +177,7 @@ class ObjectIndex:
         entry = Entry(key=item.key, size_bytes=item.size_bytes, checksum=item.checksum,
                       object_id=self._new_id(), state=EntryState.PENDING,
                       targets=[n.node_id for n in nodes], created_ms=now_ms,
-                      deadline_ms=now_ms + self.put_timeout_ms)
+                      deadline_ms=now_ms + self.put_timeout_ms, replica_num=replica_num)
         for n in nodes:
             n.reserved_bytes += item.size_bytes
         self.entries[item.key] = entry
@@ -250,13 +258,25 @@ class ObjectIndex:
 
     def exists(self, keys: list[str]) -> list[bool]:
         """Visibility only; never refreshes access stats (it must not block eviction)."""
+        return self.exists_checked(keys)[0]
+
+    def exists_checked(self, keys: list[str]) -> tuple[list[bool], list[pb.Status]]:
+        """Visibility per key, with a status per key: WRONG_SHARD (and False)
+        for a key this shard does not own, never a False that means "absent"."""
         self.counters["exists_keys"] += len(keys)
         entries = self.entries
-        out = []
+        out, statuses = [], []
         for key in keys:
+            try:
+                self._check_key(key)
+            except KVStoreError as err:
+                out.append(False)
+                statuses.append(to_status(err))
+                continue
             entry = entries.get(key)
             out.append(entry is not None and self._visible(entry))
-        return out
+            statuses.append(OK_STATUS)
+        return out, statuses
 
     def remove(self, keys: list[str], reason: str) -> pb.RemoveResponse:
         statuses = []
@@ -413,6 +433,9 @@ class ObjectIndex:
                 if entry.state is EntryState.COMPLETE:
                     if node_id not in entry.replicas:
                         entry.replicas.append(node_id)
+                        # A rebuilt index learns how many replicas were wanted from
+                        # how many it finds (it cannot know more).
+                        entry.replica_num = max(entry.replica_num, len(entry.replicas))
                     entry.tiers[node_id] = it.tier
                 # PENDING with this id: the put in flight ends it (PutEnd).
             else:
@@ -420,6 +443,72 @@ class ObjectIndex:
                 self.counters["stale_replicas_dropped"] += 1
         self.counters["reindexed"] += indexed
         return lost, indexed
+
+    # ---- re-replication ----
+    def plan_repairs(self, now_ms: int, max_orders: int = 64) -> int:
+        """Order copies for COMPLETE objects with fewer live replicas than wanted.
+
+        For each, one live replica's node is told (in its next heartbeat
+        reply) to copy the object to a live node that holds none, most free
+        space first; at most one copy per object is in flight. Returns the
+        number of orders placed.
+        """
+        self._now_ms = now_ms
+        ordered = 0
+        for entry in self.entries.values():
+            if ordered >= max_orders:
+                break
+            if entry.state is not EntryState.COMPLETE:
+                continue
+            if entry.repair_target:
+                if now_ms <= entry.repair_deadline_ms:
+                    continue
+                self.counters["repair_timeouts"] += 1
+                entry.repair_target = ""
+            live = self._live_replicas(entry)
+            if not live or len(live) >= entry.replica_num:
+                continue
+            held = set(entry.replicas)
+            targets = [n for n in self.membership.alive_nodes()
+                       if n.node_id not in held and n.max_object_bytes >= entry.size_bytes
+                       and n.free_bytes >= entry.size_bytes
+                       and not self.membership.is_quarantined(n.node_id, now_ms)]
+            if not targets:
+                continue
+            target = max(targets, key=lambda n: (n.free_bytes, n.node_id))
+            source = self.membership.nodes[live[0]]
+            source.copies.append(pb.CopyOrder(key=entry.key, object_id=entry.object_id,
+                                              target=target.address))
+            target.reserved_bytes += entry.size_bytes
+            entry.repair_target = target.node_id
+            entry.repair_deadline_ms = now_ms + self.repair_timeout_ms
+            self.counters["repairs_ordered"] += 1
+            ordered += 1
+        return ordered
+
+    def copy_done(self, result: pb.CopyResult) -> None:
+        """A node reports a repair copy: the target holds a replica now (or not)."""
+        target = self.membership.nodes.get(result.target_node_id)
+        entry = self.entries.get(result.key)
+        if target is not None:
+            target.reserved_bytes = max(0, target.reserved_bytes - (entry.size_bytes if entry else 0))
+        if entry is None or entry.object_id != result.object_id:
+            if result.status.code == pb.OK and target is not None:
+                # Removed or replaced meanwhile: the copy is garbage.
+                self.membership.order_drop(target.node_id, result.key, result.object_id)
+            return
+        if entry.repair_target == result.target_node_id:
+            entry.repair_target = ""
+        if result.status.code != pb.OK:
+            self.counters["repair_failures"] += 1
+            log.warning("repair copy of %s to %s failed: %s", result.key, result.target_node_id,
+                        result.status.message)
+            return
+        if entry.state is EntryState.COMPLETE and result.target_node_id not in entry.replicas:
+            entry.replicas.append(result.target_node_id)
+            if target is not None:
+                target.used_bytes += entry.size_bytes
+            self.counters["repairs"] += 1
 
     def expire_puts(self, now_ms: int) -> int:
         """Revoke PENDING puts past their deadline; returns how many."""

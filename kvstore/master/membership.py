@@ -31,6 +31,9 @@ class NodeInfo:
     drops: list[pb.DropOrder] = field(default_factory=list)  # to send with the next heartbeat
     tiers: list[pb.TierStat] = field(default_factory=list)   # per tier, from the last report
     counters: dict[str, int] = field(default_factory=dict)   # the node's own, last heartbeat
+    copies: list[pb.CopyOrder] = field(default_factory=list)  # repair orders for the next heartbeat
+    failures: list[int] = field(default_factory=list)  # ms of recent transfer failures reported
+    quarantined_until_ms: int = 0  # no new puts or repair copies land here before this
 
     @property
     def node_id(self) -> str:
@@ -53,6 +56,9 @@ class Membership:
         self.node_ttl_ms = node_ttl_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.nodes: dict[str, NodeInfo] = {}
+        self.failures_to_quarantine = 5      # reported transfer failures ...
+        self.failure_window_ms = 10_000      # ... within this window ...
+        self.quarantine_ms = 30_000          # ... keep new puts off the node this long
 
     def register(self, req: pb.RegisterNodeRequest, now_ms: int) -> tuple[NodeInfo, bool]:
         """Add or re-add a node. Returns (info, was_known)."""
@@ -94,6 +100,34 @@ class Membership:
             return []
         drops, info.drops = info.drops, []
         return drops
+
+    def take_copies(self, node_id: str) -> list[pb.CopyOrder]:
+        info = self.nodes.get(node_id)
+        if info is None:
+            return []
+        copies, info.copies = info.copies, []
+        return copies
+
+    def report_failure(self, node_id: str, now_ms: int) -> bool:
+        """A client could not move bytes to or from this node. A node that
+        keeps failing while it heartbeats is quarantined for ``quarantine_ms``.
+        Returns True when this report quarantined it."""
+        info = self.nodes.get(node_id)
+        if info is None:
+            return False
+        info.failures = [t for t in info.failures if now_ms - t < self.failure_window_ms]
+        info.failures.append(now_ms)
+        if len(info.failures) >= self.failures_to_quarantine and not self.is_quarantined(node_id, now_ms):
+            info.quarantined_until_ms = now_ms + self.quarantine_ms
+            info.failures.clear()
+            log.warning("node %s failed %d transfers in %d ms: quarantined for %d ms", node_id,
+                        self.failures_to_quarantine, self.failure_window_ms, self.quarantine_ms)
+            return True
+        return False
+
+    def is_quarantined(self, node_id: str, now_ms: int) -> bool:
+        info = self.nodes.get(node_id)
+        return info is not None and now_ms < info.quarantined_until_ms
 
     def order_drop(self, node_id: str, key: str, object_id: int) -> None:
         info = self.nodes.get(node_id)

@@ -1,0 +1,97 @@
+"""Repair copies: a node copies one of its objects to another node.
+
+The master orders a copy (a :class:`CopyOrder` in a heartbeat reply) when an
+object has fewer live replicas than its put asked for. The node holding a
+live replica reads its own copy (holding a read reference while it copies,
+so the bytes cannot be evicted underneath) and writes it to the target over
+the ordinary TCP data plane, as a client put would; the result goes back to
+the master in the next heartbeat, which then adds the target as a replica.
+
+Thread safety: orders are queued from the heartbeat thread and run on one
+copier thread; results are taken by the heartbeat thread under a lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore.errors import KVStoreError, to_status
+from kvstore.store.node import StoreNode
+from kvstore.transfer.base import WriteItem
+from kvstore.transfer.tcp import NodeConnection, TcpTransport
+
+log = logging.getLogger(__name__)
+
+
+class Copier:
+    """Runs repair copies one at a time off the heartbeat thread.
+
+    Args:
+        node: the object table to copy from.
+        timeout_s: socket timeout towards the target.
+    """
+
+    def __init__(self, node: StoreNode, timeout_s: float = 5.0):
+        self.node = node
+        self.timeout_s = timeout_s
+        self._orders: queue.Queue[pb.CopyOrder | None] = queue.Queue()
+        self._done: list[pb.CopyResult] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="copier", daemon=True)
+        self._thread.start()
+
+    def submit(self, order: pb.CopyOrder) -> None:
+        self._orders.put(order)
+
+    def take_results(self) -> list[pb.CopyResult]:
+        with self._lock:
+            done, self._done = self._done, []
+            return done
+
+    def stop(self) -> None:
+        self._orders.put(None)
+        self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        while True:
+            order = self._orders.get()
+            if order is None:
+                return
+            status = pb.Status(code=pb.OK)
+            try:
+                self.copy(order)
+            except KVStoreError as err:
+                status = to_status(err)
+            except OSError as exc:
+                status = pb.Status(code=pb.UNAVAILABLE, message=str(exc))
+            with self._lock:
+                self._done.append(pb.CopyResult(key=order.key, object_id=order.object_id,
+                                                target_node_id=order.target.node_id,
+                                                status=status))
+
+    def copy(self, order: pb.CopyOrder) -> None:
+        """Copy (key, object_id) to ``order.target``.
+
+        Raises:
+            NotFound: this node no longer holds that version.
+            KVStoreError: the target refused it (NoSpace, ...); OSError: unreachable.
+        """
+        obj = self.node.acquire(order.key, order.object_id, require_dram=False)
+        try:
+            buf = bytearray(obj.size_bytes)
+            self.node.read_into(obj, memoryview(buf))
+            checksum = obj.checksum
+        finally:
+            self.node.release(obj)
+        tr = TcpTransport(NodeConnection(order.target.host, order.target.data_port, self.timeout_s))
+        try:
+            (err,) = tr.write_many([WriteItem(order.key, order.object_id, memoryview(buf),
+                                              checksum)])
+        finally:
+            tr.close()
+        if err is not None:
+            raise err
+        log.info("repair: copied %s (%d B) to %s", order.key, len(buf), order.target.node_id)
