@@ -54,7 +54,7 @@ import typer
 
 import kvstore.store.eviction  # noqa: F401  (registers the policies)
 from kvstore.store.eviction.base import POLICIES, EvictionPolicy, Key, PolicyEntry, make_policy
-from tools.trace import BUNDLED_TRACES, TraceRecord, default_trace_path, load_trace
+from tools.trace import TraceRecord, load_trace, resolve_trace
 
 logger = logging.getLogger(__name__)
 
@@ -247,18 +247,6 @@ def _init_worker(trace_path: str) -> None:
 def _run_point(args: tuple[str, int, int]) -> SimResult:
     assert _worker_workload is not None, "worker not initialised"
     return simulate(_worker_workload, *args)
-
-
-def resolve_trace(trace: str | None) -> Path:
-    """A bundled trace name ("conversation", "synthetic"), a path, or None for the conversation trace."""
-    if trace is None:
-        return default_trace_path("conversation")
-    if trace in BUNDLED_TRACES:
-        return default_trace_path(trace)
-    path = Path(trace)
-    if not path.is_file():
-        raise FileNotFoundError(f"no trace at {path} (bundled: {sorted(BUNDLED_TRACES)})")
-    return path
 
 
 def run_table(trace_path: str | Path, policies: Sequence[str], capacities: Sequence[int],

@@ -51,7 +51,6 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Collection, Hashable, Optional, Sequence
 
 import numpy as np
@@ -63,7 +62,7 @@ from conductor.policies import DEFAULT_SCHEDULING_POLICY, SCHEDULING_POLICIES
 from conductor.rejection import DEFAULT_REJECTION_POLICY, REJECTION_POLICIES, Slo
 from conductor.scheduler import Scheduler
 from tools.sim_cluster import DecodeBatch, LocalPool
-from tools.trace import BUNDLED_TRACES, TRACE_BLOCK_TOKENS, TraceRecord, default_trace_path, load_trace
+from tools.trace import TRACE_BLOCK_TOKENS, TraceRecord, load_trace, resolve_trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -498,18 +497,6 @@ def simulate(records: Sequence[TraceRecord], cfg: SimConfig, cost: CostModel | N
 
 
 # ---------------------------------------------------------------- CLI
-
-
-def resolve_trace(trace: str | None) -> Path:
-    """A bundled trace name, a path, or None for the conversation trace."""
-    if trace is None:
-        return default_trace_path("conversation")
-    if trace in BUNDLED_TRACES:
-        return default_trace_path(trace)
-    path = Path(trace)
-    if not path.is_file():
-        raise FileNotFoundError(f"no trace at {path} (bundled: {sorted(BUNDLED_TRACES)})")
-    return path
 
 
 def result_table(res: SimResult):

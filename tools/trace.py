@@ -304,3 +304,15 @@ __all__ = [
     "scale_trace",
     "scaled_prompt_tokens",
 ]
+
+
+def resolve_trace(trace: str | None) -> Path:
+    """A bundled trace name ("conversation", "synthetic"), a path, or None for the conversation trace."""
+    if trace is None:
+        return default_trace_path("conversation")
+    if trace in BUNDLED_TRACES:
+        return default_trace_path(trace)
+    path = Path(trace)
+    if not path.is_file():
+        raise FileNotFoundError(f"no trace at {path} (bundled: {sorted(BUNDLED_TRACES)})")
+    return path
