@@ -376,7 +376,7 @@ async def serve(args) -> None:
                           probe_s=args.probe_timeout_s, probe_interval_s=args.probe_interval_s)
     conductor = Conductor(scheduler, kv, namespace, use_cache=not args.no_cache,
                           deadlines=deadlines)
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])  # a busy port must fail
     port = server.add_insecure_port(f"{args.host}:{args.port}")
     spb_grpc.add_ConductorServicer_to_server(ConductorServicer(conductor), server)
     await server.start()

@@ -156,7 +156,7 @@ async def serve(args) -> None:
     instance_id = args.instance_id or f"decode-{uuid.uuid4().hex[:6]}"
     worker = DecodeWorker(model, cache, kv, instance_id)
     worker.start()
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])  # a busy port must fail
     port = server.add_insecure_port(f"{args.host}:{args.port}")
     spb_grpc.add_DecodeEngineServicer_to_server(DecodeServicer(worker), server)
     await server.start()

@@ -241,7 +241,7 @@ async def serve(args) -> None:
     instance_id = args.instance_id or f"prefill-{uuid.uuid4().hex[:6]}"
     worker = PrefillWorker(model, cache, kv, namespace_of(args), instance_id, args.save_mode)
     servicer = PrefillServicer(worker)
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])  # a busy port must fail
     port = server.add_insecure_port(f"{args.host}:{args.port}")
     spb_grpc.add_PrefillEngineServicer_to_server(servicer, server)
     await server.start()

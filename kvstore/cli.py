@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Optional
 
 import typer
@@ -39,6 +40,15 @@ def demo(
 
     logging.basicConfig(level=logging.WARNING)
     console = Console()
+    if requests < 1:
+        typer.echo("kvstore demo: error: --requests must be >= 1", err=True)
+        raise typer.Exit(2)
+    if trace and not os.path.isfile(trace):
+        typer.echo(f"kvstore demo: error: no trace file at {trace}", err=True)
+        raise typer.Exit(2)
+    if out and not os.path.isdir(os.path.dirname(os.path.abspath(out))):
+        typer.echo(f"kvstore demo: error: the folder of --out {out} does not exist", err=True)
+        raise typer.Exit(2)
     try:
         summary = run_demo(requests=requests, trace=trace, use_cache=not no_cache, out=out,
                            time_scale=time_scale, block_tokens=block_tokens,
@@ -145,10 +155,22 @@ _register_tools()
 def _component(name: str, target: str, help_text: str) -> None:
     @app.command(name=name, context_settings=_PASS, help=help_text, add_help_option=False)
     def _run(ctx: typer.Context) -> None:
-        module_name, func = target.split(":")
         import importlib
 
-        getattr(importlib.import_module(module_name), func)(ctx.args)
+        import grpc
+
+        from kvstore.errors import KVStoreError
+
+        module_name, func = target.split(":")
+        try:
+            getattr(importlib.import_module(module_name), func)(ctx.args)
+        except grpc.RpcError as exc:     # e.g. the master cannot be reached
+            typer.echo(f"kvstore {name}: error: {exc.code().name}: {exc.details()}", err=True)
+            raise typer.Exit(1)
+        except (ValueError, KeyError, OSError, KVStoreError) as exc:   # bad input, busy port...
+            msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+            typer.echo(f"kvstore {name}: error: {msg}", err=True)
+            raise typer.Exit(2)
 
 
 _component("master", "kvstore.master.server:main", "Run a master shard (see --help).")

@@ -27,7 +27,10 @@ from kvstore.shardmap import ShardMap, ShardRange
 log = logging.getLogger(__name__)
 
 GRPC_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024),
-                ("grpc.max_send_message_length", 64 * 1024 * 1024)]
+                ("grpc.max_send_message_length", 64 * 1024 * 1024),
+                # gRPC sets SO_REUSEPORT by default: a second server on a busy port
+                # would start "fine" and split the clients between two processes.
+                ("grpc.so_reuseport", 0)]
 
 
 async def create_server(host: str = "127.0.0.1", port: int = 0, *,

@@ -418,11 +418,13 @@ def main(argv: list[str] | None = None) -> None:
     server = DataServer(node, args.host, args.port).start()
     address = pb.NodeAddress(node_id=node_id, host=args.host, data_port=server.port,
                              shm_name=dram.name, host_id=host_id())
-    agent = make_agent(node, address, args.master)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    agent = None
     try:
+        # Inside the try: an unreachable master must not leave the shm segment behind.
+        agent = make_agent(node, address, args.master)
         agent.register()
         agent.start()
         announce_ready({"role": "node", "node_id": node_id,
@@ -433,7 +435,8 @@ def main(argv: list[str] | None = None) -> None:
                  ", ".join(f"{t.kind.name} {t.capacity_bytes} B" for t in tiers))
         stop.wait()
     finally:
-        agent.stop()
+        if agent is not None:
+            agent.stop()
         server.stop()
         node.close()
         log.info("node %s stopped", node_id)

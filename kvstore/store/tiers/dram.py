@@ -20,7 +20,7 @@ import uuid
 
 from kvstore.store.allocator import Allocation
 from kvstore.store.tiers.base import OffsetTier, TierKind
-from kvstore.transfer.shm import ShmSegment
+from kvstore.transfer.shm import SHM_DIR, ShmSegment
 
 
 class DramTier(OffsetTier):
@@ -35,6 +35,8 @@ class DramTier(OffsetTier):
     tier = TierKind.DRAM   # older name of ``kind``
 
     def __init__(self, capacity_bytes: int, name: str | None = None):
+        if name is None:
+            remove_orphan_segments()
         super().__init__(capacity_bytes)
         self.name = name or f"kvstore-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.segment = ShmSegment(self.name, capacity_bytes, create=True)
@@ -45,3 +47,37 @@ class DramTier(OffsetTier):
 
     def close(self) -> None:
         self.segment.close()
+
+
+def remove_orphan_segments() -> list[str]:
+    """Unlink ``kvstore-<pid>-*`` segments whose creating process is gone.
+
+    A node killed with SIGKILL cannot unlink its segment, and tmpfs keeps its
+    pages in memory until someone does; the next node on the host does it.
+    A segment whose pid is alive (even if reused by another program) is kept.
+
+    Returns:
+        The names removed.
+    """
+    removed = []
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return removed
+    for name in names:
+        parts = name.split("-")
+        if len(parts) != 3 or parts[0] != "kvstore" or not parts[1].isdigit():
+            continue
+        try:
+            os.kill(int(parts[1]), 0)
+            continue                      # alive (or not ours to judge)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        try:
+            os.unlink(os.path.join(SHM_DIR, name))
+            removed.append(name)
+        except OSError:
+            pass
+    return removed

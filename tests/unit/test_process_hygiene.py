@@ -1,0 +1,44 @@
+"""Process hygiene: busy ports fail loudly, a killed node's shm segment is reclaimed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kvstore.master.server import create_server
+from kvstore.store.tiers.dram import remove_orphan_segments
+from kvstore.transfer.shm import SHM_DIR
+
+
+async def test_a_second_master_on_a_busy_port_fails():
+    server, port, _ = await create_server("127.0.0.1", 0)
+    try:
+        # gRPC's default SO_REUSEPORT would let it bind and split the clients.
+        with pytest.raises(RuntimeError, match="Failed to bind"):
+            await create_server("127.0.0.1", port)
+    finally:
+        await server.stop(0)
+
+
+def test_orphan_segments_of_dead_processes_are_removed():
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    orphan = f"kvstore-{dead.pid}-deadbeef"
+    live = f"kvstore-{os.getpid()}-cafef00d"
+    for name in (orphan, live):
+        with open(os.path.join(SHM_DIR, name), "wb") as f:
+            f.write(b"x")
+    try:
+        removed = remove_orphan_segments()
+        assert orphan in removed and live not in removed
+        assert not os.path.exists(os.path.join(SHM_DIR, orphan))
+        assert os.path.exists(os.path.join(SHM_DIR, live))
+    finally:
+        for name in (orphan, live):
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+            except FileNotFoundError:
+                pass
