@@ -304,9 +304,13 @@ def build_tiers(args: argparse.Namespace) -> list[Tier]:
     """The node's tier chain from the command line: DRAM [-> GPU] [-> SSD].
 
     Raises:
+        ValueError: a size that is not a size, or a DRAM tier of 0 B.
         SystemExit: inconsistent SSD options, or a GPU tier without a usable device.
     """
-    tiers: list[Tier] = [DramTier(parse_size(args.dram))]
+    dram_bytes = parse_size(args.dram)
+    if dram_bytes <= 0:
+        raise ValueError(f"--dram must be larger than 0 B, got {args.dram!r}")
+    tiers: list[Tier] = [DramTier(dram_bytes)]
     try:
         if args.gpu:
             from kvstore.store.tiers.gpu import GpuTier
