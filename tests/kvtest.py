@@ -6,7 +6,10 @@ Importable from every test module as ``kvtest`` (pytest puts ``tests/`` on
 
 from __future__ import annotations
 
+import contextlib
+
 import time
+from typing import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -57,6 +60,17 @@ def start_cluster(log_dir: str, num_nodes: int = 2, dram: str = "64MiB",
         procs.stop()
         raise
     return RunningCluster(procs, master.address, nodes)
+
+
+@contextlib.contextmanager
+def cluster_running(log_dir: str, **kwargs) -> Iterator[RunningCluster]:
+    """``start_cluster`` as a context: checks every process survived, then stops them."""
+    running = start_cluster(log_dir, **kwargs)
+    try:
+        yield running
+        running.procs.check()
+    finally:
+        running.procs.stop()
 
 
 def wait_for(predicate, timeout_s: float = 5.0, interval_s: float = 0.05):

@@ -14,27 +14,15 @@ import shutil
 import signal
 import time
 
-import grpc
 import pytest
 
 from client.client import KVClient
-from kvstore._proto import kvstore_pb2 as pb
-from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.chaos import serving
 from kvstore.launcher import start_store_cluster
 
 pytestmark = pytest.mark.skipif(shutil.which("etcd") is None,
                                 reason="etcd is not on PATH (apt-get install etcd-server); "
                                        ".ci/run installs it")
-
-
-def serving(address: str) -> bool:
-    """Whether this master answers client RPCs as its shard's leader."""
-    with grpc.insecure_channel(address) as ch:
-        try:
-            pb_grpc.MasterStub(ch).Exists(pb.ExistsRequest(keys=[]), timeout=1.0)
-            return True
-        except grpc.RpcError:
-            return False
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from kvstore._proto import kvstore_pb2 as pb
 from kvstore.transfer.protocol import REQUEST, RESPONSE, Op, recv_exact_into
 from kvstore.transfer.shm import ShmSegment
 from kvstore.transfer.tcp import NodeConnection
-from kvtest import start_cluster, wait_for
+from kvtest import cluster_running, wait_for
 
 KiB, MiB = 1024, 1024 * 1024
 TOTAL_BYTES = 2048 * MiB
@@ -47,13 +47,9 @@ def value(i: int, size: int) -> bytes:
 @pytest.fixture(scope="module")
 def node_cluster(tmp_path_factory):
     base = tmp_path_factory.mktemp("pressure")
-    running = start_cluster(str(base / "logs"), num_nodes=1, dram="64MiB", ssd="256MiB",
-                            ssd_dir=str(base), eviction_policy="default")
-    try:
+    with cluster_running(str(base / "logs"), num_nodes=1, dram="64MiB", ssd="256MiB",
+                         ssd_dir=str(base), eviction_policy="default") as running:
         yield running
-        running.procs.check()
-    finally:
-        running.procs.stop()
 
 
 class SlowTcpReader:

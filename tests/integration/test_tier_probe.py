@@ -18,7 +18,7 @@ import pytest
 from client import KVClient
 from kvstore.transfer.protocol import Op
 from kvstore.transfer.tcp import NodeConnection
-from kvtest import start_cluster, wait_for
+from kvtest import cluster_running, wait_for
 
 MiB = 1024 * 1024
 DRAM = 64 * MiB
@@ -27,13 +27,9 @@ DRAM = 64 * MiB
 @pytest.fixture(scope="module")
 def probed(tmp_path_factory):
     base = tmp_path_factory.mktemp("probe")
-    running = start_cluster(str(base / "logs"), num_nodes=1, dram="64MiB", ssd="256MiB",
-                            ssd_dir=str(base), eviction_policy="default")
-    try:
+    with cluster_running(str(base / "logs"), num_nodes=1, dram="64MiB", ssd="256MiB",
+                         ssd_dir=str(base), eviction_policy="default") as running:
         yield running
-        running.procs.check()
-    finally:
-        running.procs.stop()
 
 
 def dram_stats(kv: KVClient) -> dict:
