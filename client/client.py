@@ -480,10 +480,45 @@ class KVClient:
             NotFound, InvalidArgument (destination too small or read-only),
             ChecksumMismatch, Unavailable.
         """
-        (res,) = self.batch_get_into([key], [dest])
+        view = writable_view(dest)
+        meta = self._meta.get(key) if type(key) is str else None
+        if meta is not None:
+            size = self._read_cached(meta, view)
+            if size is not None:
+                return size
+        (res,) = self.batch_get_into([key], [view])
         if isinstance(res, KVStoreError):
             raise res
         return res
+
+    def _read_cached(self, meta: pb.ObjectMeta, view: memoryview) -> int | None:
+        """The single-key fast path: one read of the first replica named by a
+        cached entry. Returns the size, or None when anything goes wrong (the
+        entry is dropped and the caller takes the general path, which looks the
+        key up again and falls back across replicas).
+
+        Raises:
+            InvalidArgument: ``view`` is too small (the same everywhere).
+        """
+        reps = meta.replicas
+        if not reps:
+            return None
+        node = reps[0].node if len(reps) == 1 and not self._suspect else self._read_order(meta)[0].node
+        item = ReadItem(meta.key, meta.object_id, meta.size_bytes, meta.checksum, view)
+        try:
+            tr = self._transport(node)
+            verify = (tr.name == "tcp") if self.verify_checksum is None else self.verify_checksum
+            (err,) = tr.read_many([item], verify)
+        except Unavailable as exc:
+            self._drop_transport(node.node_id)
+            self._node_failed(node, meta.key, exc)
+            err = exc
+        if err is None:
+            return meta.size_bytes
+        if isinstance(err, InvalidArgument):
+            raise err
+        self._meta.drop(meta.key)
+        return None
 
     def batch_get_into(self, keys: Sequence[str], dests: Sequence[Any]) -> list[int | KVStoreError]:
         """Read each key into its destination; per key the size in bytes or the error."""

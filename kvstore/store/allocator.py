@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import bisect
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,10 @@ class Allocation:
     offset: int  # start of the range, a multiple of the alignment
     size_bytes: int  # bytes requested; the object's bytes are [offset, offset + size_bytes)
     reserved_bytes: int  # bytes taken from the free space; >= size_bytes, >= 1
+    # Unique among this allocator's allocations, ever (1, 2, ...): names one
+    # lifetime of a range, so a reader can tell "the same bytes as before"
+    # from "a later object at the same offset" (see kvstore.transfer.shm).
+    serial: int = field(default=0, compare=False)
 
     @property
     def end(self) -> int:
@@ -93,6 +97,7 @@ class OffsetAllocator:
         "_by_start",
         "_by_end",
         "_live",
+        "_serial",
     )
 
     def __init__(self, capacity_bytes: int, alignment: int = DEFAULT_ALIGNMENT_BYTES):
@@ -108,6 +113,7 @@ class OffsetAllocator:
         self._by_start: dict[int, int] = {}  # start -> length
         self._by_end: dict[int, int] = {}  # end -> start
         self._live: dict[int, Allocation] = {}  # offset -> live allocation
+        self._serial = 0  # the last serial handed out
         if capacity_bytes:
             self._add_free(0, capacity_bytes)
         logger.debug("offset allocator: %d B, alignment %d B", capacity_bytes, alignment)
@@ -181,7 +187,9 @@ class OffsetAllocator:
         self._remove_free(start, length)
         if length > reserved:
             self._add_free(start + reserved, length - reserved)
-        alloc = Allocation(offset=start, size_bytes=size_bytes, reserved_bytes=reserved)
+        self._serial += 1
+        alloc = Allocation(offset=start, size_bytes=size_bytes, reserved_bytes=reserved,
+                           serial=self._serial)
         self._live[start] = alloc
         self._used_bytes += reserved
         return alloc
@@ -195,7 +203,8 @@ class OffsetAllocator:
         Raises:
             ValueError: ``alloc`` is not live here (double free, or foreign).
         """
-        if self._live.get(alloc.offset) != alloc:
+        live = self._live.get(alloc.offset)
+        if live != alloc or live.serial != alloc.serial:
             raise ValueError(f"free of an allocation that is not live here (double free or foreign): {alloc}")
         del self._live[alloc.offset]
         self._used_bytes -= alloc.reserved_bytes

@@ -116,6 +116,7 @@ class _Session:
         self.writing: dict[tuple[str, int], StoredObject] = {}
         self.parent: str | None = None   # parent key of the frame being handled
         self.staging = bytearray()       # GET of an object DRAM had no room for
+        self.out = bytearray()           # replies not sent yet (see _reply)
 
     def run(self) -> None:
         handlers = {Op.PUT: self._put, Op.GET: self._get, Op.SHM_ALLOC: self._shm_alloc,
@@ -124,11 +125,14 @@ class _Session:
                     Op.PING: self._ping, Op.PIN: self._pin, Op.UNPIN: self._unpin,
                     Op.PREFETCH: self._prefetch, Op.STATS: self._stats}
         while True:
+            if self.out and self.reader.buffered() < REQUEST.size:
+                self._flush()   # no further request at hand: answer before blocking
             op, _flags, key_len, parent_len, object_id, size, checksum = REQUEST.unpack(
                 self.reader.read(REQUEST.size))
             if key_len + parent_len > _MAX_NAMES_BYTES:
                 # Not a frame of ours: the stream cannot be trusted any more.
                 self._reply_error(InvalidArgument(f"key and parent of {key_len + parent_len} B"))
+                self._flush()
                 return
             names = bytes(self.reader.read(key_len + parent_len))
             key = names[:key_len].decode("utf-8", errors="replace")
@@ -137,6 +141,7 @@ class _Session:
             if handler is None:
                 # Unknown op: the stream cannot be trusted any more.
                 self._reply_error(InvalidArgument(f"unknown op {op}"))
+                self._flush()
                 return
             try:
                 handler(key, object_id, size, checksum)
@@ -144,14 +149,22 @@ class _Session:
                 self._reply_error(err)
 
     # ---- replies ----
+    # Value-less replies are gathered while further requests of a pipelined
+    # batch are already buffered, and sent together (one send, one wake-up of
+    # the client); a reply with a value goes out at once with what is gathered.
     def _reply(self, *, object_id: int = 0, size: int = 0, checksum: int = 0, offset: int = 0,
-               payload: memoryview | None = None) -> None:
-        header = RESPONSE.pack(pb.OK, 0, 0, 0, object_id, size, checksum, offset)
-        send_parts(self.conn, header, payload)
+               serial: int = 0, payload: memoryview | None = None) -> None:
+        self.out += RESPONSE.pack(pb.OK, 0, 0, 0, object_id, size, checksum, offset, serial)
+        if payload is not None and len(payload):
+            self._flush(payload)
 
     def _reply_error(self, err: KVStoreError) -> None:
         msg = str(err.message).encode()[:1024]
-        self.conn.sendall(RESPONSE.pack(err.code, 0, len(msg), 0, 0, 0, 0, 0) + msg)
+        self.out += RESPONSE.pack(err.code, 0, len(msg), 0, 0, 0, 0, 0, 0) + msg
+
+    def _flush(self, payload: memoryview | None = None) -> None:
+        out, self.out = bytes(self.out), bytearray()
+        send_parts(self.conn, out, payload)
 
     # ---- ops ----
     def _put(self, key: str, object_id: int, size: int, checksum: int) -> None:
@@ -202,7 +215,8 @@ class _Session:
             self._reply(object_id=object_id, size=size, checksum=checksum, offset=2**64 - 1)
             return
         self.writing[(key, object_id)] = obj
-        self._reply(object_id=object_id, size=size, checksum=checksum, offset=obj.alloc.offset)
+        self._reply(object_id=object_id, size=size, checksum=checksum, offset=obj.alloc.offset,
+                    serial=obj.alloc.serial)
 
     def _shm_commit(self, key: str, object_id: int, _size: int, _checksum: int) -> None:
         obj = self.writing.pop((key, object_id), None)
@@ -221,7 +235,7 @@ class _Session:
         obj = self.node.acquire(key, object_id)
         self.reading.setdefault((key, obj.object_id), []).append(obj)
         self._reply(object_id=obj.object_id, size=obj.size_bytes, checksum=obj.checksum,
-                    offset=obj.alloc.offset)
+                    offset=obj.alloc.offset, serial=obj.alloc.serial)
 
     def _shm_release(self, key: str, object_id: int, _size: int, _checksum: int) -> None:
         held = self.reading.get((key, object_id))

@@ -3,11 +3,13 @@
 Every request is a fixed 32-byte header, the key, then for PUT the value::
 
     request   | op u8 | flags u8 | key_len u16 | parent_len u32 | object_id u64 | size u64 | checksum u64 | key | parent | value
-    response  | code u8 | flags u8 | msg_len u16 | reserved u32 | object_id u64 | size u64 | checksum u64 | offset u64 | msg | value
+    response  | code u8 | flags u8 | msg_len u16 | reserved u32 | object_id u64 | size u64 | checksum u64 | offset u64 | serial u64 | msg | value
 
 PIN, UNPIN and PREFETCH carry their argument (a TTL, a kind, a deadline in
 milliseconds) in ``size`` and send no value; STATS sends an empty key and
-gets JSON back as the value.
+gets JSON back as the value. ``offset`` and ``serial`` (SHM_ALLOC,
+SHM_ACQUIRE) say where the object lives in the node's shared memory and
+which allocation of that range holds it (unique per node lifetime).
 
 ``parent`` (PUT and SHM_ALLOC only, may be empty) is the key of the previous
 block of the object's prefix chain: an eviction hint (a chain's tail goes
@@ -30,7 +32,7 @@ import struct
 from kvstore.errors import Unavailable
 
 REQUEST = struct.Struct("<BBHIQQQ")
-RESPONSE = struct.Struct("<BBHIQQQQ")
+RESPONSE = struct.Struct("<BBHIQQQQQ")
 MAX_KEY_BYTES = 65535
 
 
@@ -99,6 +101,10 @@ class FrameReader:
             if k == 0:
                 raise Unavailable("connection closed by peer")
             self._end += k
+
+    def buffered(self) -> int:
+        """Bytes received and not yet read (0: the next read may block)."""
+        return self._end - self._start
 
     def read(self, n: int) -> memoryview:
         """The next ``n`` bytes (n <= buffer size); valid until the next call."""

@@ -82,7 +82,7 @@ from kvstore.transfer.protocol import Op
 from kvstore.transfer.rdma_wire import (MAX_CONNECT_BYTES, OP_RDMA_CONNECT, MrDescriptor,
                                         QpDescriptor, RegionTable, address_of,
                                         decode_connect_reply, encode_connect_reply, plan_rounds)
-from kvstore.transfer.tcp import NodeConnection, TcpTransport, check_read
+from kvstore.transfer.tcp import Location, NodeConnection, read_by_reference
 from kvstore.transfer.verbs import RcQueuePair, RdmaDevice, close_quietly
 
 __all__ = ["MAX_CONNECT_BYTES", "OP_RDMA_CONNECT", "RdmaNodeEndpoint", "RdmaTransport"]
@@ -342,45 +342,23 @@ class RdmaTransport(Transport):
         return out
 
     def read_many(self, items: list[ReadItem], verify: bool = True) -> list[KVStoreError | None]:
-        out: list[KVStoreError | None] = [None] * len(items)
-        self.conn.send_frames([(Op.SHM_ACQUIRE, i.key, i.object_id) for i in items])
-        replies = [self.conn.recv_header() for _ in items]
-        held, jobs, sizes = [], [], {}
-        try:
-            for idx, (it, (code, oid, size, _ck, offset, msg)) in enumerate(zip(items, replies)):
-                if code != _pb.OK:
-                    out[idx] = error_for_code(code, msg, key=it.key)
-                    continue
-                held.append((it.key, oid))
-                if size > len(it.dest):
-                    out[idx] = InvalidArgument(f"destination holds {len(it.dest)} B, "
-                                               f"value is {size} B", key=it.key)
-                    continue
+        def rdma_read(jobs: list[tuple[int, Location]]) -> dict[int, KVStoreError]:
+            failed: dict[int, KVStoreError] = {}
+            reads = []
+            for idx, (offset, size, _serial) in jobs:
                 try:
-                    jobs.append((idx, it.dest[:size], self.remote.remote_address(offset, size)))
-                    sizes[idx] = size
+                    reads.append((idx, items[idx].dest[:size],
+                                  self.remote.remote_address(offset, size)))
                 except InvalidArgument as err:
-                    out[idx] = err
-            moved = self._move(False, jobs)
-            for idx, _view, _addr in jobs:
-                out[idx] = check_read(items[idx], sizes[idx], verify) if moved[idx] else \
-                    Unavailable("RDMA read failed", key=items[idx].key)
-        finally:
-            # References are dropped only once no READ can still be reading:
-            # after the completions, or by closing the connection after a failure.
-            if self.conn.broken:
-                self.conn.close()
-            else:
-                for key, oid in held:
-                    self.conn.send(Op.SHM_RELEASE, key, oid, expect_reply=False)
-        fallback = [idx for idx, reply in enumerate(replies) if reply[0] == _pb.NO_SPACE]
-        if fallback and not self.conn.broken:
-            # Only on a slower tier and DRAM had no room to promote it: the node
-            # serves it inline over TCP from that tier instead (as for shm).
-            for idx, err in zip(fallback, TcpTransport(self.conn).read_many(
-                    [items[i] for i in fallback], verify)):
-                out[idx] = err
-        return out
+                    failed[idx] = err
+            moved = self._move(False, reads)
+            for idx, _view, _addr in reads:
+                if not moved[idx]:
+                    failed[idx] = Unavailable("RDMA read failed", key=items[idx].key)
+            return failed
+        # References are dropped only once no READ can still be reading: after the
+        # completions, or (a failed READ breaks the connection) by closing it.
+        return read_by_reference(self.conn, items, verify, rdma_read)
 
     def close(self) -> None:
         """Close the connection first (the node drops its QP), then local resources."""

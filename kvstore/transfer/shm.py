@@ -19,12 +19,13 @@ import hashlib
 import mmap
 import os
 import socket
+from collections import OrderedDict
 
 from kvstore._proto import kvstore_pb2 as _pb
-from kvstore.errors import InvalidArgument, KVStoreError, error_for_code
+from kvstore.errors import KVStoreError, error_for_code
 from kvstore.transfer.base import ReadItem, Transport, WriteItem
 from kvstore.transfer.protocol import Op
-from kvstore.transfer.tcp import NodeConnection, TcpTransport, check_read
+from kvstore.transfer.tcp import Location, NodeConnection, read_by_reference
 
 SHM_DIR = "/dev/shm"
 
@@ -97,15 +98,29 @@ class ShmTransport(Transport):
 
     Put: SHM_ALLOC (node reserves, replies offset) -> copy -> SHM_COMMIT
     (node verifies the checksum and publishes). Get: SHM_ACQUIRE (node takes a
-    read reference, replies offset) -> copy -> SHM_RELEASE. Each phase is
-    pipelined over the whole batch.
+    read reference, replies offset) -> copy -> SHM_RELEASE (deferred: it
+    rides with the next request). Each phase is pipelined over the whole batch.
+
+    Gets of an object this transport read before copy while the acquire is
+    in flight, from the location that read learnt, and keep the copy when the
+    reply names the same allocation (see :func:`read_by_reference`): the
+    node's round trip overlaps the copy instead of preceding it.
+
+    Args:
+        conn: the control connection to the node.
+        segment: the node's segment, mapped here.
+        locations: how many object locations to remember (0: never guess).
     """
 
     name = "shm"
 
-    def __init__(self, conn: NodeConnection, segment: ShmSegment):
+    def __init__(self, conn: NodeConnection, segment: ShmSegment, locations: int = 4096):
         self.conn = conn
         self.segment = segment
+        self.max_locations = locations
+        self._where: OrderedDict[tuple[str, int], Location] = OrderedDict()
+        self.guesses = 0          # values copied from a remembered location
+        self.wrong_guesses = 0    # ... that the node's reply did not confirm (copied again)
 
     def _phase(self, op: Op, keys_ids: list[tuple], parents: list[str] | None = None):
         for i, (key, oid, size, ck) in enumerate(keys_ids):
@@ -134,38 +149,31 @@ class ShmTransport(Transport):
         return out
 
     def read_many(self, items: list[ReadItem], verify: bool = True) -> list[KVStoreError | None]:
-        out: list[KVStoreError | None] = [None] * len(items)
-        self.conn.send_frames([(Op.SHM_ACQUIRE, i.key, i.object_id) for i in items])
-        replies = [self.conn.recv_header() for _ in items]
-        held = []
         seg = self.segment.view
-        try:
-            for idx, (it, (code, oid, size, _ck, offset, msg)) in enumerate(zip(items, replies)):
-                if code != _pb.OK:
-                    out[idx] = error_for_code(code, msg, key=it.key)
-                    continue
-                held.append((it.key, oid))
-                if size > len(it.dest):
-                    out[idx] = InvalidArgument(f"destination holds {len(it.dest)} B, "
-                                               f"value is {size} B", key=it.key)
-                    continue
+        where = self._where
+        copied: dict[int, Location] = {}
+
+        def guess() -> dict[int, Location]:
+            for idx, it in enumerate(items):
+                loc = where.get((it.key, it.object_id))
+                if loc is not None and loc[1] <= len(it.dest) and loc[0] + loc[1] <= len(seg):
+                    it.dest[:loc[1]] = seg[loc[0]:loc[0] + loc[1]]
+                    copied[idx] = loc
+            self.guesses += len(copied)
+            return copied
+
+        def copy(jobs: list[tuple[int, Location]]) -> dict[int, KVStoreError]:
+            for idx, loc in jobs:
+                offset, size, _serial = loc
+                self.wrong_guesses += idx in copied
                 if size:
-                    it.dest[:size] = seg[offset:offset + size]
-                out[idx] = check_read(it, size, verify)
-        finally:
-            # Releases go out without waiting: their replies are checked before
-            # the next reply this connection reads (one round trip saved per batch).
-            if not self.conn.broken:
-                for key, oid in held:
-                    self.conn.send(Op.SHM_RELEASE, key, oid, expect_reply=False)
-        fallback = [idx for idx, reply in enumerate(replies) if reply[0] == _pb.NO_SPACE]
-        if fallback:
-            # Only on a slower tier and DRAM had no room to promote it: the node
-            # serves it inline over TCP from that tier instead.
-            for idx, err in zip(fallback, TcpTransport(self.conn).read_many(
-                    [items[i] for i in fallback], verify)):
-                out[idx] = err
-        return out
+                    items[idx].dest[:size] = seg[offset:offset + size]
+                if self.max_locations:
+                    where[(items[idx].key, items[idx].object_id)] = loc
+                    if len(where) > self.max_locations:
+                        where.popitem(last=False)
+            return {}
+        return read_by_reference(self.conn, items, verify, copy, guess if where else None)
 
     def close(self) -> None:
         self.conn.close()

@@ -4,11 +4,22 @@ Batch operations write every request frame first, then read every
 response: one round trip for the whole batch, with the node answering in
 order. Values are sent from the caller's memoryviews and received with
 ``recv_into`` straight into the caller's buffers.
+
+Deferred frames: a read reference (SHM_ACQUIRE) is dropped with an
+SHM_RELEASE that nobody waits for. It is not sent on its own: it rides in
+front of the connection's next request (one ``send`` and one node wake-up
+instead of two per get), and a per-process flusher thread sends it after
+:data:`DEFER_FLUSH_S` if the connection stays idle, so an idle client never
+keeps memory referenced for longer than that.
 """
 
 from __future__ import annotations
 
+import os
 import socket
+import threading
+import time
+from typing import Callable
 
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.errors import (ChecksumMismatch, InvalidArgument, KVStoreError, Unavailable,
@@ -18,6 +29,8 @@ from kvstore.transfer.base import ReadItem, Transport, WriteItem
 from kvstore.transfer.protocol import REQUEST, RESPONSE, FrameReader, Op, send_parts, tune_socket
 
 _READ_AHEAD_BYTES = 64 * 1024
+#: Longest time a deferred frame (SHM_RELEASE) waits for the next request, in seconds.
+DEFER_FLUSH_S = 0.005
 
 
 class NodeConnection:
@@ -39,55 +52,91 @@ class NodeConnection:
         tune_socket(self.sock)
         self.reader = FrameReader(self.sock, _READ_AHEAD_BYTES)
         self.broken = False
-        # Replies still owed for requests sent with expect_reply=False; they are
-        # read (and must be OK) before the next reply the caller waits for.
+        # Sends come from the owning thread and the flusher; the lock keeps
+        # frames whole and the reply count right.
+        self._lock = threading.Lock()
+        self._deferred = bytearray()   # encoded frames waiting for the next send
+        self._deferred_n = 0
+        # Replies still owed for requests sent without waiting (deferred frames);
+        # they are read (and must be OK) before the next reply the caller waits for.
         self._owed = 0
 
-    def send(self, op: Op, key: str, object_id: int = 0, size: int = 0, checksum: int = 0,
-             payload: memoryview | None = None, parent: str = "", expect_reply: bool = True) -> None:
-        """Send one request frame.
-
-        With ``expect_reply=False`` the caller does not wait for the answer
-        (used for SHM_RELEASE, saving a round trip); it is checked later.
-        """
-        if not expect_reply:
-            self._owed += 1
+    @staticmethod
+    def _frame(op: Op, key: str, object_id: int = 0, size: int = 0, checksum: int = 0,
+               parent: str = "") -> bytes:
         kb = key.encode()
         pb_ = parent.encode()
+        return REQUEST.pack(op, 0, len(kb), len(pb_), object_id, size, checksum) + kb + pb_
+
+    def _send_locked(self, frames: bytes, payload: memoryview | None = None) -> None:
+        if self._deferred:
+            frames = bytes(self._deferred) + frames
+            self._owed += self._deferred_n
+            self._deferred.clear()
+            self._deferred_n = 0
         try:
-            send_parts(self.sock, REQUEST.pack(op, 0, len(kb), len(pb_), object_id, size, checksum)
-                       + kb + pb_, payload)
+            send_parts(self.sock, frames, payload)
         except OSError as exc:
             self.broken = True
             raise Unavailable(f"send to store node failed: {exc}") from exc
+
+    def send(self, op: Op, key: str, object_id: int = 0, size: int = 0, checksum: int = 0,
+             payload: memoryview | None = None, parent: str = "") -> None:
+        """Send one request frame (after any deferred ones)."""
+        frame = self._frame(op, key, object_id, size, checksum, parent)
+        with self._lock:
+            self._send_locked(frame, payload)
 
     def send_frames(self, frames: list[tuple[Op, str, int]]) -> None:
         """Send many value-less requests ``(op, key, object_id)`` in one call."""
-        buf = bytearray()
-        for op, key, object_id in frames:
-            kb = key.encode()
-            buf += REQUEST.pack(op, 0, len(kb), 0, object_id, 0, 0)
-            buf += kb
-        try:
-            self.sock.sendall(buf)
-        except OSError as exc:
-            self.broken = True
-            raise Unavailable(f"send to store node failed: {exc}") from exc
+        buf = b"".join(self._frame(op, key, object_id) for op, key, object_id in frames)
+        with self._lock:
+            self._send_locked(buf)
+
+    def defer(self, op: Op, key: str, object_id: int = 0) -> None:
+        """Queue a value-less request whose reply nobody waits for (SHM_RELEASE).
+
+        It goes out with the next request, or from the flusher within
+        :data:`DEFER_FLUSH_S`; its reply must be OK and is checked before the
+        next reply the caller reads.
+        """
+        frame = self._frame(op, key, object_id)
+        with self._lock:
+            first = not self._deferred
+            self._deferred += frame
+            self._deferred_n += 1
+        if first:
+            _flusher().add(self)
+
+    def flush_deferred(self) -> None:
+        """Send the deferred frames now (no-op when there are none or the connection broke)."""
+        with self._lock:
+            if self._deferred and not self.broken:
+                try:
+                    self._send_locked(b"")
+                except Unavailable:
+                    pass   # the owner sees the broken connection at its next call
 
     def recv_header(self) -> tuple[int, int, int, int, int, str]:
         """Read one response header: (code, object_id, size, checksum, offset, message)."""
+        code, object_id, size, checksum, offset, _serial, msg = self.recv_reply()
+        return code, object_id, size, checksum, offset, msg
+
+    def recv_reply(self) -> tuple[int, int, int, int, int, int, str]:
+        """Read one response header with its allocation serial:
+        (code, object_id, size, checksum, offset, serial, message)."""
         self.flush_owed()
         return self._read_header()
 
-    def _read_header(self) -> tuple[int, int, int, int, int, str]:
+    def _read_header(self) -> tuple[int, int, int, int, int, int, str]:
         try:
-            code, _f, msg_len, _r, object_id, size, checksum, offset = RESPONSE.unpack(
+            code, _f, msg_len, _r, object_id, size, checksum, offset, serial = RESPONSE.unpack(
                 self.reader.read(RESPONSE.size))
             msg = bytes(self.reader.read(msg_len)).decode(errors="replace") if msg_len else ""
         except Unavailable:
             self.broken = True
             raise
-        return code, object_id, size, checksum, offset, msg
+        return code, object_id, size, checksum, offset, serial, msg
 
     def recv_value_into(self, size: int, dest: memoryview) -> KVStoreError | None:
         """Read a value that follows an OK GET header into ``dest``."""
@@ -116,18 +165,60 @@ class NodeConnection:
         return oid, size, checksum, offset
 
     def flush_owed(self) -> None:
-        """Read the replies still owed (see :meth:`send`)."""
-        while self._owed:
-            self._owed -= 1
+        """Read the replies still owed for deferred frames that were sent."""
+        while True:
+            with self._lock:
+                if not self._owed:
+                    return
+                self._owed -= 1
             code, *_rest, msg = self._read_header()
             if code != pb.OK:
-                raise AssertionError(f"store node refused a fire-and-forget request: {msg}")
+                raise AssertionError(f"store node refused a deferred request: {msg}")
 
     def close(self) -> None:
         try:
             self.sock.close()
         except OSError:
             pass
+
+
+class _Flusher:
+    """Sends the deferred frames of connections left idle (one daemon thread per process)."""
+
+    def __init__(self):
+        self.pid = os.getpid()
+        self._cond = threading.Condition()
+        self._pending: list[NodeConnection] = []
+        threading.Thread(target=self._run, name="kvstore-defer-flush", daemon=True).start()
+
+    def add(self, conn: NodeConnection) -> None:
+        with self._cond:
+            self._pending.append(conn)
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending:
+                    self._cond.wait()
+            time.sleep(DEFER_FLUSH_S)
+            with self._cond:
+                conns, self._pending = self._pending, []
+            for conn in conns:
+                conn.flush_deferred()
+
+
+_FLUSHER: _Flusher | None = None
+_FLUSHER_LOCK = threading.Lock()
+
+
+def _flusher() -> _Flusher:
+    """This process's flusher (a forked child starts its own)."""
+    global _FLUSHER
+    with _FLUSHER_LOCK:
+        if _FLUSHER is None or _FLUSHER.pid != os.getpid():
+            _FLUSHER = _Flusher()
+        return _FLUSHER
 
 
 def check_read(item: ReadItem, size: int, verify: bool) -> KVStoreError | None:
@@ -138,6 +229,76 @@ def check_read(item: ReadItem, size: int, verify: bool) -> KVStoreError | None:
     if verify and value_checksum(item.dest[:size]) != item.checksum:
         return ChecksumMismatch("value read does not match its checksum", key=item.key)
     return None
+
+
+#: A remembered location of an object in a node's memory: (offset, size_bytes, serial).
+Location = tuple[int, int, int]
+
+
+def read_by_reference(conn: NodeConnection, items: list[ReadItem], verify: bool,
+                      move: Callable[[list[tuple[int, Location]]], dict[int, KVStoreError]],
+                      guess: Callable[[], dict[int, Location]] | None = None
+                      ) -> list[KVStoreError | None]:
+    """Reads through the node's memory (shared memory, RDMA): the reference protocol.
+
+    SHM_ACQUIRE every item (one round trip; the node takes a read reference
+    and answers offset, size and the allocation's serial), ``move`` the
+    bytes, then drop the references with deferred SHM_RELEASE frames. An
+    object on a slower tier that DRAM had no room for (NO_SPACE) is read over
+    TCP instead. A broken connection is closed rather than released: the
+    node drops a closed connection's references itself, once nothing can
+    still be moving.
+
+    Args:
+        move: takes ``(index, location)`` jobs, fills ``items[index].dest``
+            and returns the errors of the jobs that failed (absent = moved).
+        guess: optional; runs while the acquires are in flight and may
+            already copy values from locations remembered from earlier reads;
+            returns ``{index: location}`` of what it copied. A reply that
+            names the same allocation (offset, size and serial) confirms the
+            copy, and that item is not moved again. Sound because a serial
+            names one lifetime of a range: the allocation was live when it was
+            remembered and still is at the acquire, so it was live, with the
+            same immutable bytes, throughout the copy in between.
+
+    Returns:
+        Per item: None or the error, in input order.
+    """
+    out: list[KVStoreError | None] = [None] * len(items)
+    conn.send_frames([(Op.SHM_ACQUIRE, it.key, it.object_id) for it in items])
+    guessed = guess() if guess is not None else {}
+    replies = [conn.recv_reply() for _ in items]
+    held: list[tuple[str, int]] = []
+    jobs: list[tuple[int, Location]] = []
+    try:
+        for idx, (it, (code, oid, size, _ck, offset, serial, msg)) in enumerate(
+                zip(items, replies)):
+            if code != pb.OK:
+                out[idx] = error_for_code(code, msg, key=it.key)
+                continue
+            held.append((it.key, oid))
+            if size > len(it.dest):
+                out[idx] = InvalidArgument(f"destination holds {len(it.dest)} B, "
+                                           f"value is {size} B", key=it.key)
+                continue
+            if guessed.get(idx) != (offset, size, serial):
+                jobs.append((idx, (offset, size, serial)))
+        failed = move(jobs)
+        for idx, (code, _oid, size, *_rest) in enumerate(replies):
+            if code == pb.OK and out[idx] is None:
+                out[idx] = failed.get(idx) or check_read(items[idx], size, verify)
+    finally:
+        if conn.broken:
+            conn.close()
+        else:
+            for key, oid in held:
+                conn.defer(Op.SHM_RELEASE, key, oid)
+    fallback = [idx for idx, reply in enumerate(replies) if reply[0] == pb.NO_SPACE]
+    if fallback and not conn.broken:
+        for idx, err in zip(fallback, TcpTransport(conn).read_many(
+                [items[i] for i in fallback], verify)):
+            out[idx] = err
+    return out
 
 
 class TcpTransport(Transport):

@@ -4,6 +4,10 @@ The reader here is the low-level protocol (``NodeConnection`` + SHM_ACQUIRE)
 mapping the node's segment itself: while it holds the reference, removing
 the key and filling the node never reuses those bytes; after SHM_RELEASE
 (or when the reader's connection goes away) they are freed and reused.
+
+The SDK's own reads: their deferred SHM_RELEASE reaches the node although
+the reader stays idle, and a copy made from a remembered location is kept
+only when the node's reply names the same allocation.
 """
 
 from __future__ import annotations
@@ -15,8 +19,8 @@ from client import KVClient
 from kvstore.errors import NoSpace, NotFound
 from kvstore.keys import value_checksum
 from kvstore.transfer.protocol import Op
-from kvstore.transfer.shm import ShmSegment
-from kvstore.transfer.tcp import NodeConnection
+from kvstore.transfer.shm import ShmSegment, ShmTransport
+from kvstore.transfer.tcp import DEFER_FLUSH_S, NodeConnection
 from kvtest import node_stats, start_cluster, wait_for
 
 KiB = 1 << 10
@@ -121,3 +125,61 @@ def test_reader_connection_closing_releases_its_references(kv):
     assert num_objects_reported(kv, 0).used_bytes == OBJ
     conn.close()                                         # a reader that goes away
     wait_for(lambda: node_stats(kv)["n0"].used_bytes == 0)
+
+
+def shm_transport(kv: KVClient) -> ShmTransport:
+    (tr,) = kv._local.transports.values()      # this thread's one transport to n0
+    assert isinstance(tr, ShmTransport)
+    return tr
+
+
+def test_idle_reader_drops_its_references(kv, one_node):
+    kv.put("read-once", value(8))
+    dest = bytearray(OBJ)
+    assert kv.get_into("read-once", dest) == OBJ and dest == value(8)
+    # The reader does nothing more; another client (its own connection, so it
+    # cannot carry the reader's deferred release) sees the reference dropped.
+    with KVClient(one_node.master) as observer:
+        wait_for(lambda: observer.node_stats()["n0"]["num_referenced"] == 0,
+                 timeout_s=max(1.0, 100 * DEFER_FLUSH_S))
+
+
+def test_copy_from_a_remembered_location_needs_the_same_allocation(kv):
+    kv.put("a", value(10))
+    kv.put("b", value(11))
+    dest = bytearray(OBJ)
+    kv.get_into("a", dest)
+    kv.get_into("b", dest)
+    tr = shm_transport(kv)
+    (meta_a,) = kv.lookup(["a"])
+    (meta_b,) = kv.lookup(["b"])
+    loc_a = tr._where[("a", meta_a.object_id)]
+    loc_b = tr._where[("b", meta_b.object_id)]
+
+    guesses, wrong = tr.guesses, tr.wrong_guesses
+    assert kv.get_into("a", dest) == OBJ and dest == value(10)
+    assert (tr.guesses, tr.wrong_guesses) == (guesses + 1, wrong)     # confirmed
+
+    # Remembered at b's range: the guess copies b's bytes, the reply names a's
+    # allocation, and a is copied again.
+    tr._where[("a", meta_a.object_id)] = loc_b
+    assert kv.get_into("a", dest) == OBJ and dest == value(10)
+    assert (tr.guesses, tr.wrong_guesses) == (guesses + 2, wrong + 1)
+
+    # The right range, but an earlier lifetime of it (another serial): not trusted.
+    tr._where[("a", meta_a.object_id)] = (loc_a[0], loc_a[1], loc_a[2] - 1)
+    assert kv.get_into("a", dest) == OBJ and dest == value(10)
+    assert (tr.guesses, tr.wrong_guesses) == (guesses + 3, wrong + 2)
+    assert tr._where[("a", meta_a.object_id)] == loc_a
+
+
+def test_location_of_a_removed_and_rewritten_key(kv, one_node):
+    kv.put("c", value(12))
+    dest = bytearray(OBJ)
+    kv.get_into("c", dest)                     # remembers c's location
+    with KVClient(one_node.master) as other:   # another client replaces c
+        other.remove("c")
+        num_objects_reported(other, 0)
+        other.put("filler", value(13))         # likely in c's old range
+        other.put("c", value(14))
+    assert kv.get_into("c", dest) == OBJ and dest == value(14)

@@ -63,7 +63,7 @@ class SlowTcpReader:
         self.sock.sendall(REQUEST.pack(Op.GET, 0, len(kb), 0, 0, 0, 0) + kb)
         hdr = bytearray(RESPONSE.size)
         recv_exact_into(self.sock, memoryview(hdr))
-        code, _f, _m, _r, _oid, self.size, _ck, _off = RESPONSE.unpack(hdr)
+        code, _f, _m, _r, _oid, self.size, _ck, _off, _serial = RESPONSE.unpack(hdr)
         assert code == pb.OK
         self.buf = bytearray(self.size)
         self.got = 0
