@@ -40,7 +40,7 @@ from kvstore.keys import validate_key, value_checksum
 from kvstore.shardmap import ShardMap
 from kvstore.transfer.base import ReadItem, Transport, WriteItem
 from kvstore.transfer.shm import ShmSegment, ShmTransport, host_id
-from kvstore.transfer.protocol import Op
+from kvstore.transfer.protocol import Op, local_address
 from kvstore.transfer.tcp import NodeConnection, TcpTransport
 
 log = logging.getLogger(__name__)
@@ -202,13 +202,27 @@ class KVClient:
             return tr
         if tr is not None:
             tr.close()
-        conn = NodeConnection(node.host, node.data_port, self.read_timeout_s)
-        tr = TcpTransport(conn)
+        tr = None
         if self.prefer_shm and node.shm_name and node.host_id == self._host_id:
+            # Same host: map the node's segment, and send the control frames over
+            # its Unix socket when it has one (a cheaper round trip than TCP).
             try:
-                tr = ShmTransport(conn, ShmSegment(node.shm_name))
+                segment = ShmSegment(node.shm_name)
             except OSError as exc:
                 log.info("shared memory %s not usable (%s); using TCP", node.shm_name, exc)
+            else:
+                try:
+                    conn = NodeConnection(node.host, node.data_port, self.read_timeout_s,
+                                          unix_address=local_address(node.shm_name))
+                except Unavailable:
+                    try:
+                        conn = NodeConnection(node.host, node.data_port, self.read_timeout_s)
+                    except Unavailable:
+                        segment.close()
+                        raise
+                tr = ShmTransport(conn, segment)
+        if tr is None:
+            tr = TcpTransport(NodeConnection(node.host, node.data_port, self.read_timeout_s))
         cache[node.node_id] = tr
         with self._lock:
             self._all_transports.append(tr)

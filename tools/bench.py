@@ -7,6 +7,8 @@ One row per measurement (``--json`` prints them as a JSON array)::
     socket    reqresp     get, put   one small request, one value back (or in), per round trip
     socket    stream      get, put   values back to back on one connection (a second process)
     redis     tcp         get, put   redis-py GET / SET on a redis-server started here
+    mooncake  tcp         get, put   Mooncake Store across processes over its TCP transport
+                                     (when installed; see tools/bench_mooncake.py)
     kvstore   shm         get, put   KVClient through the node's shared-memory segment
     kvstore   tcp         get, put   KVClient over TCP, one key per call
     kvstore   tcp-batch   get, put   batch_get_into / batch_put of 32 keys over TCP
@@ -30,7 +32,6 @@ afterwards. GB/s is 10^9 bytes per second.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import multiprocessing as mp
@@ -50,6 +51,7 @@ import numpy as np
 import typer
 
 from kvstore.sizes import format_size, parse_size
+from tools.bench_mooncake import master_binary, start_mooncake
 from kvstore.transfer.protocol import recv_exact_into, send_parts, tune_socket
 
 SYSTEMS = ("memcpy", "socket", "redis", "mooncake", "kvstore")
@@ -88,6 +90,8 @@ TARGETS = (
            ("socket", "stream", "get"), 0.5, (64 * 1024,)),
     Target("tcp get >= 2x redis GET", ("kvstore", "tcp", "get"), ("redis", "tcp", "get"),
            2.0, (_MiB,)),
+    Target("tcp get >= 1.5x mooncake get", ("kvstore", "tcp", "get"),
+           ("mooncake", "tcp", "get"), 1.5, (_MiB,)),
     Target("batch_exists >= 200k keys/s", ("kvstore", "tcp", "exists"), None, 200_000, (0,)),
 )
 
@@ -580,6 +584,7 @@ class BenchConfig:
     max_put_bytes: int = 512 * _MiB    # cap per put measurement (node memory)
     node_dram: str = "3GiB"
     use_redis: bool = True
+    use_mooncake: bool = True
     rounds: int = 3                    # the timed budget's rounds; the median one is reported
     progress: Callable[[str], None] = lambda label: None
     note: Callable[[str], None] = lambda text: None
@@ -603,11 +608,8 @@ def run_bench(sizes: str | list[int] = "64KiB,1MiB,4MiB", *, log_dir: str | None
     if not cfg.pool_bytes:
         cfg.pool_bytes = max(64 * _MiB, 2 * llc_bytes())
     cfg.note(f"kvstore gets verify checksums: {_verify_label(cfg.verify)}")
-    cfg.note("mooncake: skipped (" + ("mooncake is installed, but this benchmark does not start "
-             "its master and metadata services" if importlib.util.find_spec("mooncake") else
-             "not installed") + ")")
     rows: list[Row] = []
-    redis_peer = kvs = None
+    redis_peer = mooncake_peer = kvs = None
     ctx = mp.get_context("spawn")
     ours, theirs = ctx.Pipe()
     sock_proc = ctx.Process(target=_socket_server, args=(theirs, cfg.pool_bytes), daemon=True)
@@ -615,6 +617,7 @@ def run_bench(sizes: str | list[int] = "64KiB,1MiB,4MiB", *, log_dir: str | None
     tmp = None if log_dir else tempfile.TemporaryDirectory(prefix="kvstore-bench-")
     try:
         redis_peer = _start_redis(cfg)
+        mooncake_peer = start_mooncake(cfg, log_dir or tmp.name)
         if not ours.poll(60):
             raise RuntimeError("socket peer process did not start")
         port = ours.recv()
@@ -624,6 +627,8 @@ def run_bench(sizes: str | list[int] = "64KiB,1MiB,4MiB", *, log_dir: str | None
             rows += _bench_socket(port, size, cfg)
             if redis_peer is not None:
                 rows += redis_peer.bench(size, cfg)
+            if mooncake_peer is not None:
+                rows += mooncake_peer.bench(size)
             rows += kvs.bench(size)
         rows.append(kvs.bench_exists())
     finally:
@@ -631,6 +636,8 @@ def run_bench(sizes: str | list[int] = "64KiB,1MiB,4MiB", *, log_dir: str | None
             kvs.stop()
         if redis_peer is not None:
             redis_peer.stop()
+        if mooncake_peer is not None:
+            mooncake_peer.stop()
         sock_proc.terminate()
         sock_proc.join()
         if tmp is not None:
@@ -638,9 +645,9 @@ def run_bench(sizes: str | list[int] = "64KiB,1MiB,4MiB", *, log_dir: str | None
     return [asdict(r) for r in rows]
 
 
-def num_steps(num_sizes: int, use_redis: bool) -> int:
+def num_steps(num_sizes: int, use_redis: bool, use_mooncake: bool = False) -> int:
     """Progress labels a run reports (for a progress bar's total)."""
-    return num_sizes * (1 + 4 + 2 * use_redis + 8) + 1
+    return num_sizes * (1 + 4 + 2 * use_redis + use_mooncake + 8) + 1
 
 
 def _find(rows: list[dict], system: str, path: str, op: str | None, size: int) -> dict | None:
@@ -684,27 +691,32 @@ def render(rows: list[dict], verify: bool | None):
     from rich.console import Group
     from rich.table import Table
 
+    # Fits 80 columns: no rules, two-line ratio headers, the limits named in the caption.
     table = Table(title=f"kvstore bench (GB/s = 10^9 B/s; gets verify checksums: "
-                        f"{_verify_label(verify)})")
+                        f"{_verify_label(verify)})", box=None, pad_edge=False,
+                  caption="vs limit: shm / cold memcpy, tcp / socket reqresp, "
+                          "tcp-batch / socket stream")
     for name in ("system", "path", "op", "size"):
         table.add_column(name, no_wrap=True)
-    for name in ("GB/s", "ops/s", "vs limit", "vs redis"):
-        table.add_column(name, justify="right")
+    for name in ("GB/s", "ops/s", "vs\nlimit", "vs\nredis", "vs\nmooncake"):
+        table.add_column(name, justify="right", no_wrap=True)
     for r in rows:
-        limit = redis = ""
+        limit = redis = mooncake = ""
         if r["system"] == "kvstore" and r["path"] in _LIMIT_OF:
             sys_, path = _LIMIT_OF[r["path"]]
             base = _find(rows, sys_, path, None if sys_ == "memcpy" else r["op"], r["size_bytes"])
             x = _ratio(r, base)
-            limit = f"{x:.2f}x {path}" if x is not None else ""
+            limit = f"{x:.2f}x" if x is not None else ""
         if r["system"] == "kvstore" and r["path"] == "tcp":
             x = _ratio(r, _find(rows, "redis", "tcp", r["op"], r["size_bytes"]))
             redis = f"{x:.2f}x" if x is not None else ""
+            x = _ratio(r, _find(rows, "mooncake", "tcp", r["op"], r["size_bytes"]))
+            mooncake = f"{x:.2f}x" if x is not None else ""
         table.add_row(r["system"], r["path"], r["op"],
                       _short_size(r["size_bytes"]) if r["size_bytes"] else "-",
                       f"{r['gbps']:.3f}" if r["size_bytes"] else "-", f"{r['ops_per_s']:,.0f}",
-                      limit, redis)
-    targets = Table(title="issue 4 targets")
+                      limit, redis, mooncake)
+    targets = Table(title="issue 4 targets", box=None, pad_edge=False)
     for name in ("target", "size", "measured", "result"):
         targets.add_column(name)
     for name, size, value, ok in check_targets(rows):
@@ -729,9 +741,11 @@ def bench_command(
     exists_keys: int = typer.Option(1000, help="keys per batch_exists call"),
     node_dram: str = typer.Option("3GiB", help="DRAM of the benchmark's store node"),
     redis: bool = typer.Option(True, "--redis/--no-redis", help="measure Redis when installed"),
+    mooncake: bool = typer.Option(True, "--mooncake/--no-mooncake",
+                                  help="measure Mooncake Store when installed"),
     log_dir: Optional[str] = typer.Option(None, help="cluster logs (default: a temp dir)"),
 ) -> None:
-    """Measure kvstore's data plane beside memcpy, a raw socket and Redis, on this host."""
+    """Measure kvstore's data plane beside memcpy, a raw socket, Redis and Mooncake Store."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -745,7 +759,8 @@ def bench_command(
         raise typer.Exit(2)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                         console=err, transient=True)
-    task = progress.add_task("starting", total=num_steps(len(size_list), redis))
+    task = progress.add_task("starting", total=num_steps(len(size_list), redis,
+                                                         mooncake and master_binary() is not None))
 
     def step(label: str) -> None:
         progress.update(task, description=label, advance=1)
@@ -756,6 +771,7 @@ def bench_command(
                              warmup_s=warmup_s, rounds=rounds, verify=verify, clients=clients,
                              concurrent_shm=concurrent_shm, batch_keys=batch_keys,
                              exists_keys=exists_keys, node_dram=node_dram, use_redis=redis,
+                             use_mooncake=mooncake,
                              progress=step, note=lambda t: err.print(f"note: {t}"))
     except (ChildFailed, RuntimeError) as exc:
         err.print(f"[red]benchmark failed:[/] {exc}")

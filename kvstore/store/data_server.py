@@ -34,37 +34,59 @@ _MAX_NAMES_BYTES = 8192   # key + parent key; both are at most MAX_KEY_BYTES (51
 
 
 class DataServer:
-    """Serves a :class:`StoreNode` over TCP.
+    """Serves a :class:`StoreNode` over TCP, and over a Unix socket for clients on this host.
 
     Args:
         node: the object table to serve.
         host: bind address (loopback by default).
         port: 0 picks a free port; see :attr:`port` after :meth:`start`.
+        local_address: also listen on this Unix socket address (see
+            :func:`kvstore.transfer.protocol.local_address`); the same frames,
+            without the TCP stack's cost per request (shared-memory clients
+            send one small frame per get).
+
+    Raises:
+        OSError: an address is taken.
     """
 
-    def __init__(self, node: StoreNode, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, node: StoreNode, host: str = "127.0.0.1", port: int = 0,
+                 local_address: str | None = None):
         self.node = node
-        self._sock = socket.create_server((host, port), backlog=128)
+        self._listeners = [socket.create_server((host, port), backlog=128)]
         self.host = host
-        self.port = self._sock.getsockname()[1]
+        self.port = self._listeners[0].getsockname()[1]
+        if local_address:
+            unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                unix.bind(local_address)
+                unix.listen(128)
+            except OSError:
+                unix.close()
+                self._listeners[0].close()
+                raise
+            self._listeners.append(unix)
         self._threads: set[threading.Thread] = set()
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self._acceptor = threading.Thread(target=self._accept_loop, name="data-accept", daemon=True)
+        self._acceptors = [threading.Thread(target=self._accept_loop, args=(sock,),
+                                            name="data-accept", daemon=True)
+                           for sock in self._listeners]
 
     def start(self) -> "DataServer":
-        self._acceptor.start()
+        for t in self._acceptors:
+            t.start()
         return self
 
     def stop(self) -> None:
         """Stop accepting, close every connection, wait for their threads."""
         self._stopping.set()
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._sock.close()
+        for sock in self._listeners:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
         with self._lock:
             conns = list(self._conns)
         for c in conns:
@@ -75,10 +97,10 @@ class DataServer:
         for t in list(self._threads):
             t.join(timeout=5)
 
-    def _accept_loop(self) -> None:
+    def _accept_loop(self, listener: socket.socket) -> None:
         while not self._stopping.is_set():
             try:
-                conn, _ = self._sock.accept()
+                conn, _ = listener.accept()
             except OSError:
                 return
             tune_socket(conn)

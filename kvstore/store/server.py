@@ -43,6 +43,7 @@ from kvstore.process import announce_ready, setup_logging
 from kvstore.shardmap import ShardMap
 from kvstore.sizes import parse_size
 from kvstore.store.data_server import DataServer
+from kvstore.transfer.protocol import local_address
 from kvstore.store.node import NodeStats, StoreNode
 from kvstore.store.repair import Copier
 from kvstore.store.tiers.base import Tier
@@ -419,7 +420,7 @@ def main(argv: list[str] | None = None) -> None:
         log.info("recovered %d object(s) in %.2f s", node.counters["recovered"],
                  time.monotonic() - t0)
     dram = tiers[0]
-    server = DataServer(node, args.host, args.port).start()
+    server = DataServer(node, args.host, args.port, local_address(dram.name)).start()
     address = pb.NodeAddress(node_id=node_id, host=args.host, data_port=server.port,
                              shm_name=dram.name, host_id=host_id())
     stop = threading.Event()

@@ -152,9 +152,16 @@ def send_parts(sock: socket.socket, header: bytes, payload: memoryview | None = 
         sock.sendall(payload[sent - len(header):])
 
 
+def local_address(shm_name: str) -> str:
+    """The Unix socket (abstract namespace) where the node owning segment
+    ``shm_name`` also serves this protocol, for clients on its host."""
+    return f"\0kvstore-data-{shm_name}"
+
+
 def tune_socket(sock: socket.socket) -> None:
     """Low latency and large buffers for bulk KV transfer."""
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if sock.family != socket.AF_UNIX:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
         try:
             sock.setsockopt(socket.SOL_SOCKET, opt, 4 * 1024 * 1024)

@@ -37,18 +37,31 @@ class NodeConnection:
     """A framed connection to one store node.
 
     Args:
-        host, port: the node's data address.
+        host, port: the node's data address (TCP).
         timeout_s: socket timeout for connect and each operation.
+        unix_address: connect to this Unix socket instead (a node on this
+            host, see :func:`kvstore.transfer.protocol.local_address`).
 
     Raises:
         Unavailable: the node cannot be reached.
     """
 
-    def __init__(self, host: str, port: int, timeout_s: float = 10.0):
+    def __init__(self, host: str, port: int, timeout_s: float = 10.0,
+                 unix_address: str | None = None):
         try:
-            self.sock = socket.create_connection((host, port), timeout=timeout_s)
+            if unix_address:
+                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    self.sock.settimeout(timeout_s)
+                    self.sock.connect(unix_address)
+                except OSError:
+                    self.sock.close()
+                    raise
+            else:
+                self.sock = socket.create_connection((host, port), timeout=timeout_s)
         except OSError as exc:
-            raise Unavailable(f"cannot connect to store node {host}:{port}: {exc}") from exc
+            where = f"{host}:{port}" if not unix_address else repr(unix_address)
+            raise Unavailable(f"cannot connect to store node {where}: {exc}") from exc
         tune_socket(self.sock)
         self.reader = FrameReader(self.sock, _READ_AHEAD_BYTES)
         self.broken = False
@@ -57,6 +70,7 @@ class NodeConnection:
         self._lock = threading.Lock()
         self._deferred = bytearray()   # encoded frames waiting for the next send
         self._deferred_n = 0
+        self._flush_queued = False     # with the flusher, which will call flush_deferred
         # Replies still owed for requests sent without waiting (deferred frames);
         # they are read (and must be OK) before the next reply the caller waits for.
         self._owed = 0
@@ -102,15 +116,17 @@ class NodeConnection:
         """
         frame = self._frame(op, key, object_id)
         with self._lock:
-            first = not self._deferred
             self._deferred += frame
             self._deferred_n += 1
-        if first:
+            queue = not self._flush_queued
+            self._flush_queued = True
+        if queue:
             _flusher().add(self)
 
     def flush_deferred(self) -> None:
         """Send the deferred frames now (no-op when there are none or the connection broke)."""
         with self._lock:
+            self._flush_queued = False
             if self._deferred and not self.broken:
                 try:
                     self._send_locked(b"")

@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tools.bench import OPS, PATHS, SYSTEMS, bench_command, check_targets, render, run_bench
+from tools.bench_mooncake import master_binary
 
 SIZE_BYTES = 64 * 1024
 KEYS = {"system", "path", "op", "size_bytes", "gbps", "ops_per_s"}
@@ -53,6 +54,8 @@ def test_every_measurement_is_there_once(rows):
                  for op in ("get", "put")}
     if _redis_available():
         expected |= {("redis", "tcp", "get"), ("redis", "tcp", "put")}
+    if master_binary() is not None:
+        expected |= {("mooncake", "tcp", "get"), ("mooncake", "tcp", "put")}
     assert {g[:3] for g in got if g[3] == SIZE_BYTES} == expected
     assert ("kvstore", "tcp", "exists", 0) in got
     for r in rows:
@@ -66,7 +69,8 @@ def test_tables_and_targets_render(rows):
     console = Console(record=True, width=160)
     console.print(render(rows, verify=True))
     text = console.export_text()
-    assert "vs limit" in text and "issue 4 targets" in text
+    assert "vs limit: shm / cold memcpy" in text
+    assert "issue 4 targets" in text
     names = {t[0] for t in check_targets(rows)}
     assert "batch_exists >= 200k keys/s" in names
     assert "tcp-batch get >= 0.5x socket stream" in names   # the 64 KiB target
