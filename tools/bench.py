@@ -324,6 +324,7 @@ class _Redis:
         def get(i: int) -> None:
             if len(r.get(keys[i % len(keys)])) != size:
                 raise RuntimeError("redis returned a value of the wrong size")
+        _settle_allocator(size)
         rows.append(_timed_row("redis", "tcp", "get", size, cfg.timed(get)))
         r.flushall()
         return rows
@@ -337,6 +338,21 @@ class _Redis:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def _settle_allocator(size: int) -> None:
+    """Put glibc malloc in the state a long-running process reaches, before Redis GETs.
+
+    redis-py builds every value in growing buffers and returns a new ``bytes``.
+    Until a large block has been freed, glibc serves such blocks with fresh
+    mmaps (a page fault per 4 KiB, every call), and 1 MiB GETs run 2-5x slower
+    than once its dynamic mmap threshold has risen (measured here: 0.4-0.9 vs
+    2.2 GB/s). Which state the benchmark's process happened to be in made the
+    Redis row swing between runs; freeing one large block first measures the
+    peer in its steady, faster state every time.
+    """
+    block = bytearray(min(32 * _MiB, 8 * size))
+    del block
 
 
 def _start_redis(cfg: "BenchConfig") -> _Redis | None:
