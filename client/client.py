@@ -24,24 +24,25 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import grpc
-import numpy as np
 
 from client.buffers import readable_view, writable_view
 from client.meta_cache import MetaCache
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.errors import (RETRYABLE, InvalidArgument, KVStoreError, PutInProgress,
-                            Unavailable, WrongShard, check_status, error_for_code,
-                            from_rpc_error)
+from kvstore.errors import (RETRYABLE, InvalidArgument, KVStoreError, Unavailable,
+                            WrongShard, error_for_code, from_rpc_error)
 from kvstore.keys import validate_key, value_checksum
 from kvstore.shardmap import ShardMap
 from kvstore.transfer.base import ReadItem, Transport, WriteItem
 from kvstore.transfer.shm import ShmSegment, ShmTransport, host_id
 from kvstore.transfer.protocol import Op, local_address
 from kvstore.transfer.tcp import NodeConnection, TcpTransport
+
+if TYPE_CHECKING:
+    from client.parts import PartsWriter
 
 log = logging.getLogger(__name__)
 
@@ -363,34 +364,71 @@ class KVClient:
                     errors.setdefault(i, err)
         ends = [(i, oid) for i, oid in started if written[i]]
         revokes = [(i, oid) for i, oid in started if not written[i]]
-        if ends:
-            def end(address: str, ks: list[str]) -> list[pb.Status]:
-                m = {keys[i]: (oid, written[i]) for i, oid in ends}
-                items = [pb.PutEndItem(key=k, object_id=m[k][0], written_node_ids=m[k][1]) for k in ks]
-                return list(self._rpc(address, "PutEnd", pb.PutEndRequest(items=items)).statuses)
-
-            targets = {(i, t.node_id): t for lst in by_node.values() for i, t in lst}
-            for (i, oid), st in zip(ends, self._routed([keys[i] for i, _ in ends], end)):
-                if st.code != pb.OK:
-                    results[i] = error_for_code(st.code, st.message, key=keys[i])
-                    continue
-                results[i] = True
-                self._meta.put(pb.ObjectMeta(
-                    key=keys[i], size_bytes=len(views[i]), checksum=checksums[i], object_id=oid,
-                    replicas=[pb.Replica(node=targets[(i, n)], tier=pb.DRAM, state=pb.COMPLETE)
-                              for n in written[i]]))
-        if revokes:
-            def revoke(address: str, ks: list[str]) -> list[pb.Status]:
-                m = {keys[i]: oid for i, oid in revokes}
-                items = [pb.PutRevokeItem(key=k, object_id=m[k]) for k in ks]
-                return list(self._rpc(address, "PutRevoke",
-                                      pb.PutRevokeRequest(items=items)).statuses)
-
-            self._routed([keys[i] for i, _ in revokes], revoke)
-            for i, _ in revokes:
-                results[i] = errors.get(i) or Unavailable("no target node accepted the value",
-                                                          key=keys[i])
+        targets = {(i, t.node_id): t for lst in by_node.values() for i, t in lst}
+        statuses = self._put_end([(keys[i], oid, checksums[i], written[i], False)
+                                  for i, oid in ends])
+        for (i, oid), err in zip(ends, statuses):
+            results[i] = err or True
+            if err is None:
+                self._remember(keys[i], len(views[i]), checksums[i], oid,
+                               [targets[(i, n)] for n in written[i]])
+        self._put_revoke([(keys[i], oid) for i, oid in revokes])
+        for i, _ in revokes:
+            results[i] = errors.get(i) or Unavailable("no target node accepted the value",
+                                                      key=keys[i])
         return retry
+
+    def _put_end(self, items: list[tuple[str, int, int, list[str], bool]]
+                 ) -> list[KVStoreError | None]:
+        """PutEnd of ``(key, object_id, checksum, written node ids, checksum_at_end)``
+        items (the checksum goes along only for checksum_at_end puts); per item
+        None or the error."""
+        if not items:
+            return []
+        by_key = {it[0]: it for it in items}
+
+        def end(address: str, ks: list[str]) -> list[pb.Status]:
+            req = pb.PutEndRequest(items=[
+                pb.PutEndItem(key=k, object_id=by_key[k][1], written_node_ids=by_key[k][3],
+                              checksum=by_key[k][2] if by_key[k][4] else 0) for k in ks])
+            return list(self._rpc(address, "PutEnd", req).statuses)
+
+        return [None if st.code == pb.OK else error_for_code(st.code, st.message, key=it[0])
+                for it, st in zip(items, self._routed([it[0] for it in items], end))]
+
+    def _put_revoke(self, items: list[tuple[str, int]]) -> None:
+        """PutRevoke of ``(key, object_id)`` items (their puts failed)."""
+        if not items:
+            return
+        oids = dict(items)
+
+        def revoke(address: str, ks: list[str]) -> list[pb.Status]:
+            req = pb.PutRevokeRequest(items=[pb.PutRevokeItem(key=k, object_id=oids[k])
+                                             for k in ks])
+            return list(self._rpc(address, "PutRevoke", req).statuses)
+
+        self._routed([k for k, _ in items], revoke)
+
+    def _remember(self, key: str, size: int, checksum: int, object_id: int,
+                  nodes: list[pb.NodeAddress]) -> None:
+        """Cache the metadata of a value this client just stored."""
+        self._meta.put(pb.ObjectMeta(
+            key=key, size_bytes=size, checksum=checksum, object_id=object_id,
+            replicas=[pb.Replica(node=n, tier=pb.DRAM, state=pb.COMPLETE) for n in nodes]))
+
+    def put_parts(self, keys: Sequence[str], sizes_bytes: Sequence[int], *,
+                  parents: Sequence[str | None] | None = None,
+                  replica_num: int | None = None) -> "PartsWriter":
+        """Start values that are written part by part, in order, before they are
+        complete (a layer-wise KV save); see :class:`client.parts.PartsWriter`.
+
+        Raises:
+            InvalidArgument: lengths differ, or a size is negative.
+            Unavailable: no master.
+        """
+        from client.parts import PartsWriter
+
+        return PartsWriter(self, keys, sizes_bytes, parents, replica_num or self.replica_num)
 
     # ---- get ----
     def lookup(self, keys: Sequence[str]) -> list[pb.ObjectMeta | KVStoreError]:

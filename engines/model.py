@@ -57,6 +57,9 @@ logger = logging.getLogger(__name__)
 #: Called by prefill when a block's KV is complete in every layer:
 #: ``on_block(block_index, page_id)``. The prefill engine saves it to the store.
 BlockDone = Callable[[int, int], None]
+#: Called by prefill as one layer of a full block's KV is written:
+#: ``on_layer(block_index, layer, page_id)``; ``page[layer]`` is final then.
+LayerDone = Callable[[int, int, int], None]
 
 
 def max_cached_blocks(num_prompt_tokens: int, page_tokens: int) -> int:
@@ -115,7 +118,8 @@ class LlamaModel:
 
     @torch.inference_mode()
     def prefill(self, seq: Sequence, cache: PagedKVCache, tokens: Seq[int],
-                on_block: BlockDone | None = None) -> torch.Tensor:
+                on_block: BlockDone | None = None,
+                on_layer: LayerDone | None = None) -> torch.Tensor:
         """Compute the KV of ``tokens[seq.num_computed:]`` in block-aligned chunks.
 
         Args:
@@ -126,6 +130,8 @@ class LlamaModel:
             cache: the pages.
             tokens: the whole prompt, positions ``0 .. n-1``.
             on_block: called as each full block's KV completes in every layer.
+            on_layer: called as each layer of a full block's KV is written
+                (before that layer's attention runs): layer-wise saves.
 
         Returns:
             ``[vocab]`` float32 logits of the last token.
@@ -146,7 +152,11 @@ class LlamaModel:
         x = None
         for c0 in range(start, n, p):
             c1 = min(c0 + p, n)
-            x = self._run_layers(self._embed(tokens[c0:c1]), c0, seq, cache)
+            after_write = None
+            if on_layer is not None and c1 % p == 0:
+                block, page_id = c0 // p, seq.page_ids[c0 // p]
+                after_write = lambda li: on_layer(block, li, page_id)  # noqa: E731
+            x = self._run_layers(self._embed(tokens[c0:c1]), c0, seq, cache, after_write)
             seq.num_computed = c1
             if on_block is not None and c1 % p == 0:
                 on_block(c0 // p, seq.page_ids[c0 // p])
@@ -225,7 +235,8 @@ class LlamaModel:
         return q, k, v
 
     def _run_layers(self, x: torch.Tensor, start: int, seq: Sequence | None,
-                    cache: PagedKVCache | None) -> torch.Tensor:
+                    cache: PagedKVCache | None,
+                    after_write: Callable[[int], None] | None = None) -> torch.Tensor:
         """All layers over a run of tokens at positions ``start ..``.
 
         With a cache, the run's K/V are written to ``seq``'s pages and
@@ -245,6 +256,8 @@ class LlamaModel:
             q, k, v = self._split_qkv(ops.linear_rows(h, lw.qkv_t), start)
             if cache is not None:
                 cache.write_kv(seq, li, start, k, v)
+                if after_write is not None:
+                    after_write(li)
                 k, v = cache.gather_kv(seq, li, start + t)
             x = x + ops.linear_rows(ops.attention(q, k, v, start, self.scale), lw.o_t)
             h = ops.rms_norm(x, lw.post_norm, eps)

@@ -109,7 +109,19 @@ class PrefillWorker:
                 key, parent = dest[i]
                 session.submit(SaveJob(i, key, self.cache.page(page_id), parent))
 
-            first = greedy_token(self.model.prefill(seq, self.cache, prompt, on_block=on_block))
+            if self.saver.layered:
+                full = len(prompt) // b
+                session.expect([SaveJob(i, dest[i][0], self.cache.page(seq.page_ids[i]),
+                                        dest[i][1]) for i in range(hit, full)])
+
+            def on_layer(i: int, layer: int, page_id: int) -> None:
+                key, parent = dest[i]
+                session.submit_layer(SaveJob(i, key, self.cache.page(page_id), parent),
+                                     layer, self.cache.num_layers)
+
+            first = greedy_token(self.model.prefill(
+                seq, self.cache, prompt, on_block=on_block,
+                on_layer=on_layer if self.saver.layered else None))
             tail_key = ""
             if len(prompt) % b:
                 tail_key = transfer_key(req.request_id, nonce, "tail")

@@ -32,7 +32,8 @@ def demo(
     node_dram: str = typer.Option("512MiB", help="DRAM tier per store node"),
     log_dir: Optional[str] = typer.Option(None, help="component logs (default: a temp dir)"),
     save_mode: Optional[str] = typer.Option(
-        None, help="prefill KV save: 'sync' (default) or 'streamed' (overlaps compute)"),
+        None, help="prefill KV save: 'sync' (default), 'streamed' (blocks, overlapping "
+                 "compute) or 'layerwise' (each layer as computed)"),
 ) -> None:
     """Start an embedded local cluster and replay the bundled Mooncake trace."""
     from kvstore.demo import run_demo

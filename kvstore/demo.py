@@ -33,7 +33,7 @@ def run_demo(*, requests: int, trace: str | None, use_cache: bool, out: str | No
     """Start the cluster, replay ``requests`` trace requests, print and return the summary.
 
     Args:
-        save_mode: the prefill engines' ``--save-mode`` ("sync", "streamed");
+        save_mode: the prefill engines' ``--save-mode`` ("sync", "streamed", "layerwise");
             None keeps their default. The summary's ``kv_save`` entry reports
             how much of the save time was hidden behind compute.
 

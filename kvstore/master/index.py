@@ -58,6 +58,7 @@ class Entry:
     replica_num: int = 1           # replicas wanted; repair copies up to it
     repair_target: str = ""        # COMPLETE: node a repair copy is going to ("" none)
     repair_deadline_ms: int = 0    # ... given up after this
+    checksum_at_end: bool = False  # PENDING: the checksum comes with PutEnd (layer-wise puts)
 
 
 class ObjectIndex:
@@ -167,7 +168,8 @@ class ObjectIndex:
         if entry is not None:
             if entry.state is EntryState.PENDING:
                 raise PutInProgress("another put of this key is in progress")
-            if entry.checksum == item.checksum and entry.size_bytes == item.size_bytes:
+            if (item.checksum_at_end or entry.checksum == item.checksum) and \
+                    entry.size_bytes == item.size_bytes:
                 self.counters["puts_already_present"] += 1
                 return pb.PutStartResult(status=OK_STATUS, already_present=True,
                                          object_id=entry.object_id)
@@ -177,7 +179,8 @@ class ObjectIndex:
         entry = Entry(key=item.key, size_bytes=item.size_bytes, checksum=item.checksum,
                       object_id=self._new_id(), state=EntryState.PENDING,
                       targets=[n.node_id for n in nodes], created_ms=now_ms,
-                      deadline_ms=now_ms + self.put_timeout_ms, replica_num=replica_num)
+                      deadline_ms=now_ms + self.put_timeout_ms, replica_num=replica_num,
+                      checksum_at_end=item.checksum_at_end)
         for n in nodes:
             n.reserved_bytes += item.size_bytes
         self.entries[item.key] = entry
@@ -216,6 +219,8 @@ class ObjectIndex:
                 info = self.membership.nodes.get(n)
                 if info is not None:
                     info.used_bytes += entry.size_bytes
+            if entry.checksum_at_end:
+                entry.checksum = item.checksum
             entry.state = EntryState.COMPLETE
             entry.replicas = written
             entry.deadline_ms = 0

@@ -240,11 +240,13 @@ class _Session:
         self._reply(object_id=object_id, size=size, checksum=checksum, offset=obj.alloc.offset,
                     serial=obj.alloc.serial)
 
-    def _shm_commit(self, key: str, object_id: int, _size: int, _checksum: int) -> None:
+    def _shm_commit(self, key: str, object_id: int, _size: int, checksum: int) -> None:
+        # A non-zero checksum is the value's, announced late (a value written
+        # part by part, see client.parts); 0 keeps the one SHM_ALLOC gave.
         obj = self.writing.pop((key, object_id), None)
         if obj is None:
             raise NotFound("no reservation for this key on this connection", key=key)
-        self.node.commit_write(obj)
+        self.node.commit_write(obj, checksum or None)
         self._reply(object_id=object_id, size=obj.size_bytes, checksum=obj.checksum)
 
     def _shm_abort(self, key: str, object_id: int, _size: int, _checksum: int) -> None:

@@ -191,8 +191,13 @@ class StoreNode(Tiering):
         """Where the writer puts the value (valid while ``obj`` is WRITING)."""
         return self.tier.view(obj.copies[0])
 
-    def commit_write(self, obj: StoredObject) -> None:
+    def commit_write(self, obj: StoredObject, checksum: int | None = None) -> None:
         """Verify the checksum and make the object readable.
+
+        Args:
+            checksum: the value's checksum when it was not known at
+                :meth:`begin_write` (a value written part by part); None: the
+                one announced there.
 
         Raises:
             ChecksumMismatch: the bytes are not what the writer announced;
@@ -201,6 +206,8 @@ class StoreNode(Tiering):
         """
         actual = value_checksum(self.tier.view(obj.copies[0]))
         with self._cond:
+            if checksum is not None and obj.state is ObjectState.WRITING:
+                obj.checksum = checksum
             if actual != obj.checksum:
                 self.counters["checksum_errors"] += 1
                 self._retire(obj)

@@ -41,6 +41,7 @@ class Op(enum.IntEnum):
     GET = 2          # read a value inline
     SHM_ALLOC = 3    # reserve space in the shm segment; reply carries offset
     SHM_COMMIT = 4   # the client has written the reserved space; verify and publish
+                     # (checksum != 0: the value's checksum, known only now)
     SHM_ACQUIRE = 5  # take a read reference; reply carries offset, size, checksum
     SHM_RELEASE = 6  # drop a read reference taken by SHM_ACQUIRE
     SHM_ABORT = 7    # give back a reservation from SHM_ALLOC

@@ -122,14 +122,15 @@ class ShmTransport(Transport):
         self.guesses = 0          # values copied from a remembered location
         self.wrong_guesses = 0    # ... that the node's reply did not confirm (copied again)
 
-    def _phase(self, op: Op, keys_ids: list[tuple], parents: list[str] | None = None):
+    def control(self, op: Op, keys_ids: list[tuple], parents: list[str] | None = None):
+        """Pipelined value-less frames ``(key, object_id, size, checksum)``; their reply headers."""
         for i, (key, oid, size, ck) in enumerate(keys_ids):
             self.conn.send(op, key, oid, size, ck, parent=parents[i] if parents else "")
         return [self.conn.recv_header() for _ in keys_ids]
 
     def write_many(self, items: list[WriteItem]) -> list[KVStoreError | None]:
         out: list[KVStoreError | None] = [None] * len(items)
-        replies = self._phase(Op.SHM_ALLOC, [(i.key, i.object_id, len(i.data), i.checksum)
+        replies = self.control(Op.SHM_ALLOC, [(i.key, i.object_id, len(i.data), i.checksum)
                                              for i in items], [i.parent for i in items])
         to_commit = []
         seg = self.segment.view
@@ -141,7 +142,7 @@ class ShmTransport(Transport):
                 if n:
                     seg[offset:offset + n] = it.data
                 to_commit.append(idx)
-        replies = self._phase(Op.SHM_COMMIT, [(items[i].key, items[i].object_id, 0, 0)
+        replies = self.control(Op.SHM_COMMIT, [(items[i].key, items[i].object_id, 0, 0)
                                               for i in to_commit])
         for idx, (code, _oid, _size, _ck, _off, msg) in zip(to_commit, replies):
             if code != _pb.OK:

@@ -1,8 +1,9 @@
 """The prefill worker's save modes against a real cluster (master + store nodes).
 
-Both modes must store the same bytes under the same keys, hand decode a
-readable key for every block (prefix key, or a transfer key when the cache
-refused the block), and report their save times.
+Every mode (sync, block-streamed, layer-wise) must store the same bytes
+under the same keys, hand decode a readable key for every block (prefix
+key, or a transfer key when the cache refused the block), and report their
+save times.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from client import KVClient, prefix_keys
 from engines.generate import greedy_token
 from engines.kv_cache import PagedKVCache, Sequence
-from engines.kv_saver import StreamedSaver, SyncSaver
+from engines.kv_saver import LayerwiseSaver, StreamedSaver, SyncSaver
 from engines.model import LlamaModel
 from engines.namespace import is_transfer_key, model_config, namespace_for_model
 from engines.prefill_server import PrefillWorker
@@ -50,7 +51,8 @@ def kv(master):
 def _worker(model, kv, mode: str) -> PrefillWorker:
     ns = namespace_for_model("tiny", BLOCK, salt=uuid.uuid4().hex)
     # Small streamed puts, so that several of them overlap the 40 chunks.
-    saver = StreamedSaver(kv, min_batch=4) if mode == "streamed" else SyncSaver(kv)
+    saver = {"streamed": lambda: StreamedSaver(kv, min_batch=4), "sync": lambda: SyncSaver(kv),
+             "layerwise": lambda: LayerwiseSaver(kv)}[mode]()
     return PrefillWorker(model, PagedKVCache.for_model(model.cfg, 64, BLOCK), kv, ns, "t",
                          saver=saver)
 
@@ -69,7 +71,7 @@ def _check_handover(kv, resp, pages) -> None:
         assert bytes(value) == pages[i].numpy().tobytes(), f"block {i}"
 
 
-@pytest.mark.parametrize("mode", ["sync", "streamed"])
+@pytest.mark.parametrize("mode", ["sync", "streamed", "layerwise"])
 def test_save_modes_store_the_reference_kv(model, reference, kv, mode):
     first, pages = reference
     worker = _worker(model, kv, mode)
@@ -82,7 +84,7 @@ def test_save_modes_store_the_reference_kv(model, reference, kv, mode):
         assert list(resp.block_keys) == prefix_keys(PROMPT, worker.namespace)
         _check_handover(kv, resp, pages)
         assert resp.save_mode == mode and resp.save_ms > 0
-        if mode == "streamed":
+        if mode != "sync":
             assert 0 < resp.save_hidden_ms <= resp.save_ms
         else:
             assert resp.save_hidden_ms == 0
@@ -96,7 +98,7 @@ def test_save_modes_store_the_reference_kv(model, reference, kv, mode):
         kv.batch_remove(keys)
 
 
-@pytest.mark.parametrize("mode", ["sync", "streamed"])
+@pytest.mark.parametrize("mode", ["sync", "streamed", "layerwise"])
 def test_without_the_cache_every_block_goes_by_transfer_key(model, reference, kv, mode):
     first, pages = reference
     worker = _worker(model, kv, mode)
@@ -113,7 +115,7 @@ def test_without_the_cache_every_block_goes_by_transfer_key(model, reference, kv
         kv.batch_remove(keys)
 
 
-@pytest.mark.parametrize("mode", ["sync", "streamed"])
+@pytest.mark.parametrize("mode", ["sync", "streamed", "layerwise"])
 def test_a_refused_prefix_block_is_handed_over_by_transfer_key(model, reference, kv, mode):
     first, pages = reference
     worker = _worker(model, kv, mode)

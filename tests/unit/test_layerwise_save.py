@@ -1,5 +1,8 @@
 """Prefill KV savers (engines.kv_saver): sync and block-streamed, without a network.
 
+(The layer-wise saver needs the store's reservations, so it is tested
+against a real cluster only.)
+
 The store here is :class:`_MemoryStore`, a plain in-memory implementation of
 the saver's one dependency (``batch_put``) that can be told to be slow or to
 fail; the real store is exercised in tests/integration/test_prefill_save_modes.py.
@@ -15,8 +18,8 @@ import torch
 
 from engines.config import ModelConfig
 from engines.kv_cache import PagedKVCache, Sequence
-from engines.kv_saver import (DEFAULT_SAVE_MODE, SAVE_MODES, SaveJob, StreamedSaver, SyncSaver,
-                              hidden_ms, make_saver)
+from engines.kv_saver import (DEFAULT_SAVE_MODE, SAVE_MODES, LayerwiseSaver, SaveJob,
+                              StreamedSaver, SyncSaver, hidden_ms, make_saver)
 from engines.model import LlamaModel
 from kvstore.errors import NoSpace, Unavailable
 
@@ -56,14 +59,15 @@ def _jobs(n: int) -> list[SaveJob]:
 
 
 def test_registry():
-    assert set(SAVE_MODES) == {"sync", "streamed"} and DEFAULT_SAVE_MODE in SAVE_MODES
+    assert set(SAVE_MODES) == {"sync", "streamed", "layerwise"} and DEFAULT_SAVE_MODE in SAVE_MODES
     store = _MemoryStore()
     assert isinstance(make_saver("sync", store), SyncSaver)
-    saver = make_saver("streamed", store)
-    assert isinstance(saver, StreamedSaver)
-    saver.close()
+    for name, cls in (("streamed", StreamedSaver), ("layerwise", LayerwiseSaver)):
+        saver = make_saver(name, store)
+        assert isinstance(saver, cls) and saver.layered == (name == "layerwise")
+        saver.close()
     with pytest.raises(ValueError, match="layerwise"):
-        make_saver("layerwise", store)
+        make_saver("blockwise", store)
 
 
 def test_hidden_ms_counts_only_time_before_compute_ended():
