@@ -164,6 +164,9 @@ class KVClient:
 
     def _group(self, keys: Sequence[str]) -> dict[str, list[int]]:
         """Indices of ``keys`` by owning master address (``str`` keys only)."""
+        if len(self.shard_map.ranges) == 1:     # one shard: no per-key hashing
+            return {self.shard_map.ranges[0].address:
+                    [i for i, k in enumerate(keys) if isinstance(k, str)]}
         groups: dict[str, list[int]] = defaultdict(list)
         for i, k in enumerate(keys):
             if isinstance(k, str):

@@ -267,21 +267,25 @@ class ObjectIndex:
 
     def exists_checked(self, keys: list[str]) -> tuple[list[bool], list[pb.Status]]:
         """Visibility per key, with a status per key: WRONG_SHARD (and False)
-        for a key this shard does not own, never a False that means "absent"."""
+        for a key this shard does not own, never a False that means "absent".
+        The statuses are empty when every key was answered (the common case:
+        no 1000 OK messages to build and parse)."""
         self.counters["exists_keys"] += len(keys)
         entries = self.entries
         out, statuses = [], []
+        failed = False
         for key in keys:
             try:
                 self._check_key(key)
             except KVStoreError as err:
                 out.append(False)
                 statuses.append(to_status(err))
+                failed = True
                 continue
             entry = entries.get(key)
             out.append(entry is not None and self._visible(entry))
             statuses.append(OK_STATUS)
-        return out, statuses
+        return out, statuses if failed else []
 
     def remove(self, keys: list[str], reason: str) -> pb.RemoveResponse:
         statuses = []
