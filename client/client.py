@@ -77,6 +77,11 @@ class KVClient:
             key to finish before failing with PutInProgress.
         meta_cache_entries: size of the client's metadata cache (0 = off); see
             :mod:`client.meta_cache` for what it trades.
+        rdma_device: move values with one-sided RDMA through this local device
+            (e.g. ``mlx5_0``; needs pyverbs and nodes started with
+            ``--rdma-device``) for nodes that shared memory cannot reach; a
+            node that cannot do RDMA is used over TCP. None: no RDMA.
+        rdma_port, rdma_gid_index: the device's port and GID index.
 
     Raises:
         Unavailable: the master cannot be reached.
@@ -85,8 +90,10 @@ class KVClient:
     def __init__(self, master: str, *, prefer_shm: bool = True, verify_checksum: bool | None = None,
                  replica_num: int = 1, timeout_s: float = 10.0, put_wait_s: float = 5.0,
                  meta_cache_entries: int = 65536, read_timeout_s: float | None = None,
-                 failover_wait_s: float = 15.0):
+                 failover_wait_s: float = 15.0, rdma_device: str | None = None,
+                 rdma_port: int = 1, rdma_gid_index: int | None = None):
         self.prefer_shm = prefer_shm
+        self.rdma = (rdma_device, rdma_port, rdma_gid_index) if rdma_device else None
         self.failover_wait_s = failover_wait_s
         self.suspect_s = 5.0                # a node that failed a transfer is tried last this long
         self._suspect: dict[str, float] = {}   # node id -> monotonic time it stops being suspect
@@ -225,12 +232,27 @@ class KVClient:
                         segment.close()
                         raise
                 tr = ShmTransport(conn, segment)
+        if tr is None and self.rdma is not None:
+            tr = self._rdma_transport(node)
         if tr is None:
             tr = TcpTransport(NodeConnection(node.host, node.data_port, self.read_timeout_s))
         cache[node.node_id] = tr
         with self._lock:
             self._all_transports.append(tr)
         return tr
+
+    def _rdma_transport(self, node: pb.NodeAddress) -> Transport | None:
+        """An RDMA transport to ``node``, or None (logged) when either side cannot do it."""
+        from kvstore.transfer.rdma import RdmaTransport
+
+        device, port, gid_index = self.rdma
+        conn = NodeConnection(node.host, node.data_port, self.read_timeout_s)
+        try:
+            return RdmaTransport(conn, device, port=port, gid_index=gid_index,
+                                 timeout_s=self.read_timeout_s)
+        except Unavailable as exc:     # RdmaTransport closed the connection
+            log.info("RDMA to node %s not usable (%s); using TCP", node.node_id, exc.message)
+            return None
 
     def _drop_transport(self, node_id: str) -> None:
         cache = getattr(self._local, "transports", {})

@@ -28,6 +28,7 @@ from kvstore.errors import Internal, InvalidArgument, KVStoreError, NotFound, Un
 from kvstore.store.node import StoredObject, StoreNode
 from kvstore.store.tiers.base import TierIOError
 from kvstore.transfer.protocol import REQUEST, RESPONSE, FrameReader, Op, send_parts, tune_socket
+from kvstore.transfer.rdma_wire import MAX_CONNECT_BYTES, OP_RDMA_CONNECT
 
 log = logging.getLogger(__name__)
 _MAX_NAMES_BYTES = 8192   # key + parent key; both are at most MAX_KEY_BYTES (512 B)
@@ -44,14 +45,19 @@ class DataServer:
             :func:`kvstore.transfer.protocol.local_address`); the same frames,
             without the TCP stack's cost per request (shared-memory clients
             send one small frame per get).
+        rdma: the node's :class:`~kvstore.transfer.rdma.RdmaNodeEndpoint`
+            (its DRAM segment registered): connections may then ask for a
+            queue pair with RDMA_CONNECT and move bytes one-sided. None: that
+            op answers UNAVAILABLE.
 
     Raises:
         OSError: an address is taken.
     """
 
     def __init__(self, node: StoreNode, host: str = "127.0.0.1", port: int = 0,
-                 local_address: str | None = None):
+                 local_address: str | None = None, rdma=None):
         self.node = node
+        self.rdma = rdma
         self._listeners = [socket.create_server((host, port), backlog=128)]
         self.host = host
         self.port = self._listeners[0].getsockname()[1]
@@ -111,7 +117,7 @@ class DataServer:
             t.start()
 
     def _serve(self, conn: socket.socket) -> None:
-        session = _Session(self.node, conn)
+        session = _Session(self.node, conn, self.rdma)
         try:
             session.run()
         except Unavailable:
@@ -129,9 +135,11 @@ class DataServer:
 class _Session:
     """One client connection: its frame loop and what it holds."""
 
-    def __init__(self, node: StoreNode, conn: socket.socket):
+    def __init__(self, node: StoreNode, conn: socket.socket, rdma=None):
         self.node = node
         self.conn = conn
+        self.rdma = rdma
+        self.rdma_peers: list = []       # queue pairs of this connection (RDMA_CONNECT)
         self.reader = FrameReader(conn)
         # Read references (SHM_ACQUIRE) and reservations (SHM_ALLOC) by (key, object_id).
         self.reading: dict[tuple[str, int], list[StoredObject]] = {}
@@ -145,7 +153,8 @@ class _Session:
                     Op.SHM_COMMIT: self._shm_commit, Op.SHM_ACQUIRE: self._shm_acquire,
                     Op.SHM_RELEASE: self._shm_release, Op.SHM_ABORT: self._shm_abort,
                     Op.PING: self._ping, Op.PIN: self._pin, Op.UNPIN: self._unpin,
-                    Op.PREFETCH: self._prefetch, Op.STATS: self._stats}
+                    Op.PREFETCH: self._prefetch, Op.STATS: self._stats,
+                    OP_RDMA_CONNECT: self._rdma_connect}
         while True:
             if self.out and self.reader.buffered() < REQUEST.size:
                 self._flush()   # no further request at hand: answer before blocking
@@ -289,7 +298,22 @@ class _Session:
         payload = json.dumps(self.node.stats().to_dict()).encode()
         self._reply(size=len(payload), payload=memoryview(payload))
 
+    def _rdma_connect(self, _key: str, _object_id: int, size: int, _checksum: int) -> None:
+        if size > MAX_CONNECT_BYTES:
+            raise InvalidArgument(f"RDMA_CONNECT of {size} B")   # not a frame of ours
+        request = bytes(self.reader.read(size))
+        if self.rdma is None:
+            raise Unavailable("this node serves no RDMA (start it with --rdma-device)")
+        peer, reply = self.rdma.accept(request)
+        self.rdma_peers.append(peer)
+        self._reply(size=len(reply), payload=memoryview(reply))
+
     def release_all(self) -> None:
+        # Queue pairs first: no remote access to the segment once reservations
+        # and references go back.
+        for peer in self.rdma_peers:
+            peer.close()
+        self.rdma_peers.clear()
         for objs in self.reading.values():
             for obj in objs:
                 self.node.release(obj)

@@ -39,15 +39,16 @@ import grpc
 
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.errors import Unavailable
 from kvstore.process import announce_ready, setup_logging
 from kvstore.shardmap import ShardMap
 from kvstore.sizes import parse_size
 from kvstore.store.data_server import DataServer
-from kvstore.transfer.protocol import local_address
 from kvstore.store.node import NodeStats, StoreNode
 from kvstore.store.repair import Copier
 from kvstore.store.tiers.base import Tier
 from kvstore.store.tiers.dram import DramTier
+from kvstore.transfer.protocol import local_address
 from kvstore.transfer.shm import host_id
 
 log = logging.getLogger(__name__)
@@ -402,6 +403,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ssd-high-watermark", type=float, default=0.95,
                    help="SSD: evict when use passes this fraction of capacity")
     p.add_argument("--ssd-low-watermark", type=float, default=0.90, help="... down to this fraction")
+    p.add_argument("--rdma-device", default="",
+                   help="serve one-sided RDMA on this device (e.g. mlx5_0, rxe0; needs pyverbs)")
+    p.add_argument("--rdma-port", type=int, default=1, help="port of --rdma-device")
+    p.add_argument("--rdma-gid-index", type=int, default=None,
+                   help="GID index (default: the port's first non-zero GID)")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     setup_logging(args.log_level)
@@ -420,7 +426,18 @@ def main(argv: list[str] | None = None) -> None:
         log.info("recovered %d object(s) in %.2f s", node.counters["recovered"],
                  time.monotonic() - t0)
     dram = tiers[0]
-    server = DataServer(node, args.host, args.port, local_address(dram.name)).start()
+    rdma = None
+    if args.rdma_device:
+        from kvstore.transfer.rdma import RdmaNodeEndpoint
+
+        try:
+            rdma = RdmaNodeEndpoint(args.rdma_device, dram.segment.view, port=args.rdma_port,
+                                    gid_index=args.rdma_gid_index)
+        except Unavailable as exc:
+            node.close()
+            raise SystemExit(f"kvstore node: --rdma-device {args.rdma_device}: "
+                             f"{exc.message}") from None
+    server = DataServer(node, args.host, args.port, local_address(dram.name), rdma).start()
     address = pb.NodeAddress(node_id=node_id, host=args.host, data_port=server.port,
                              shm_name=dram.name, host_id=host_id())
     stop = threading.Event()
@@ -442,7 +459,9 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if agent is not None:
             agent.stop()
-        server.stop()
+        server.stop()          # closes every connection's queue pairs first
+        if rdma is not None:
+            rdma.close()
         node.close()
         log.info("node %s stopped", node_id)
 

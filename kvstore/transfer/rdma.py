@@ -36,19 +36,13 @@ answers INVALID_ARGUMENT and closes the connection); the client raises
 :class:`~kvstore.errors.Unavailable` and the caller falls back to TCP or
 shared memory on a new connection.
 
-Node side (what the data server needs to mount it; ``kvstore/store/data_server.py``
-does not do this yet)::
-
-    endpoint = RdmaNodeEndpoint(device, dram_tier.segment.view)   # once per node
-    # _Session: a handler for OP_RDMA_CONNECT
-    def _rdma_connect(self, key, object_id, size, checksum):
-        if size > MAX_CONNECT_BYTES: raise InvalidArgument(...)  # stream is not ours
-        request = bytes(self.reader.read(size))
-        peer, reply = endpoint.accept(request)                    # raises Unavailable
-        self.rdma_peers.append(peer)
-        self._reply(size=len(reply), payload=memoryview(reply))
-    # _Session.release_all: close the peers FIRST (no more remote access to
-    # the segment), then abort reservations and drop references.
+Where it is mounted: ``kvstore node --rdma-device DEV`` makes one
+:class:`RdmaNodeEndpoint` over the DRAM segment and hands it to the data
+server, whose connections answer RDMA_CONNECT with a queue pair they own;
+a connection closes its queue pairs first when it ends, then gives back its
+reservations and references. ``KVClient(rdma_device=DEV)`` uses an
+:class:`RdmaTransport` for every node that shared memory does not reach,
+and TCP where either side cannot do RDMA.
 
 pyverbs is imported lazily (only when an RDMA transport or endpoint is
 made): on PyPI it is ``pyverbs`` (an sdist of rdma-core's bindings; the

@@ -15,18 +15,16 @@ Optional: ``KVSTORE_RDMA_PORT`` (default 1), ``KVSTORE_RDMA_GID_INDEX``
 (default: the port's first non-zero GID). The pure parts (descriptors,
 chunk plans) are tested without hardware in ``tests/unit/test_rdma_wire.py``.
 
-The store node's data server does not mount the RDMA op yet, so these tests
-serve one connection with a session that answers RDMA_CONNECT first (as
-the mount described in :mod:`kvstore.transfer.rdma` would) and then runs
-the node's stock frame loop.
+The node side is the data server's own mount (``DataServer(rdma=...)``,
+what ``kvstore node --rdma-device`` starts); a cluster whose nodes and
+clients name a device (``KVClient(rdma_device=...)``) uses it for every node
+that shared memory does not reach.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-import socket
-import threading
 
 import numpy as np
 import pytest
@@ -37,9 +35,8 @@ from kvstore.store.data_server import DataServer
 from kvstore.store.node import StoreNode
 from kvstore.store.tiers.dram import DramTier
 from kvstore.transfer.base import ReadItem, WriteItem
-from kvstore.transfer.protocol import REQUEST
 from kvstore.transfer.rdma import RdmaNodeEndpoint, RdmaTransport
-from kvstore.transfer.rdma_wire import OP_RDMA_CONNECT, QpDescriptor, decode_connect_reply
+from kvstore.transfer.rdma_wire import QpDescriptor, decode_connect_reply
 from kvstore.transfer.tcp import NodeConnection
 from kvstore.transfer.verbs import RdmaDevice
 
@@ -71,59 +68,12 @@ def endpoint(node):
     ep.close()
 
 
-def _rdma_session(node, conn, endpoint: RdmaNodeEndpoint):
-    """A node connection whose first frame is RDMA_CONNECT (the mount, test-side).
-
-    Built on the data server's private session class, imported here so that
-    collecting this module never depends on it.
-    """
-    from kvstore.store.data_server import _Session
-
-    class _RdmaSession(_Session):
-        peer = None
-
-        def run(self) -> None:
-            op, _f, key_len, parent_len, _oid, size, _ck = REQUEST.unpack(
-                self.reader.read(REQUEST.size))
-            self.reader.read(key_len + parent_len)
-            assert op == OP_RDMA_CONNECT, op
-            self.peer, reply = endpoint.accept(bytes(self.reader.read(size)))
-            self._reply(size=len(reply), payload=memoryview(reply))
-            super().run()
-
-        def release_all(self) -> None:
-            if self.peer is not None:
-                self.peer.close()   # first: no remote access once reservations go back
-            super().release_all()
-
-    return _RdmaSession(node, conn)
-
-
 @pytest.fixture
 def rdma_node(node, endpoint):
-    """(host, port) serving one RDMA connection to ``node``."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    errors: list[BaseException] = []
-
-    def serve() -> None:
-        conn, _ = listener.accept()
-        session = _rdma_session(node, conn, endpoint)
-        try:
-            session.run()
-        except Unavailable:
-            pass   # the client closed the connection
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            session.release_all()
-            conn.close()
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    yield listener.getsockname()
-    listener.close()
-    t.join(timeout=10)
-    assert not errors, errors
+    """(host, port) of the node's own data server with RDMA mounted."""
+    server = DataServer(node, rdma=endpoint).start()
+    yield (server.host, server.port)
+    server.stop()
 
 
 def _transport(address, **kwargs) -> RdmaTransport:
