@@ -27,11 +27,14 @@ from kvstore._proto import kvstore_pb2 as pb
 from kvstore.errors import Internal, InvalidArgument, KVStoreError, NotFound, Unavailable
 from kvstore.store.node import StoredObject, StoreNode
 from kvstore.store.tiers.base import TierIOError
-from kvstore.transfer.protocol import REQUEST, RESPONSE, FrameReader, Op, send_parts, tune_socket
+from kvstore.transfer.protocol import (REQUEST, RESPONSE, FrameReader, Op, send_gathered,
+                                       tune_socket)
 from kvstore.transfer.rdma_wire import MAX_CONNECT_BYTES, OP_RDMA_CONNECT
 
 log = logging.getLogger(__name__)
 _MAX_NAMES_BYTES = 8192   # key + parent key; both are at most MAX_KEY_BYTES (512 B)
+_MAX_GATHER_BYTES = 4 * 1024 * 1024    # values held back for one gathered send, at most
+_MAX_GATHER_PARTS = 512
 
 
 class DataServer:
@@ -146,7 +149,10 @@ class _Session:
         self.writing: dict[tuple[str, int], StoredObject] = {}
         self.parent: str | None = None   # parent key of the frame being handled
         self.staging = bytearray()       # GET of an object DRAM had no room for
-        self.out = bytearray()           # replies not sent yet (see _reply)
+        self.out = bytearray()           # reply headers not sent yet (see _reply)
+        self.parts: list = []            # ... before them: headers and values, in order
+        self.parts_bytes = 0
+        self.sending: list[StoredObject] = []   # referenced until their values are sent
 
     def run(self) -> None:
         handlers = {Op.PUT: self._put, Op.GET: self._get, Op.SHM_ALLOC: self._shm_alloc,
@@ -156,7 +162,7 @@ class _Session:
                     Op.PREFETCH: self._prefetch, Op.STATS: self._stats,
                     OP_RDMA_CONNECT: self._rdma_connect}
         while True:
-            if self.out and self.reader.buffered() < REQUEST.size:
+            if (self.out or self.parts) and self.reader.buffered() < REQUEST.size:
                 self._flush()   # no further request at hand: answer before blocking
             op, _flags, key_len, parent_len, object_id, size, checksum = REQUEST.unpack(
                 self.reader.read(REQUEST.size))
@@ -180,22 +186,42 @@ class _Session:
                 self._reply_error(err)
 
     # ---- replies ----
-    # Value-less replies are gathered while further requests of a pipelined
-    # batch are already buffered, and sent together (one send, one wake-up of
-    # the client); a reply with a value goes out at once with what is gathered.
+    # Replies are gathered while further requests of a pipelined batch are
+    # already buffered, and sent together: one gathered sendmsg (values
+    # straight from the segment, no copies) and one wake-up of the client per
+    # batch instead of one per key. A value stays referenced until it is sent.
     def _reply(self, *, object_id: int = 0, size: int = 0, checksum: int = 0, offset: int = 0,
-               serial: int = 0, payload: memoryview | None = None) -> None:
+               serial: int = 0, payload: memoryview | None = None,
+               hold: StoredObject | None = None) -> None:
+        """Queue one OK reply; ``hold`` (the payload's object) is released once it is sent."""
         self.out += RESPONSE.pack(pb.OK, 0, 0, 0, object_id, size, checksum, offset, serial)
         if payload is not None and len(payload):
-            self._flush(payload)
+            self.parts += [bytes(self.out), payload]
+            self.out = bytearray()
+            self.parts_bytes += len(payload)
+        if hold is not None:
+            self.sending.append(hold)
+        if self.parts_bytes >= _MAX_GATHER_BYTES or len(self.parts) >= _MAX_GATHER_PARTS:
+            self._flush()
 
     def _reply_error(self, err: KVStoreError) -> None:
         msg = str(err.message).encode()[:1024]
         self.out += RESPONSE.pack(err.code, 0, len(msg), 0, 0, 0, 0, 0, 0) + msg
 
-    def _flush(self, payload: memoryview | None = None) -> None:
-        out, self.out = bytes(self.out), bytearray()
-        send_parts(self.conn, out, payload)
+    def _flush(self) -> None:
+        parts, self.parts, self.parts_bytes = self.parts, [], 0
+        if self.out:
+            parts.append(bytes(self.out))
+            self.out = bytearray()
+        try:
+            send_gathered(self.conn, parts)
+        finally:
+            self._release_sent()
+
+    def _release_sent(self) -> None:
+        held, self.sending = self.sending, []
+        for obj in held:
+            self.node.release(obj)
 
     # ---- ops ----
     def _put(self, key: str, object_id: int, size: int, checksum: int) -> None:
@@ -221,17 +247,20 @@ class _Session:
         # An object only on SSD (or GPU) is promoted to DRAM first; when DRAM has
         # no room soon, it is served from its slower copy through a staging buffer.
         obj = self.node.acquire(key, object_id, require_dram=False)
+        if obj.alloc is not None:
+            # Sent from the segment with the batch; released once sent.
+            self._reply(object_id=obj.object_id, size=obj.size_bytes, checksum=obj.checksum,
+                        payload=self.node.read_view(obj), hold=obj)
+            return
         try:
-            if obj.alloc is not None:
-                payload = self.node.read_view(obj)
-            else:
-                payload = self._staging(obj.size_bytes)
-                try:
-                    self.node.read_into(obj, payload)
-                except TierIOError as exc:
-                    raise Internal(f"reading the slower copy failed: {exc}", key=key) from exc
+            payload = self._staging(obj.size_bytes)
+            try:
+                self.node.read_into(obj, payload)
+            except TierIOError as exc:
+                raise Internal(f"reading the slower copy failed: {exc}", key=key) from exc
             self._reply(object_id=obj.object_id, size=obj.size_bytes, checksum=obj.checksum,
                         payload=payload)
+            self._flush()    # the staging buffer is this connection's only one
         finally:
             self.node.release(obj)
 
@@ -309,6 +338,7 @@ class _Session:
         self._reply(size=len(reply), payload=memoryview(reply))
 
     def release_all(self) -> None:
+        self._release_sent()
         # Queue pairs first: no remote access to the segment once reservations
         # and references go back.
         for peer in self.rdma_peers:

@@ -115,13 +115,33 @@ class FrameReader:
         return view
 
     def read_into(self, dest: memoryview) -> None:
-        """Fill ``dest`` with the next ``len(dest)`` bytes."""
-        have = min(self._end - self._start, len(dest))
-        if have:
-            dest[:have] = self._view[self._start:self._start + have]
-            self._start += have
-        if have < len(dest):
-            recv_exact_into(self.sock, dest[have:])
+        """Fill ``dest`` with the next ``len(dest)`` bytes.
+
+        What is not buffered yet is received straight into ``dest``, with the
+        bytes that follow it (the next frames of a pipelined batch) landing in
+        the buffer in the same ``recvmsg_into`` call: one system call per value
+        of a batch, not two.
+        """
+        n = len(dest)
+        got = min(self._end - self._start, n)
+        if got:
+            dest[:got] = self._view[self._start:self._start + got]
+            self._start += got
+        if got == n:
+            return
+        self._start = self._end = 0          # every buffered byte went to dest
+        while got < n:
+            try:
+                k = self.sock.recvmsg_into([dest[got:], self._view])[0]
+            except OSError as exc:
+                raise Unavailable(f"connection failed while receiving: {exc}") from exc
+            if k == 0:
+                raise Unavailable("connection closed by peer")
+            if k > n - got:
+                self._end = k - (n - got)
+                got = n
+            else:
+                got += k
 
     def discard(self, n: int) -> None:
         """Skip the next ``n`` bytes."""
@@ -151,6 +171,21 @@ def send_parts(sock: socket.socket, header: bytes, payload: memoryview | None = 
         sock.sendall(payload)
     elif sent < len(header) + len(payload):
         sock.sendall(payload[sent - len(header):])
+
+
+def send_gathered(sock: socket.socket, parts: list) -> None:
+    """Send byte buffers back to back with as few ``sendmsg`` calls as the
+    kernel allows (at most 512 buffers each; no copies)."""
+    views = [memoryview(p).cast("B") for p in parts if len(p)]
+    while views:
+        batch = views[:512]
+        sent = sock.sendmsg(batch)
+        while batch and sent >= len(batch[0]):
+            sent -= len(batch[0])
+            batch.pop(0)
+            views.pop(0)
+        if sent:
+            views[0] = views[0][sent:]
 
 
 def local_address(shm_name: str) -> str:

@@ -28,7 +28,7 @@ from kvstore.keys import value_checksum
 from kvstore.transfer.base import ReadItem, Transport, WriteItem
 from kvstore.transfer.protocol import REQUEST, RESPONSE, FrameReader, Op, send_parts, tune_socket
 
-_READ_AHEAD_BYTES = 64 * 1024
+_READ_AHEAD_BYTES = 8 * 1024
 #: Longest time a deferred frame (SHM_RELEASE) waits for the next request, in seconds.
 DEFER_FLUSH_S = 0.005
 
