@@ -153,6 +153,7 @@ class _Session:
         self.parts: list = []            # ... before them: headers and values, in order
         self.parts_bytes = 0
         self.sending: list[StoredObject] = []   # referenced until their values are sent
+        self.closing = False             # the stream cannot be trusted: answer, then close
 
     def run(self) -> None:
         handlers = {Op.PUT: self._put, Op.GET: self._get, Op.SHM_ALLOC: self._shm_alloc,
@@ -184,6 +185,9 @@ class _Session:
                 handler(key, object_id, size, checksum)
             except KVStoreError as err:
                 self._reply_error(err)
+            if self.closing:
+                self._flush()
+                return
 
     # ---- replies ----
     # Replies are gathered while further requests of a pipelined batch are
@@ -329,7 +333,8 @@ class _Session:
 
     def _rdma_connect(self, _key: str, _object_id: int, size: int, _checksum: int) -> None:
         if size > MAX_CONNECT_BYTES:
-            raise InvalidArgument(f"RDMA_CONNECT of {size} B")   # not a frame of ours
+            self.closing = True     # not a frame of ours: its payload cannot be skipped safely
+            raise InvalidArgument(f"RDMA_CONNECT of {size} B")
         request = bytes(self.reader.read(size))
         if self.rdma is None:
             raise Unavailable("this node serves no RDMA (start it with --rdma-device)")
