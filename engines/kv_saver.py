@@ -249,7 +249,36 @@ class _Flush:
     done: threading.Event = field(default_factory=threading.Event)
 
 
-class StreamedSaver(BlockSaver):
+class _ThreadedSaver(BlockSaver):
+    """A saver whose puts run on one background thread fed by a FIFO queue
+    (so a _Flush is handled only after every item queued before it)."""
+
+    def __init__(self, store: BlockStore, thread_name: str):
+        self.store = store
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
+    @abc.abstractmethod
+    def _run(self) -> None:
+        """The thread: take items until None."""
+
+    def _take(self) -> list:
+        """Block for the next item, then take every item already queued."""
+        items = [self._queue.get()]
+        while True:
+            try:
+                items.append(self._queue.get_nowait())
+            except queue.Empty:
+                return items
+
+
+class StreamedSaver(_ThreadedSaver):
     """Block-streamed saves on one background thread (see the module docstring).
 
     Args:
@@ -264,35 +293,20 @@ class StreamedSaver(BlockSaver):
     name = "streamed"
 
     def __init__(self, store: BlockStore, min_batch: int = 0, max_batch: int = 64):
-        self.store = store
         self.min_batch = max(1, min_batch or DEFAULT_MIN_BATCH)
         self.max_batch = max(self.min_batch, max_batch)
-        # Items: (session, SaveJob) | _Flush | None (stop). FIFO, so a _Flush
-        # is handled only after every job queued before it.
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="kv-saver", daemon=True)
-        self._thread.start()
+        # Items: (session, SaveJob) | _Flush | None (stop).
+        super().__init__(store, "kv-saver")
 
     def begin(self) -> SaveSession:
         return _StreamedSession(self)
-
-    def close(self) -> None:
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join()
 
     # -- saver thread --
 
     def _run(self) -> None:
         pending: list[tuple[_StreamedSession, SaveJob]] = []
         while True:
-            items = [self._queue.get()]
-            while True:
-                try:
-                    items.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            for item in items:
+            for item in self._take():
                 if item is None:
                     self._put_pending(pending)
                     return
@@ -386,7 +400,7 @@ class _StreamedSession(SaveSession):
 
 # ---- layerwise ---------------------------------------------------------------
 
-class LayerwiseSaver(BlockSaver):
+class LayerwiseSaver(_ThreadedSaver):
     """Layer-wise saves: each layer of a block goes to the store as soon as the
     model has written it (see the module docstring), on one background thread.
 
@@ -407,34 +421,19 @@ class LayerwiseSaver(BlockSaver):
     layered = True
 
     def __init__(self, store: BlockStore):
-        self.store = store
         # Items: ("expect", session, jobs) | ("layer", session, tag, layer, num_layers)
-        # | ("whole", session, job) | _Flush | None (stop); FIFO.
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="kv-saver-layerwise",
-                                        daemon=True)
-        self._thread.start()
+        # | ("whole", session, job) | _Flush | None (stop).
+        super().__init__(store, "kv-saver-layerwise")
 
     def begin(self) -> SaveSession:
         return _LayerwiseSession(self)
-
-    def close(self) -> None:
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join()
 
     # -- saver thread --
 
     def _run(self) -> None:
         open_: dict[int, _OpenParts] = {}     # id(session) -> its writer
         while True:
-            items = [self._queue.get()]
-            while True:
-                try:
-                    items.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            for item in items:
+            for item in self._take():
                 if item is None:
                     for parts in open_.values():
                         parts.writer.abort()

@@ -21,7 +21,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from kvstore.process import Child, ChildFailed, Cluster
+from kvstore.process import Child, ChildFailed, Cluster, terminate
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
@@ -122,13 +122,7 @@ class EtcdServer:
                 time.sleep(0.1)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

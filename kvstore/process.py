@@ -27,6 +27,17 @@ def setup_logging(level: str = "INFO") -> None:
                         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
 
 
+def terminate(proc: subprocess.Popen, timeout_s: float = 5.0) -> None:
+    """SIGTERM ``proc`` if it runs, wait up to ``timeout_s``, then SIGKILL it."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def announce_ready(info: dict) -> None:
     """Tell the launcher this process is serving (one line on stdout)."""
     sys.stdout.write(READY_PREFIX + json.dumps(info) + "\n")

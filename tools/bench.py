@@ -50,6 +50,7 @@ from typing import Callable, Optional
 import numpy as np
 import typer
 
+from kvstore.process import terminate
 from kvstore.sizes import format_size, parse_size
 from tools.bench_mooncake import master_binary, start_mooncake
 from kvstore.transfer.protocol import recv_exact_into, send_parts, tune_socket
@@ -196,6 +197,20 @@ def _short_size(size_bytes: int) -> str:
     return f"{size_bytes}B"
 
 
+def stop_workers(workers: list[tuple[mp.Process, object]], timeout_s: float = 5.0) -> None:
+    """Tell each worker process to stop (None down its pipe), wait, then terminate it."""
+    for _p, pipe in workers:
+        try:
+            pipe.send(None)
+        except OSError:
+            pass
+    for p, _pipe in workers:
+        p.join(timeout_s)
+        if p.is_alive():
+            p.terminate()
+            p.join()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -331,13 +346,7 @@ class _Redis:
 
     def stop(self) -> None:
         self.client.close()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
 
 
 def _settle_allocator(size: int) -> None:
@@ -568,16 +577,7 @@ class _Kvstore:
         return Row("kvstore", "tcp", "exists", 0, 0.0, t.ops * len(keys) / t.seconds)
 
     def stop(self) -> None:
-        for p, pipe in self.workers:
-            try:
-                pipe.send(None)
-            except OSError:
-                pass
-        for p, _ in self.workers:
-            p.join(5)
-            if p.is_alive():
-                p.terminate()
-                p.join()
+        stop_workers(self.workers)
         for kv in (self.kv_shm, self.kv_tcp):
             if kv is not None:
                 kv.close()

@@ -32,6 +32,8 @@ import subprocess
 import time
 from typing import TYPE_CHECKING
 
+from kvstore.process import terminate
+
 if TYPE_CHECKING:
     from tools.bench import BenchConfig, Row
 
@@ -219,23 +221,10 @@ class MooncakePeer:
                 _timed_row("mooncake", "tcp", "get", size, get_t)]
 
     def stop(self) -> None:
-        for p, pipe in self.procs:
-            try:
-                pipe.send(None)
-            except OSError:
-                pass
-        for p, _ in self.procs:
-            p.join(10)
-            if p.is_alive():
-                p.terminate()
-                p.join()
-        if self.master_proc.poll() is None:
-            self.master_proc.terminate()
-            try:
-                self.master_proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.master_proc.kill()
-                self.master_proc.wait()
+        from tools.bench import stop_workers
+
+        stop_workers(self.procs, timeout_s=10)
+        terminate(self.master_proc, timeout_s=10)
         self._log.close()
 
 
