@@ -77,6 +77,11 @@ def _client(ctx: typer.Context) -> Iterator[Any]:
             kv.close()
 
 
+def _table(**kwargs) -> Table:
+    """A table for 80-column terminals: no rules, underlined headers, no outer padding."""
+    return Table(box=None, pad_edge=False, header_style="bold underline", **kwargs)
+
+
 def _emit_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
@@ -117,11 +122,11 @@ def node_json(n: pb.NodeStat) -> dict:
 
 def _tiers_table(title: str, rows: list[tuple[str, pb.TierStat]]) -> Table:
     """One row per (node, tier): used / free / evictable and why eviction is blocked."""
-    table = Table(title=title)
+    table = _table(title=title)
     for col in ("node", "tier", "used", "free", "evictable", "capacity", "objects", "pinned",
                 "protected", "eviction blocked"):
         table.add_column(col, justify="left" if col in ("node", "tier", "eviction blocked")
-                         else "right", overflow="fold")
+                         else "right", overflow="fold", no_wrap=col != "eviction blocked")
     for node_id, t in rows:
         table.add_row(node_id, _tier(t.tier), format_size(t.used_bytes), format_size(t.free_bytes),
                       format_size(t.evictable_bytes), format_size(t.capacity_bytes),
@@ -193,7 +198,7 @@ def nodes(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         _emit_json({"nodes": [node_json(n) for n in found]})
         return
     now = time.time() * 1000
-    table = Table(title=f"{len(found)} store node(s)")
+    table = _table(title=f"{len(found)} store node(s)")
     for col in ("node", "address", "alive", "tier", "used", "capacity", "used %", "objects",
                 "heartbeat"):
         right = col in ("used", "capacity", "used %", "objects", "heartbeat")
@@ -235,7 +240,7 @@ def list_objects(
                     "count": len(objects), "truncated": truncated})
         return
     more = " (more not shown; raise --limit)" if truncated else ""
-    table = Table(title=f"{len(objects)} object(s){more}")
+    table = _table(title=f"{len(objects)} object(s){more}")
     table.add_column("key", overflow="fold")
     table.add_column("size", justify="right")
     table.add_column("replicas")
@@ -260,7 +265,7 @@ def inspect(ctx: typer.Context, key: Annotated[str, typer.Argument(help="The obj
         _emit_json({**meta_json(meta), "slot": slot, "shard_id": shard.shard_id,
                     "shard_address": shard.address})
         return
-    table = Table(title=f"object {key}", show_header=False)
+    table = _table(title=f"object {key}", show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
     table.add_row("size", f"{format_size(meta.size_bytes)} ({meta.size_bytes} B)")
@@ -339,7 +344,7 @@ def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         _emit_json({"shards": out, "totals": totals})
         return
     console = _console()
-    table = Table(title="shards")
+    table = _table(title="shards")
     for col in ("shard", "address", "objects", "bytes", "pending", "nodes alive", "used",
                 "capacity"):
         table.add_column(col, justify="left" if col in ("shard", "address") else "right",
@@ -350,14 +355,14 @@ def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
                       f"{s['nodes_alive']}/{s['nodes']}", format_size(s["used_bytes"]),
                       format_size(s["capacity_bytes"]))
     console.print(table)
-    counters = Table(title="counters")
+    counters = _table(title="counters")
     counters.add_column("counter")
     counters.add_column("value", justify="right")
     names = sorted({k for s in out for k in s["counters"]})
     for name in names:
         counters.add_row(name, str(sum(s["counters"].get(name, 0) for s in out)))
     console.print(counters)
-    tiers = Table(title="tiers (live nodes)")
+    tiers = _table(title="tiers (live nodes)")
     for col in ("tier", "used", "free", "evictable", "capacity", "objects"):
         tiers.add_column(col, justify="left" if col == "tier" else "right")
     names = sorted({k for s in out for k in s["tiers"]}, key=lambda n: pb.Tier.Value(n)
@@ -371,7 +376,7 @@ def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
                       str(agg["num_objects"]))
     if names:
         console.print(tiers)
-    node_counters = Table(title="node counters (evictions, demotions, promotions, prefetch)")
+    node_counters = _table(title="node counters (evictions, demotions, promotions, prefetch)")
     node_counters.add_column("counter")
     node_counters.add_column("value", justify="right")
     for name in sorted({k for s in out for k in s["node_counters"]}):
