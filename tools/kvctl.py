@@ -121,17 +121,19 @@ def node_json(n: pb.NodeStat) -> dict:
 
 
 def _tiers_table(title: str, rows: list[tuple[str, pb.TierStat]]) -> Table:
-    """One row per (node, tier): used / free / evictable and why eviction is blocked."""
-    table = _table(title=title)
+    """One row per (node, tier): used / free / evictable; why eviction is blocked
+    goes under the table (a sentence does not fit a column)."""
+    blocked = [f"{node_id} {_tier(t.tier)}: eviction blocked: {t.eviction_blocked}"
+               for node_id, t in rows if t.eviction_blocked]
+    table = _table(title=title, caption="\n".join(blocked) or None, caption_justify="left")
     for col in ("node", "tier", "used", "free", "evictable", "capacity", "objects", "pinned",
-                "protected", "eviction blocked"):
-        table.add_column(col, justify="left" if col in ("node", "tier", "eviction blocked")
-                         else "right", overflow="fold", no_wrap=col != "eviction blocked")
+                "protected"):
+        table.add_column(col, justify="left" if col in ("node", "tier") else "right",
+                         no_wrap=True)
     for node_id, t in rows:
         table.add_row(node_id, _tier(t.tier), format_size(t.used_bytes), format_size(t.free_bytes),
                       format_size(t.evictable_bytes), format_size(t.capacity_bytes),
-                      str(t.num_objects), str(t.num_pinned), str(t.num_protected),
-                      t.eviction_blocked or "-")
+                      str(t.num_objects), str(t.num_pinned), str(t.num_protected))
     return table
 
 
