@@ -23,6 +23,7 @@ import json
 import logging
 import threading
 import time
+import weakref
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
@@ -53,6 +54,28 @@ _GRPC_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024),
                  ("grpc.max_send_message_length", 64 * 1024 * 1024)]
 #: Master RPC attempts on UNAVAILABLE (the only retryable error).
 _MASTER_ATTEMPTS = 3
+
+
+class _ThreadTransports:
+    """One thread's data connections (node id -> Transport).
+
+    Held in the client's thread-local storage: when the thread ends, its
+    storage goes and the transports are closed (sockets, segment mappings),
+    so short-lived threads do not pile up connections.
+    """
+
+    def __init__(self):
+        self.map: dict[str, Transport] = {}
+        weakref.finalize(self, _close_transports, self.map)
+
+    def close_all(self) -> None:
+        _close_transports(self.map)
+
+
+def _close_transports(transports: dict[str, Transport]) -> None:
+    for tr in list(transports.values()):
+        tr.close()
+    transports.clear()
 
 
 class KVClient:
@@ -109,13 +132,20 @@ class KVClient:
         self._stubs: dict[str, pb_grpc.MasterStub] = {}
         self._lock = threading.Lock()
         self._local = threading.local()
-        self._all_transports: list[Transport] = []
+        # Each thread's transports (see _ThreadTransports); weak, so that a
+        # finished thread's go away with it.
+        self._holders: weakref.WeakSet[_ThreadTransports] = weakref.WeakSet()
         self._closed = False
         self._seed = master
         self.shard_map = self._fetch_shard_map(master)
 
     # ---- master plumbing ----
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Unavailable("this KVClient is closed")
+
     def _stub(self, address: str) -> pb_grpc.MasterStub:
+        self._check_open()
         with self._lock:
             stub = self._stubs.get(address)
             if stub is None:
@@ -205,9 +235,13 @@ class KVClient:
 
     # ---- data plane plumbing ----
     def _transport(self, node: pb.NodeAddress) -> Transport:
-        cache: dict[str, Transport] = getattr(self._local, "transports", None)
-        if cache is None:
-            cache = self._local.transports = {}
+        self._check_open()
+        holder: _ThreadTransports | None = getattr(self._local, "transports", None)
+        if holder is None:
+            holder = self._local.transports = _ThreadTransports()
+            with self._lock:
+                self._holders.add(holder)
+        cache = holder.map
         tr = cache.get(node.node_id)
         if tr is not None and not getattr(tr, "conn").broken:
             return tr
@@ -237,8 +271,6 @@ class KVClient:
         if tr is None:
             tr = TcpTransport(NodeConnection(node.host, node.data_port, self.read_timeout_s))
         cache[node.node_id] = tr
-        with self._lock:
-            self._all_transports.append(tr)
         return tr
 
     def _rdma_transport(self, node: pb.NodeAddress) -> Transport | None:
@@ -255,8 +287,8 @@ class KVClient:
             return None
 
     def _drop_transport(self, node_id: str) -> None:
-        cache = getattr(self._local, "transports", {})
-        tr = cache.pop(node_id, None)
+        holder = getattr(self._local, "transports", None)
+        tr = holder.map.pop(node_id, None) if holder is not None else None
         if tr is not None:
             tr.close()
 
@@ -867,8 +899,8 @@ class KVClient:
             return
         self._closed = True
         with self._lock:
-            for tr in self._all_transports:
-                tr.close()
+            for holder in list(self._holders):
+                holder.close_all()
             for ch in self._channels.values():
                 ch.close()
 

@@ -66,7 +66,10 @@ class PartsWriter:
 
     Made by :meth:`client.KVClient.put_parts`. Per key ``i``: :meth:`write`
     its parts in order (any sizes that add up to ``sizes_bytes[i]``), then
-    :meth:`commit` once for all keys, or :meth:`abort`.
+    :meth:`commit` (all keys, or some as they complete), or :meth:`abort`. As
+    a context manager it commits at the end of the block, or aborts when the
+    block raises. A writer left open keeps its reservations (node memory)
+    until its client closes.
 
     Attributes:
         results: per key, None while open; after :meth:`commit`: True
@@ -169,6 +172,16 @@ class PartsWriter:
         if offset != self._written[i] or offset + n > self.sizes[i]:
             raise InvalidArgument(f"part [{offset}, {offset + n}) of a {self.sizes[i]} B value "
                                   f"with {self._written[i]} B written", key=self.keys[i])
+        if any(t.view is not None and t.transport.conn.broken for t in self._targets[i]):
+            # The connection that holds the reservation is gone (client closed,
+            # node failed): the node has given that memory back, maybe to
+            # another object. Never write there.
+            for t in self._targets[i]:
+                t.view = None
+            err = Unavailable("the connection holding this value's reservation closed",
+                              key=self.keys[i])
+            self._fail(i, err)
+            raise err
         for t in self._targets[i]:    # none when already present
             if t.view is not None:
                 t.view[offset:offset + n] = view
@@ -291,5 +304,9 @@ class PartsWriter:
         return self
 
     def __exit__(self, exc_type, *_exc) -> None:
+        """Commit what is open (an incomplete value fails and is freed), or abort
+        everything when the block raised."""
         if exc_type is not None:
             self.abort()
+        else:
+            self.commit()

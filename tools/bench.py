@@ -376,7 +376,7 @@ def _start_redis(cfg: "BenchConfig") -> _Redis | None:
         import redis
         from redis.utils import HIREDIS_AVAILABLE
     except ImportError:
-        cfg.note("redis: skipped (no redis module; pip install redis)")
+        cfg.note("redis: skipped (no redis module: pip install -e '.[bench]')")
         return None
     try:
         peer = _Redis(exe)
@@ -680,21 +680,24 @@ def _ratio(row: dict | None, base: dict | None) -> float | None:
     return row["ops_per_s"] / base["ops_per_s"]
 
 
-def check_targets(rows: list[dict]) -> list[tuple[str, int, float, bool]]:
-    """Issue 4's targets that ``rows`` can judge: (name, size_bytes, measured, passed).
+def check_targets(rows: list[dict]) -> list[tuple[str, int, float | None, bool | None]]:
+    """Issue 4's targets at the sizes ``rows`` measured: (name, size_bytes, measured, passed).
 
-    ``measured`` is the ratio to the baseline, or ops/s for an absolute target.
+    ``measured`` is the ratio to the baseline, or ops/s for an absolute
+    target; both are None when a row is missing (a peer that was skipped).
     """
+    measured = {r["size_bytes"] for r in rows}
     out = []
     for t in TARGETS:
         for size in t.sizes_bytes:
+            if size not in measured:
+                continue
             row = _find(rows, *t.row, size)
             if t.baseline is None:
                 value = row["ops_per_s"] if row else None
             else:
                 value = _ratio(row, _find(rows, *t.baseline, size))
-            if value is not None:
-                out.append((t.name, size, value, value >= t.ratio))
+            out.append((t.name, size, value, None if value is None else value >= t.ratio))
     return out
 
 
@@ -708,10 +711,11 @@ def render(rows: list[dict], verify: bool | None):
     from rich.table import Table
 
     # Fits 80 columns: no rules, two-line ratio headers, the limits named in the caption.
-    table = Table(title=f"kvstore bench (GB/s = 10^9 B/s; gets verify checksums: "
-                        f"{_verify_label(verify)})", box=None, pad_edge=False,
-                  caption="vs limit: shm / cold memcpy, tcp / socket reqresp, "
-                          "tcp-batch / socket stream")
+    table = Table(title="kvstore bench (GB/s = 10^9 B/s)", box=None, pad_edge=False,
+                  caption="vs limit: shm / cold memcpy, tcp / socket reqresp,\n"
+                          "tcp-batch / socket stream.\n"
+                          f"gets verify checksums: {_verify_label(verify)}",
+                  caption_justify="left")
     for name in ("system", "path", "op", "size"):
         table.add_column(name, no_wrap=True)
     for name in ("GB/s", "ops/s", "vs\nlimit", "vs\nredis", "vs\nmooncake"):
@@ -736,6 +740,9 @@ def render(rows: list[dict], verify: bool | None):
     for name in ("target", "size", "measured", "result"):
         targets.add_column(name)
     for name, size, value, ok in check_targets(rows):
+        if value is None:
+            targets.add_row(name, _short_size(size) if size else "-", "-", "not measured")
+            continue
         targets.add_row(name, _short_size(size) if size else "-",
                         f"{value:,.0f} keys/s" if not size else f"{value:.2f}x",
                         "[green]pass[/]" if ok else "[red]miss[/]")

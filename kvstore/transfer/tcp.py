@@ -192,6 +192,8 @@ class NodeConnection:
                 raise AssertionError(f"store node refused a deferred request: {msg}")
 
     def close(self) -> None:
+        """Close the socket; the connection counts as broken from now on."""
+        self.broken = True
         try:
             self.sock.close()
         except OSError:

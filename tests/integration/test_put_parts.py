@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from client import KVClient
-from kvstore.errors import InvalidArgument, KeyConflict, NotFound
-from kvtest import cluster_running
+from kvstore.errors import InvalidArgument, KeyConflict, NotFound, Unavailable
+from kvtest import cluster_running, wait_for
 
 LAYERS, LAYER_BYTES = 4, 16 * 1024
 
@@ -87,3 +87,32 @@ def test_abort_gives_everything_back(cluster):
         with pytest.raises(NotFound):
             kv.get("parts/aborted")
         assert kv.put("parts/aborted", value(9)) is True
+
+
+def test_the_block_commits_at_its_end(cluster):
+    with KVClient(cluster.master) as kv:
+        v = value(10)
+        with kv.put_parts(["parts/with", "parts/with-short"], [v.nbytes, v.nbytes]) as w:
+            for layer in range(LAYERS):
+                w.write(0, layer * LAYER_BYTES, v[layer])
+            w.write(1, 0, v[0])
+        assert w.results[0] is True and isinstance(w.results[1], InvalidArgument)
+        assert bytes(kv.get("parts/with")) == v.tobytes()
+
+
+def test_a_writer_whose_client_closed_never_writes_into_the_segment(cluster):
+    """The closed connection gave the reservation back; the range may hold
+    another object by now, which must keep its bytes."""
+    owner = KVClient(cluster.master)
+    w = owner.put_parts(["parts/orphan"], [1 << 20])
+    w.write(0, 0, b"s" * 16)
+    owner.close()
+    with KVClient(cluster.master) as kv:
+        victims = [f"parts/victim{i}" for i in range(4)]
+        wait_for(lambda: all(r is None for r in kv.batch_put(victims, [b"V" * (1 << 20)] * 4)))
+        with pytest.raises(Unavailable):
+            w.write(0, 16, b"X" * ((1 << 20) - 16))
+        assert isinstance(w.commit()[0], Unavailable)
+        assert all(bytes(v) == b"V" * (1 << 20) for v in kv.batch_get(victims))
+        with pytest.raises(Unavailable, match="closed"):
+            owner.get("parts/victim0")

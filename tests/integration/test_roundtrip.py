@@ -11,7 +11,7 @@ import torch
 
 from client import KVClient
 from kvstore.errors import (InvalidArgument, KeyConflict, KVStoreError, NoSpace, NotFound,
-                            TooLarge)
+                            TooLarge, Unavailable)
 from kvstore.keys import value_checksum
 from kvstore.transfer.shm import ShmTransport
 from kvstore.transfer.tcp import TcpTransport
@@ -301,3 +301,34 @@ def _put_or_none(kv: KVClient, key: str, value: bytes) -> bool:
         return True
     except NoSpace:
         return False
+
+
+def test_short_lived_threads_leave_no_connections_behind(master, key_prefix, transport):
+    """Each thread gets its own data connections; they close when the thread ends."""
+    import gc
+    import os
+    import threading
+
+    with KVClient(master, prefer_shm=transport == "shm") as kv:
+        kv.put(f"{key_prefix}t", b"v" * 4096)
+        dest = bytearray(4096)
+        kv.get_into(f"{key_prefix}t", dest)            # this thread's own connection
+        fds = len(os.listdir("/proc/self/fd"))
+        for _ in range(40):
+            t = threading.Thread(target=kv.get_into, args=(f"{key_prefix}t", bytearray(4096)))
+            t.start()
+            t.join()
+        gc.collect()
+        assert len(kv._holders) == 1                  # the main thread's only
+        assert len(os.listdir("/proc/self/fd")) <= fds + 2
+        assert bytes(kv.get(f"{key_prefix}t")) == b"v" * 4096
+
+
+def test_a_closed_client_says_so(master, key_prefix):
+    kv = KVClient(master)
+    kv.put(f"{key_prefix}c", b"x")
+    kv.close()
+    for call in (lambda: kv.get(f"{key_prefix}c"), lambda: kv.put(f"{key_prefix}d", b"y"),
+                 lambda: kv.batch_exists([f"{key_prefix}c"])):
+        with pytest.raises(Unavailable, match="closed"):
+            call()

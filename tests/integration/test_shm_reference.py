@@ -128,7 +128,7 @@ def test_reader_connection_closing_releases_its_references(kv):
 
 
 def shm_transport(kv: KVClient) -> ShmTransport:
-    (tr,) = kv._local.transports.values()      # this thread's one transport to n0
+    (tr,) = kv._local.transports.map.values()      # this thread's one transport to n0
     assert isinstance(tr, ShmTransport)
     return tr
 
