@@ -243,14 +243,23 @@ class ObjectIndex:
         return pb.PutRevokeResponse(statuses=statuses)
 
     # ---- read side ----
+    def _visible_entry(self, key: str) -> Entry:
+        """The complete, readable entry of ``key`` on this shard.
+
+        Raises:
+            InvalidArgument: a bad key. WrongShard: another shard's key. NotFound.
+        """
+        self._check_key(key)
+        entry = self.entries.get(key)
+        if not self._visible(entry):
+            raise NotFound("no such key", key=key)
+        return entry
+
     def lookup(self, keys: list[str], now_ms: int) -> pb.LookupResponse:
         results = []
         for key in keys:
             try:
-                self._check_key(key)
-                entry = self.entries.get(key)
-                if not self._visible(entry):
-                    raise NotFound("no such key", key=key)
+                entry = self._visible_entry(key)
             except KVStoreError as err:
                 self.counters["lookup_misses"] += 1
                 results.append(pb.LookupResult(status=to_status(err)))
@@ -291,10 +300,7 @@ class ObjectIndex:
         statuses = []
         for key in keys:
             try:
-                self._check_key(key)
-                entry = self.entries.get(key)
-                if not self._visible(entry):
-                    raise NotFound("no such key", key=key)
+                entry = self._visible_entry(key)
             except KVStoreError as err:
                 statuses.append(to_status(err))
                 continue

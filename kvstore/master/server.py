@@ -13,7 +13,6 @@ import asyncio
 import json
 import logging
 import os
-import signal
 
 import grpc
 
@@ -21,7 +20,7 @@ from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.master.index import ObjectIndex
 from kvstore.master.membership import Membership
 from kvstore.master.servicer import MasterServicer, now_ms
-from kvstore.process import announce_ready, setup_logging
+from kvstore.process import announce_ready, setup_logging, wait_for_stop_signal
 from kvstore.shardmap import ShardMap, ShardRange
 
 log = logging.getLogger(__name__)
@@ -118,11 +117,7 @@ async def serve(host: str, port: int, node_ttl_ms: int, shard_map: ShardMap | No
     task = asyncio.create_task(_maintenance(server.servicer, 0.2))
     announce_ready({"role": "master", "address": f"{host}:{bound}", "port": bound,
                     "shard_id": shard_id})
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await wait_for_stop_signal()
     task.cancel()
     if election is not None:
         election.stop()
