@@ -462,8 +462,19 @@ class _Kvstore:
             raise
 
     def _remove(self, keys: list[str]) -> None:
+        """Remove ``keys``, then wait until the node has applied it: drops reach it
+        with its next heartbeat and free memory on that thread, which must not
+        overlap the next measurement."""
+        (before,) = self.kv_tcp.node_stats().values()
+        removed = 0
         for k in range(0, len(keys), 1000):
-            self.kv_tcp.batch_remove(keys[k:k + 1000])
+            removed += sum(r is None for r in self.kv_tcp.batch_remove(keys[k:k + 1000]))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            (st,) = self.kv_tcp.node_stats().values()
+            if st["num_objects"] <= before["num_objects"] - removed and not st["num_doomed"]:
+                return
+            time.sleep(0.05)
 
     def _put_rows(self, size: int, prefix: str, src: _Pool, max_iters: int) -> list[Row]:
         """shm, tcp and tcp-batch puts, a fresh key per value, removed afterwards."""
