@@ -19,6 +19,7 @@ so do lmdb reads.
 from __future__ import annotations
 
 import json
+import os
 import logging
 import socket
 import threading
@@ -84,6 +85,9 @@ class DataServer:
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        # Sessions polling at once: one core is left for clients and the node's
+        # other work (four pollers on two cores cost concurrent clients a third).
+        self._pollers = _Pollers(max(1, (os.cpu_count() or 2) - 1))
         self._acceptors = [threading.Thread(target=self._accept_loop, args=(sock,),
                                             name="data-accept", daemon=True)
                            for sock in self._listeners]
@@ -126,7 +130,7 @@ class DataServer:
             t.start()
 
     def _serve(self, conn: socket.socket) -> None:
-        session = _Session(self.node, conn, self.rdma)
+        session = _Session(self.node, conn, self.rdma, self._pollers)
         try:
             session.run()
         except Unavailable:
@@ -141,11 +145,33 @@ class DataServer:
                 self._threads.discard(threading.current_thread())
 
 
+class _Pollers:
+    """How many sessions may busy-poll at once (see _POLL_S)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._active = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self._lock:
+            if self._active >= self.limit:
+                return False
+            self._active += 1
+            return True
+
+    def give(self) -> None:
+        with self._lock:
+            self._active -= 1
+
+
 class _Session:
     """One client connection: its frame loop and what it holds."""
 
-    def __init__(self, node: StoreNode, conn: socket.socket, rdma=None):
+    def __init__(self, node: StoreNode, conn: socket.socket, rdma=None,
+                 pollers: "_Pollers | None" = None):
         self.node = node
+        self.pollers = pollers or _Pollers(1)
         self.conn = conn
         self.rdma = rdma
         self.rdma_peers: list = []       # queue pairs of this connection (RDMA_CONNECT)
@@ -172,8 +198,11 @@ class _Session:
         while True:
             if (self.out or self.parts) and self.reader.buffered() < REQUEST.size:
                 self._flush()   # no further request at hand: answer before blocking
-                if self.eager:
-                    self.reader.poll(REQUEST.size, _POLL_S)
+                if self.eager and self.pollers.take():
+                    try:
+                        self.reader.poll(REQUEST.size, _POLL_S)
+                    finally:
+                        self.pollers.give()
             blocked_at = time.perf_counter() if self.reader.buffered() < REQUEST.size else 0.0
             op, _flags, key_len, parent_len, object_id, size, checksum = REQUEST.unpack(
                 self.reader.read(REQUEST.size))
