@@ -25,7 +25,9 @@ node's working set (one per size) all follow this rule.
 
 Timing: a warm-up of ``warmup_s``, then a budget of ``duration_s`` in
 ``rounds`` rounds, of which the median is reported (concurrent rows: one
-round, from the first client's start to the last one's end). Puts also stop
+round, from the first client's start to the last one's end). The memcpy
+limit's rounds take turns with the shm gets' rounds, so that ratio compares
+the two under the same state of the machine. Puts also stop
 at ``max_put_bytes`` so the node never fills; their keys are removed
 afterwards. GB/s is 10^9 bytes per second.
 """
@@ -180,6 +182,31 @@ def _timed(step: Callable[[int], None], duration_s: float, warmup_s: float,
     return Timing(n, secs, i, t0)
 
 
+def _timed_interleaved(steps: list[Callable[[int], None]], duration_s: float, warmup_s: float,
+                       rounds: int) -> list[Timing]:
+    """:func:`_timed` for several steps at once, their rounds taking turns.
+
+    Each step gets ``duration_s`` in ``rounds`` rounds and its median round is
+    reported, as with ``_timed``; because the rounds alternate, a limit and
+    the path normalised by it see the same state of the machine (its
+    bandwidth drifts by a third over minutes on a shared VM).
+    """
+    base = [0] * len(steps)
+    done: list[list[Timing]] = [[] for _ in steps]
+    for r in range(rounds):
+        for k, step in enumerate(steps):
+            t = _timed(lambda j, k=k, step=step: step(base[k] + j), duration_s / rounds,
+                       warmup_s if r == 0 else 0.0)
+            base[k] += t.total
+            done[k].append(t)
+    out = []
+    for k in range(len(steps)):
+        ts = sorted(done[k], key=lambda t: t.ops / t.seconds)
+        med = ts[len(ts) // 2]
+        out.append(Timing(med.ops, med.seconds, base[k], done[k][0].t0))
+    return out
+
+
 def _row(system: str, path: str, op: str, size_bytes: int, ops: float, seconds: float) -> Row:
     return Row(system, path, op, size_bytes, ops * size_bytes / seconds / 1e9, ops / seconds)
 
@@ -288,14 +315,6 @@ def _bench_socket(port: int, size: int, cfg: "BenchConfig") -> list[Row]:
                 t = cfg.timed(make(count))
                 rows.append(_timed_row("socket", path, op, size, t, count))
     return rows
-
-
-def _bench_memcpy(size: int, cfg: "BenchConfig") -> Row:
-    cfg.progress(f"memcpy cold {format_size(size)}")
-    src = _Pool(size, cfg.pool_bytes, seed=1)
-    dst = _Pool(size, cfg.pool_bytes, seed=2)
-    t = cfg.timed(lambda i: np.copyto(dst[i], src[i + 1]))
-    return _timed_row("memcpy", "cold", "get", size, t)
 
 
 # ---- redis peer -------------------------------------------------------------------------
@@ -498,12 +517,14 @@ class _Kvstore:
             self._remove([f"{p}{j}" for j in range(written)])
         return rows
 
-    def _get_rows(self, size: int, keys: list[str], dst: _Pool) -> list[Row]:
-        """shm, tcp and tcp-batch gets of the working set ``keys``, in rotation.
+    def _get_rows(self, size: int, keys: list[str], src: _Pool, dst: _Pool) -> list[Row]:
+        """The memcpy limit, then shm, tcp and tcp-batch gets of the working set
+        ``keys``, in rotation.
 
         Each client's metadata cache is warmed first (one batched lookup), as in
         a client's steady state: the rows measure the data path, not the first
-        master lookup of each key.
+        master lookup of each key. The memcpy limit (``src`` -> ``dst``) is
+        measured in rounds taking turns with the shm gets, its ratio's path.
         """
         cfg, batch, rows = self.cfg, self.cfg.batch_keys, []
         n = len(keys)
@@ -512,7 +533,13 @@ class _Kvstore:
                 kv.lookup(keys[j:j + 1000])
         for path in ("shm", "tcp", "tcp-batch"):
             cfg.progress(f"kvstore {path} get {format_size(size)}")
-            if path == "tcp-batch":
+            if path == "shm":
+                t_copy, t = _timed_interleaved(
+                    [lambda i: np.copyto(dst[i], src[i + 1]),
+                     lambda i: self.kv_shm.get_into(keys[i % n], dst[i])],
+                    cfg.duration_s, cfg.warmup_s, cfg.rounds)
+                rows.insert(0, _timed_row("memcpy", "cold", "get", size, t_copy))
+            elif path == "tcp-batch":
                 def step(i: int) -> None:
                     b = range(i * batch, (i + 1) * batch)
                     _check(self.kv_tcp.batch_get_into([keys[j % n] for j in b],
@@ -570,7 +597,7 @@ class _Kvstore:
             chunk = keys[k:k + batch]
             _check(self.kv_tcp.batch_put(chunk, [src[k + j] for j in range(len(chunk))]),
                    "batch_put")
-        rows += self._get_rows(size, keys, dst)
+        rows += self._get_rows(size, keys, src, dst)
         rows.append(self._concurrent_row("put", size, f"{prefix}conc/", len(keys), max_iters))
         rows.append(self._concurrent_row("get", size, f"{prefix}ws/", len(keys), max_iters))
         self._remove(keys)
@@ -652,13 +679,13 @@ def run_bench(sizes: str | list[int] = "64KiB,1MiB,4MiB", *, log_dir: str | None
         port = ours.recv()
         kvs = _Kvstore(cfg, log_dir or tmp.name)
         for size in cfg.sizes_bytes:
-            rows.append(_bench_memcpy(size, cfg))
-            rows += _bench_socket(port, size, cfg)
-            if redis_peer is not None:
-                rows += redis_peer.bench(size, cfg)
+            limits = _bench_socket(port, size, cfg)
+            peers = redis_peer.bench(size, cfg) if redis_peer is not None else []
             if mooncake_peer is not None:
-                rows += mooncake_peer.bench(size)
-            rows += kvs.bench(size)
+                peers += mooncake_peer.bench(size)
+            ours = kvs.bench(size)
+            memcpy = [r for r in ours if r.system == "memcpy"]
+            rows += memcpy + limits + peers + [r for r in ours if r.system != "memcpy"]
         rows.append(kvs.bench_exists())
     finally:
         if kvs is not None:
@@ -676,7 +703,7 @@ def run_bench(sizes: str | list[int] = "64KiB,1MiB,4MiB", *, log_dir: str | None
 
 def num_steps(num_sizes: int, use_redis: bool, use_mooncake: bool = False) -> int:
     """Progress labels a run reports (for a progress bar's total)."""
-    return num_sizes * (1 + 4 + 2 * use_redis + use_mooncake + 8) + 1
+    return num_sizes * (4 + 2 * use_redis + use_mooncake + 8) + 1
 
 
 def _find(rows: list[dict], system: str, path: str, op: str | None, size: int) -> dict | None:

@@ -262,6 +262,8 @@ class _Session:
             self.out = bytearray()
         try:
             send_gathered(self.conn, parts)
+        except OSError as exc:        # the client went away: not a node failure
+            raise Unavailable(f"client connection lost: {exc}") from exc
         finally:
             self._release_sent()
 
