@@ -54,7 +54,7 @@ import typer
 
 import kvstore.store.eviction  # noqa: F401  (registers the policies)
 from kvstore.store.eviction.base import POLICIES, EvictionPolicy, Key, PolicyEntry, make_policy
-from tools.trace import TraceRecord, load_trace, resolve_trace
+from tools.trace import TraceRecord, intern_chains, load_trace, resolve_trace
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class BeladyPolicy(EvictionPolicy):
 class Workload:
     """A trace turned into interned chain keys, shared by all runs."""
 
-    keys: list[list[int]]  # per request: chain keys of its blocks, head to tail
+    keys: list[tuple[int, ...]]  # per request: chain keys of its blocks, head to tail
     now_s: list[float]  # per request: trace clock in seconds
     next_use: list[list[int]]  # per request, per block: index of the next request using it
     total: int  # blocks over all requests
@@ -115,18 +115,9 @@ def build_workload(records: Sequence[TraceRecord]) -> Workload:
     """Interns each block's prefix chain into an int key and precomputes next uses.
 
     Key of block j = intern((key of block j-1, hash_ids[j])), so equal keys
-    mean equal prefixes through that block.
+    mean equal prefixes through that block (:func:`tools.trace.intern_chains`).
     """
-    intern: dict[tuple[int, int], int] = {}
-    keys: list[list[int]] = []
-    for rec in records:
-        parent = -1
-        chain = []
-        for h in rec.hash_ids:
-            k = intern.setdefault((parent, h), len(intern))
-            chain.append(k)
-            parent = k
-        keys.append(chain)
+    keys = intern_chains(records)
     next_use: list[list[int]] = [[]] * len(keys)
     seen: dict[int, int] = {}
     for i in range(len(keys) - 1, -1, -1):

@@ -62,7 +62,8 @@ from conductor.policies import DEFAULT_SCHEDULING_POLICY, SCHEDULING_POLICIES
 from conductor.rejection import DEFAULT_REJECTION_POLICY, REJECTION_POLICIES, Slo
 from conductor.scheduler import Scheduler
 from tools.sim_cluster import DecodeBatch, LocalPool
-from tools.trace import TRACE_BLOCK_TOKENS, TraceRecord, load_trace, resolve_trace
+from tools.trace import (TRACE_BLOCK_TOKENS, TraceRecord, intern_chains, load_trace,
+                         resolve_trace)
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,20 +201,6 @@ def _stats(values: Sequence[float]) -> dict[str, float]:
     a = np.asarray(values, dtype=np.float64)
     return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)),
             "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99))}
-
-
-def intern_chains(records: Sequence[TraceRecord]) -> list[tuple[int, ...]]:
-    """Each request's block keys: block j is the interned chain ``hash_ids[:j+1]``."""
-    intern: dict[tuple[int, int], int] = {}
-    out = []
-    for rec in records:
-        parent = -1
-        chain = []
-        for h in rec.hash_ids:
-            parent = intern.setdefault((parent, h), len(intern))
-            chain.append(parent)
-        out.append(tuple(chain))
-    return out
 
 
 class _Simulation:

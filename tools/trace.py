@@ -306,6 +306,22 @@ __all__ = [
 ]
 
 
+def intern_chains(records: Iterable[TraceRecord]) -> list[tuple[int, ...]]:
+    """Each request's block keys as small ints: block j's key interns the chain
+    ``hash_ids[:j+1]`` (``intern((key of block j-1, hash_ids[j]))``), so equal keys
+    mean equal prefixes through that block, as the store's chained prefix keys do."""
+    intern: dict[tuple[int, int], int] = {}
+    out = []
+    for rec in records:
+        parent = -1
+        chain = []
+        for h in rec.hash_ids:
+            parent = intern.setdefault((parent, h), len(intern))
+            chain.append(parent)
+        out.append(tuple(chain))
+    return out
+
+
 def resolve_trace(trace: str | None) -> Path:
     """A bundled trace name ("conversation", "synthetic"), a path, or None for the conversation trace."""
     if trace is None:
