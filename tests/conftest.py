@@ -12,18 +12,14 @@ import uuid
 
 import pytest
 
-from kvtest import RunningCluster, start_cluster
+from kvtest import RunningCluster, cluster_running
 
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory) -> RunningCluster:
     """Master + two 64 MiB store nodes (n0, n1), shared by the whole session."""
-    running = start_cluster(str(tmp_path_factory.mktemp("cluster-logs")))
-    try:
-        yield running
-        running.procs.check()   # nobody may have crashed along the way
-    finally:
-        running.procs.stop()
+    with cluster_running(str(tmp_path_factory.mktemp("cluster-logs"))) as running:
+        yield running           # cluster_running checks nobody crashed along the way
 
 
 @pytest.fixture(scope="session")

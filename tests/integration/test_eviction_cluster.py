@@ -7,20 +7,16 @@ import random
 import pytest
 
 from client import KVClient, NotFound
-from kvtest import node_stats, start_cluster, wait_for
+from kvtest import cluster_running, node_stats, wait_for
 
 KiB, MiB = 1024, 1024 * 1024
 
 
 @pytest.fixture(scope="module")
 def evicting(tmp_path_factory):
-    running = start_cluster(str(tmp_path_factory.mktemp("evict-logs")), num_nodes=2, dram="4MiB",
-                            eviction_policy="default")
-    try:
+    with cluster_running(str(tmp_path_factory.mktemp("evict-logs")), num_nodes=2, dram="4MiB",
+                         eviction_policy="default") as running:
         yield running
-        running.procs.check()
-    finally:
-        running.procs.stop()
 
 
 def value(i: int, size: int) -> bytes:

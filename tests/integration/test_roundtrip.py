@@ -15,7 +15,7 @@ from kvstore.errors import (InvalidArgument, KeyConflict, KVStoreError, NoSpace,
 from kvstore.keys import value_checksum
 from kvstore.transfer.shm import ShmTransport
 from kvstore.transfer.tcp import TcpTransport
-from kvtest import node_stats, start_cluster, wait_for
+from kvtest import cluster_running, node_stats, wait_for
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -247,13 +247,9 @@ def test_list_in_key_order_with_paging(kv, key_prefix):
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     """Master + two 4 MiB nodes, for tests that fill the store."""
-    running = start_cluster(str(tmp_path_factory.mktemp("small-logs")), num_nodes=2,
-                            dram="4MiB")
-    try:
+    with cluster_running(str(tmp_path_factory.mktemp("small-logs")), num_nodes=2,
+                         dram="4MiB") as running:
         yield running
-        running.procs.check()
-    finally:
-        running.procs.stop()
 
 
 def test_no_space_when_full_then_remove_frees_memory(small, transport):

@@ -21,7 +21,7 @@ from kvstore.keys import value_checksum
 from kvstore.transfer.protocol import Op
 from kvstore.transfer.shm import ShmSegment, ShmTransport
 from kvstore.transfer.tcp import DEFER_FLUSH_S, NodeConnection
-from kvtest import node_stats, start_cluster, wait_for
+from kvtest import cluster_running, node_stats, wait_for
 
 KiB = 1 << 10
 OBJ = 256 * KiB          # four objects fill the 1 MiB node exactly
@@ -29,13 +29,9 @@ OBJ = 256 * KiB          # four objects fill the 1 MiB node exactly
 
 @pytest.fixture(scope="module")
 def one_node(tmp_path_factory):
-    running = start_cluster(str(tmp_path_factory.mktemp("shm-ref-logs")), num_nodes=1,
-                            dram="1MiB")
-    try:
+    with cluster_running(str(tmp_path_factory.mktemp("shm-ref-logs")), num_nodes=1,
+                         dram="1MiB") as running:
         yield running
-        running.procs.check()
-    finally:
-        running.procs.stop()
 
 
 @pytest.fixture

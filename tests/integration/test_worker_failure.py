@@ -155,6 +155,25 @@ class _Load:
         return set(names) <= seen
 
 
+async def _kill_under_load(stub, load: _Load, victim, kind: str) -> tuple[float, float, int]:
+    """Wait until both ``kind`` instances serve and ``victim`` (``<kind>1``) is
+    busy, kill -9 it, wait until it leaves the candidates and 6 more requests
+    have started. Returns (kill time, time it left, its routed count then)."""
+    name = f"{kind}1"
+    await _until(lambda: load.served_by(f"{kind}0", name), 20, f"both {kind} instances serving")
+    await _until(lambda: _busy(victim.info["address"], kind), 10, f"work on {name}")
+    t_kill = time.monotonic()
+    os.kill(victim.proc.pid, signal.SIGKILL)
+
+    async def victim_dead() -> bool:
+        return not (await _status(stub))[name].alive
+    t_dead = await _until(victim_dead, DETECT_LIMIT_S, f"{name} leaving the candidates")
+    routed_at_dead = (await _status(stub))[name].routed
+    # Requests keep flowing, on the other instance only.
+    await _until(lambda: load.finished_after(t_dead, 6), 30, "6 requests after the kill")
+    return t_kill, t_dead, routed_at_dead
+
+
 async def test_killed_prefill_leaves_candidates_and_requests_finish(cluster):
     victim = cluster.process("prefill1")
     async with grpc.aio.insecure_channel(cluster.conductor) as ch:
@@ -163,20 +182,7 @@ async def test_killed_prefill_leaves_candidates_and_requests_finish(cluster):
         load.start()
         try:
             # Both instances serve, then prefill1 is killed with work in its queue.
-            await _until(lambda: load.served_by("prefill0", "prefill1"), 20,
-                         "both prefill instances serving")
-            await _until(lambda: _busy(victim.info["address"], "prefill"), 10,
-                         "a request on prefill1")
-            t_kill = time.monotonic()
-            os.kill(victim.proc.pid, signal.SIGKILL)
-
-            async def victim_dead() -> bool:
-                return not (await _status(stub))["prefill1"].alive
-            t_dead = await _until(victim_dead, DETECT_LIMIT_S, "prefill1 leaving the candidates")
-            routed_at_dead = (await _status(stub))["prefill1"].routed
-
-            # Requests keep flowing, prefill0 only.
-            await _until(lambda: load.finished_after(t_dead, 6), 30, "6 requests after the kill")
+            t_kill, t_dead, routed_at_dead = await _kill_under_load(stub, load, victim, "prefill")
         finally:
             await load.stop()
         final = await _status(stub)
@@ -212,17 +218,7 @@ async def test_killed_decode_leaves_candidates_and_requests_end(cluster):
         load = _Load(stub, prompt_len=(8, 40), max_tokens=max_tokens, seed=1)
         load.start()
         try:
-            await _until(lambda: load.served_by("decode0", "decode1"), 20,
-                         "both decode instances serving")
-            await _until(lambda: _busy(victim.info["address"], "decode"), 10,
-                         "a stream on decode1")
-            os.kill(victim.proc.pid, signal.SIGKILL)
-
-            async def victim_dead() -> bool:
-                return not (await _status(stub))["decode1"].alive
-            t_dead = await _until(victim_dead, DETECT_LIMIT_S, "decode1 leaving the candidates")
-            routed_at_dead = (await _status(stub))["decode1"].routed
-            await _until(lambda: load.finished_after(t_dead, 6), 30, "6 requests after the kill")
+            _t_kill, t_dead, routed_at_dead = await _kill_under_load(stub, load, victim, "decode")
         finally:
             await load.stop()
         final = await _status(stub)
