@@ -11,10 +11,12 @@ Determinism notes, because the engines promise bit-identical outputs:
   thread count.
 * :func:`linear_rows` multiplies each row on its own (``torch.bmm`` over a
   batch of one-row matrices against one expanded ``[in, out]`` matrix): on
-  CPU each row gets the one-row ``mm`` result, whatever the batch size and
-  thread count. A plain ``[M, in] @ [in, out]`` promises neither (measured
-  with torch 2.13 CPU: rows change bits from M = 4 on, and between 1 and 2
-  threads for M = 5..11). It costs about 1.3x on a prefill chunk.
+  CPU each row gets the same bits whatever the batch size and thread count.
+  A plain ``[M, in] @ [in, out]`` promises neither (measured with torch 2.13
+  CPU: rows change bits from M = 4 on, and between 1 and 2 threads for
+  M = 5..11). It costs about 1.3x on a prefill chunk. On
+  AVX-512 hosts a one-matrix ``bmm`` differs from a batched one, so a lone
+  row runs as the first of two equal rows.
 * :func:`per_row` runs a row-wise function (norm, activation) on each row
   separately, so reductions and vectorized transcendental functions see the
   same shapes alone and in a batch.
@@ -117,9 +119,14 @@ def linear_rows(x: torch.Tensor, w_t: torch.Tensor) -> torch.Tensor:
         w_t: ``[in, out]`` float32, contiguous.
 
     Returns:
-        ``[B, out]`` float32; row ``b`` is bit-identical to ``x[b:b+1] @ w_t``.
+        ``[B, out]`` float32; row ``b`` is bit-identical to ``linear_rows(x[b:b+1], w_t)``.
     """
     b = x.shape[0]
+    if b == 1:
+        # A batch of one takes another kernel than a batch of two or more on
+        # some CPUs (AVX-512 hosts: the bits differ); a lone row is computed
+        # as the first of two equal rows, so it meets the same kernel.
+        return linear_rows(x.expand(2, -1), w_t)[:1]
     return torch.bmm(x.unsqueeze(1), w_t.unsqueeze(0).expand(b, -1, -1)).squeeze(1)
 
 
