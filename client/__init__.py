@@ -1,9 +1,9 @@
 """kvstore client SDK: put/get (single, batch, zero-copy, tensors) and prefix keys.
 
-    from client import KVClient, Namespace, prefix_keys
+    from kvstore.client import KVClient, Namespace, prefix_keys
 """
 
-from client.client import KVClient
+from kvstore.client.client import KVClient
 from kvstore.errors import (ChecksumMismatch, InvalidArgument, KeyConflict, KVStoreError,
                             NoSpace, NotFound, PutInProgress, TooLarge, Unavailable)
 from kvstore.keys import BlockHash, Namespace, ObjectKey, prefix_hashes, prefix_keys

@@ -11,7 +11,7 @@ thread-safe; data connections are kept per thread.
 
 Example::
 
-    from client import KVClient
+    from kvstore.client import KVClient
     with KVClient("127.0.0.1:50051") as kv:
         kv.put("greeting", b"hello")
         assert kv.get("greeting") == b"hello"
@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import grpc
 
-from client.buffers import readable_view, writable_view
-from client.meta_cache import MetaCache
+from kvstore.transfer.buffers import readable_view, writable_view
+from kvstore.client.meta_cache import MetaCache
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.errors import (RETRYABLE, InvalidArgument, KVStoreError, Unavailable,
@@ -43,7 +43,7 @@ from kvstore.transfer.protocol import Op, local_address
 from kvstore.transfer.tcp import NodeConnection, TcpTransport
 
 if TYPE_CHECKING:
-    from client.parts import PartsWriter
+    from kvstore.client.parts import PartsWriter
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class KVClient:
         put_wait_s: how long a put waits for another in-flight put of the same
             key to finish before failing with PutInProgress.
         meta_cache_entries: size of the client's metadata cache (0 = off); see
-            :mod:`client.meta_cache` for what it trades.
+            :mod:`kvstore.client.meta_cache` for what it trades.
         rdma_device: move values with one-sided RDMA through this local device
             (e.g. ``mlx5_0``; needs pyverbs and nodes started with
             ``--rdma-device``) for nodes that shared memory cannot reach; a
@@ -477,13 +477,13 @@ class KVClient:
                   parents: Sequence[str | None] | None = None,
                   replica_num: int | None = None) -> "PartsWriter":
         """Start values that are written part by part, in order, before they are
-        complete (a layer-wise KV save); see :class:`client.parts.PartsWriter`.
+        complete (a layer-wise KV save); see :class:`kvstore.client.parts.PartsWriter`.
 
         Raises:
             InvalidArgument: lengths differ, or a size is negative.
             Unavailable: no master.
         """
-        from client.parts import PartsWriter
+        from kvstore.client.parts import PartsWriter
 
         return PartsWriter(self, keys, sizes_bytes, parents, replica_num or self.replica_num)
 

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import xxhash
 
-from client.buffers import readable_view
+from kvstore.transfer.buffers import readable_view
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.errors import (InvalidArgument, KeyConflict, KVStoreError, Unavailable,
                             error_for_code)
@@ -46,7 +46,7 @@ from kvstore.transfer.protocol import Op
 from kvstore.transfer.shm import ShmTransport
 
 if TYPE_CHECKING:
-    from client.client import KVClient
+    from kvstore.client.client import KVClient
 
 
 class _Target:
@@ -64,7 +64,7 @@ class _Target:
 class PartsWriter:
     """Values filled part by part and published together (see the module docstring).
 
-    Made by :meth:`client.KVClient.put_parts`. Per key ``i``: :meth:`write`
+    Made by :meth:`kvstore.client.KVClient.put_parts`. Per key ``i``: :meth:`write`
     its parts in order (any sizes that add up to ``sizes_bytes[i]``), then
     :meth:`commit` (all keys, or some as they complete), or :meth:`abort`. As
     a context manager it commits at the end of the block, or aborts when the

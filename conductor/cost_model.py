@@ -19,7 +19,7 @@ that turn blocks into bytes and bound an instance (``kv_bytes_per_token``,
 ``block_tokens``, ``decode_kv_capacity_tokens``, ``prefill_cache_bytes``).
 
 Models are JSON files; ``source`` says where every number comes from.
-Bundled files live in ``tools/data/cost_models`` and are named by their stem
+Bundled files live in ``conductor/data/cost_models`` and are named by their stem
 (``load_cost_model("llama2-70b-a800")``). ``tools/profile.py`` fits one from
 the bundled torch engine with :func:`fit_prefill`, :func:`fit_decode` and
 :func:`fit_transfer` (weighted non-negative least squares).
@@ -29,7 +29,6 @@ Thread safety: a ``CostModel`` is frozen; share it freely.
 
 from __future__ import annotations
 
-import importlib.resources
 import json
 import math
 from dataclasses import dataclass, field, fields, replace
@@ -170,18 +169,8 @@ class CostModel:
 
 
 def cost_models_dir() -> Path:
-    """The folder of bundled cost models (``tools/data/cost_models``).
-
-    Resolved through ``importlib.resources`` so it works from an installed
-    package, with this checkout's folder as the fallback.
-    """
-    try:
-        folder = Path(str(importlib.resources.files("tools") / "data" / "cost_models"))
-        if folder.is_dir():
-            return folder
-    except (ModuleNotFoundError, NotADirectoryError, TypeError):
-        pass
-    return Path(__file__).resolve().parent.parent / "tools" / "data" / "cost_models"
+    """The folder of bundled cost models (``conductor/data/cost_models``, package data)."""
+    return Path(__file__).resolve().parent / "data" / "cost_models"
 
 
 def bundled_cost_models() -> list[str]:

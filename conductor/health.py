@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Union
 
-from conductor.scheduler import DecodeInstance, PrefillInstance
+from kvstore.conductor.scheduler import DecodeInstance, PrefillInstance
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,6 @@ Thread safety: everything runs on the serving event loop.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import codecs
 import json
@@ -49,7 +48,7 @@ from google.protobuf.json_format import MessageToDict
 
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
-from kvstore.process import announce_ready, setup_logging
+from kvstore.process import announce_ready, wait_for_stop_signal
 
 log = logging.getLogger(__name__)
 
@@ -485,40 +484,27 @@ async def _sse(resp: web.StreamResponse, obj: dict) -> None:
 
 # --------------------------------------------------------------------------- standalone
 
-async def _serve(args) -> None:
-    import signal
+@dataclass(frozen=True, slots=True)
+class FrontConfig:
+    """The HTTP front as its own process, in front of a conductor's gRPC address."""
 
-    from engines.namespace import model_config
+    conductor: str                 # conductor gRPC address host:port
+    model: str = "tiny"            # "tiny" or a Hugging Face style folder
+    served_model_name: str = ""    # model id clients use ("" : ``model``)
+    host: str = "127.0.0.1"
+    port: int = 0                  # 0: a free port
 
-    backend = GrpcBackend(args.conductor)
-    front = HttpFront(backend, args.served_model_name or args.model,
-                      ByteTokenizer(model_config(args.model).vocab_size))
-    port = await front.start(args.host, args.port)
-    announce_ready({"role": "http", "address": f"{args.host}:{port}", "port": port,
-                    "http_address": f"{args.host}:{port}", "conductor": args.conductor})
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+
+async def serve_front(cfg: FrontConfig) -> None:
+    """Serve until SIGTERM / SIGINT (announces READY once listening)."""
+    from kvstore.client.models import model_config
+
+    backend = GrpcBackend(cfg.conductor)
+    front = HttpFront(backend, cfg.served_model_name or cfg.model,
+                      ByteTokenizer(model_config(cfg.model).vocab_size))
+    port = await front.start(cfg.host, cfg.port)
+    announce_ready({"role": "http", "address": f"{cfg.host}:{port}", "port": port,
+                    "http_address": f"{cfg.host}:{port}", "conductor": cfg.conductor})
+    await wait_for_stop_signal()
     await front.stop()
     await backend.close()
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Run the HTTP front as its own process, in front of a conductor's gRPC address."""
-    p = argparse.ArgumentParser(prog="python -m conductor.http",
-                                description="OpenAI-compatible HTTP front of a conductor.")
-    p.add_argument("--conductor", required=True, help="conductor gRPC address host:port")
-    p.add_argument("--model", default="tiny", help="'tiny' or a Hugging Face style folder")
-    p.add_argument("--served-model-name", default="", help="model id clients use (default: --model)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0)
-    p.add_argument("--log-level", default="INFO")
-    args = p.parse_args(argv)
-    setup_logging(args.log_level)
-    asyncio.run(_serve(args))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """Prefill scheduling policies, chosen by name from a registry.
 
-    from conductor.policies import make_scheduling_policy
+    from kvstore.conductor.policies import make_scheduling_policy
     policy = make_scheduling_policy("global-cache-aware")   # the default
 
 Every policy answers one question -- which prefill instance runs this
@@ -40,8 +40,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from conductor.cost_model import CostModel
-from conductor.instances import PrefillChoice, PrefillInstance, SchedRequest
+from kvstore.conductor.cost_model import CostModel
+from kvstore.conductor.instances import PrefillChoice, PrefillInstance, SchedRequest
 from kvstore.registry import Registry
 
 

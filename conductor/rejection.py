@@ -43,7 +43,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
-from conductor.instances import DecodeInstance, DecodeLoad
+from kvstore.conductor.instances import DecodeInstance, DecodeLoad
 from kvstore.registry import Registry
 
 

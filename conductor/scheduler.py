@@ -26,7 +26,7 @@ Two faces:
 
 * :meth:`Scheduler.schedule` / :meth:`~Scheduler.admit_decode` and the event
   hooks: the full algorithm, driven by the simulator, which also supplies a
-  per-instance :class:`~conductor.instances.CacheView`.
+  per-instance :class:`~kvstore.conductor.instances.CacheView`.
 * :meth:`Scheduler.pick_prefill` / :meth:`~Scheduler.pick_decode`: the live
   conductor's calls. Its instances share one store, so every instance holds
   the same prefix and the choice reduces to the least estimated queue plus
@@ -43,8 +43,8 @@ import math
 import random
 from typing import Hashable, Sequence
 
-from conductor.cost_model import CostModel
-from conductor.instances import (
+from kvstore.conductor.cost_model import CostModel
+from kvstore.conductor.instances import (
     CacheView,
     Decision,
     DecodeChoice,
@@ -56,8 +56,8 @@ from conductor.instances import (
     Rejection,
     SchedRequest,
 )
-from conductor.policies import DEFAULT_SCHEDULING_POLICY, Candidate, Situation, make_scheduling_policy
-from conductor.rejection import DEFAULT_REJECTION_POLICY, DecodeForecaster, Slo, make_rejection_policy
+from kvstore.conductor.policies import DEFAULT_SCHEDULING_POLICY, Candidate, Situation, make_scheduling_policy
+from kvstore.conductor.rejection import DEFAULT_REJECTION_POLICY, DecodeForecaster, Slo, make_rejection_policy
 
 
 class Rejected(RuntimeError):
@@ -87,8 +87,8 @@ class Scheduler:
         decode: the decode instances (same).
         affinity_tokens: live path only: bonus, in tokens of prefill, for the
             instance that last computed the request's first block.
-        policy: scheduling policy name (``conductor.policies``).
-        rejection: early-rejection policy name (``conductor.rejection``).
+        policy: scheduling policy name (``kvstore.conductor.policies``).
+        rejection: early-rejection policy name (``kvstore.conductor.rejection``).
         cost_model: the time estimates; default counts tokens (no timing).
         slo: the objectives; default: none (never refuse for latency).
         block_tokens: tokens per block of ``SchedRequest.block_keys``;

@@ -8,9 +8,9 @@ pipeline::
 
 TTFT and TBT are measured here, from the moment the request reaches the
 conductor. The gRPC ``Conductor`` servicer and the HTTP front
-(:mod:`conductor.http`) are thin over :class:`Conductor`.
+(:mod:`kvstore.conductor.http`) are thin over :class:`Conductor`.
 
-Worker failures (see :mod:`conductor.health` for liveness):
+Worker failures (see :mod:`kvstore.conductor.health` for liveness):
 
 * A Prefill RPC that fails with UNAVAILABLE (the worker died under it, or
   could not reach the store) is retried on another instance, after the
@@ -30,7 +30,6 @@ store client is called through ``asyncio.to_thread``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import time
@@ -40,12 +39,13 @@ from typing import AsyncIterator, Awaitable, Callable
 
 import grpc
 
-from client import KVClient, KVStoreError, Namespace, prefix_keys
-from conductor.health import HealthMonitor, ProbeResult, Worker
-from conductor.scheduler import DecodeInstance, PrefillInstance, Scheduler
+from kvstore.client import KVClient, KVStoreError, Namespace, prefix_keys
+from kvstore.client.models import model_config, namespace_for_model
+from kvstore.conductor.health import HealthMonitor, ProbeResult, Worker
+from kvstore.conductor.scheduler import DecodeInstance, PrefillInstance, Scheduler
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
-from kvstore.process import announce_ready, setup_logging, wait_for_stop_signal
+from kvstore.process import announce_ready, wait_for_stop_signal
 
 log = logging.getLogger(__name__)
 
@@ -357,7 +357,7 @@ class ConductorServicer(spb_grpc.ConductorServicer):
         return self.conductor.status()
 
 
-def _parse_instances(specs: list[str], cls):
+def _parse_instances(specs: tuple[str, ...], cls):
     out = []
     for i, spec in enumerate(specs):
         name, _, addr = spec.rpartition("=")
@@ -365,31 +365,46 @@ def _parse_instances(specs: list[str], cls):
     return out
 
 
-async def serve(args) -> None:
-    from engines.namespace import model_config, namespace_for_model
+@dataclass(frozen=True, slots=True)
+class ConductorConfig:
+    """What one conductor process serves (``kvstore conductor``)."""
 
-    namespace = namespace_for_model(args.model, args.block_tokens)
-    scheduler = Scheduler(_parse_instances(args.prefill, PrefillInstance),
-                          _parse_instances(args.decode, DecodeInstance))
-    kv = KVClient(args.master)
-    deadlines = Deadlines(prefill_s=args.prefill_timeout_s, decode_idle_s=args.decode_timeout_s,
-                          probe_s=args.probe_timeout_s, probe_interval_s=args.probe_interval_s)
-    conductor = Conductor(scheduler, kv, namespace, use_cache=not args.no_cache,
-                          deadlines=deadlines)
+    master: str                          # kvstore master address host:port
+    prefill: tuple[str, ...]             # prefill engines as [ID=]host:port
+    decode: tuple[str, ...]              # decode engines as [ID=]host:port
+    model: str = "tiny"                  # "tiny" or a Hugging Face style folder
+    block_tokens: int = 16
+    use_cache: bool = True               # False: never read the prefix cache
+    host: str = "127.0.0.1"
+    port: int = 0                        # 0: a free port
+    http_port: int | None = None         # also serve the HTTP front (0: a free port); None: off
+    http_host: str = "127.0.0.1"
+    served_model_name: str = ""          # model id of the HTTP front ("" : ``model``)
+    deadlines: Deadlines = Deadlines()
+
+
+async def serve(cfg: ConductorConfig) -> None:
+    """Serve until SIGTERM / SIGINT (announces READY, with ``http_address`` when the front runs)."""
+    namespace = namespace_for_model(cfg.model, cfg.block_tokens)
+    scheduler = Scheduler(_parse_instances(cfg.prefill, PrefillInstance),
+                          _parse_instances(cfg.decode, DecodeInstance))
+    kv = KVClient(cfg.master)
+    conductor = Conductor(scheduler, kv, namespace, use_cache=cfg.use_cache,
+                          deadlines=cfg.deadlines)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])  # a busy port must fail
-    port = server.add_insecure_port(f"{args.host}:{args.port}")
+    port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
     spb_grpc.add_ConductorServicer_to_server(ConductorServicer(conductor), server)
     await server.start()
     conductor.start()
-    info = {"role": "conductor", "address": f"{args.host}:{port}", "port": port}
+    info = {"role": "conductor", "address": f"{cfg.host}:{port}", "port": port}
     http = None
-    if args.http_port is not None:
-        from conductor.http import ByteTokenizer, HttpFront, LocalBackend
+    if cfg.http_port is not None:
+        from kvstore.conductor.http import ByteTokenizer, HttpFront, LocalBackend
 
-        http = HttpFront(LocalBackend(conductor), model_name=args.served_model_name or args.model,
-                         tokenizer=ByteTokenizer(model_config(args.model).vocab_size))
-        http_port = await http.start(args.http_host, args.http_port)
-        info.update(http_address=f"{args.http_host}:{http_port}", http_port=http_port)
+        http = HttpFront(LocalBackend(conductor), model_name=cfg.served_model_name or cfg.model,
+                         tokenizer=ByteTokenizer(model_config(cfg.model).vocab_size))
+        http_port = await http.start(cfg.http_host, cfg.http_port)
+        info.update(http_address=f"{cfg.http_host}:{http_port}", http_port=http_port)
     announce_ready(info)
     await wait_for_stop_signal()
     if http is not None:
@@ -397,36 +412,3 @@ async def serve(args) -> None:
     await server.stop(1.0)
     await conductor.close()
     kv.close()
-
-
-def main(argv: list[str] | None = None) -> None:
-    d = Deadlines()
-    p = argparse.ArgumentParser(prog="kvstore conductor", description="Run the conductor.")
-    p.add_argument("--master", required=True)
-    p.add_argument("--prefill", action="append", required=True,
-                   help="prefill engine as [ID=]host:port (repeatable)")
-    p.add_argument("--decode", action="append", required=True,
-                   help="decode engine as [ID=]host:port (repeatable)")
-    p.add_argument("--model", default="tiny", help="'tiny' or a Hugging Face style folder")
-    p.add_argument("--block-tokens", type=int, default=16)
-    p.add_argument("--no-cache", action="store_true", help="never read the prefix cache")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0)
-    p.add_argument("--http-port", type=int, default=None,
-                   help="also serve the OpenAI-style HTTP front on this port (0: any free port)")
-    p.add_argument("--http-host", default="127.0.0.1", help="HTTP front bind address")
-    p.add_argument("--served-model-name", default="",
-                   help="model name the HTTP front answers to (default: --model)")
-    p.add_argument("--prefill-timeout-s", type=float, default=d.prefill_s)
-    p.add_argument("--decode-timeout-s", type=float, default=d.decode_idle_s,
-                   help="longest wait for the next decode token")
-    p.add_argument("--probe-timeout-s", type=float, default=d.probe_s)
-    p.add_argument("--probe-interval-s", type=float, default=d.probe_interval_s)
-    p.add_argument("--log-level", default="INFO")
-    args = p.parse_args(argv)
-    setup_logging(args.log_level)
-    asyncio.run(serve(args))
-
-
-if __name__ == "__main__":
-    main()

@@ -4,7 +4,7 @@ One worker thread owns the model and the KV pages. Each iteration it admits
 the requests that arrived (loading their blocks from the store straight into
 pages), runs one batched decode step for every running request, streams each
 new token to its caller, and retires finished requests. Decode is
-batch-invariant (see :mod:`engines.model`), so a request's tokens do not
+batch-invariant (see :mod:`kvstore.engines.model`), so a request's tokens do not
 depend on what it was batched with.
 """
 
@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from client import KVClient, KVStoreError
-from engines.generate import greedy_token
-from engines.kv_cache import OutOfPages, Sequence
-from engines.namespace import is_transfer_key
-from engines.server_common import engine_args, load_engine, serve_until_signal
+from kvstore.client import KVClient, KVStoreError
+from kvstore.engines.generate import greedy_token
+from kvstore.engines.kv_cache import OutOfPages, Sequence
+from kvstore.engines.transfer_keys import is_transfer_key
+from kvstore.engines.server_common import EngineConfig, load_engine, serve_until_signal
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
 
@@ -150,14 +150,15 @@ class DecodeServicer(spb_grpc.DecodeEngineServicer):
                                 queued=self.worker.inbox.qsize(), running=len(self.worker.running))
 
 
-async def serve(args) -> None:
-    model, cache = load_engine(args)
-    kv = KVClient(args.master)
-    instance_id = args.instance_id or f"decode-{uuid.uuid4().hex[:6]}"
+async def serve(cfg: EngineConfig) -> None:
+    """Serve decode requests until SIGTERM / SIGINT (announces READY once listening)."""
+    model, cache = load_engine(cfg)
+    kv = KVClient(cfg.master)
+    instance_id = cfg.instance_id or f"decode-{uuid.uuid4().hex[:6]}"
     worker = DecodeWorker(model, cache, kv, instance_id)
     worker.start()
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])  # a busy port must fail
-    port = server.add_insecure_port(f"{args.host}:{args.port}")
+    port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
     spb_grpc.add_DecodeEngineServicer_to_server(DecodeServicer(worker), server)
     await server.start()
 
@@ -166,14 +167,5 @@ async def serve(args) -> None:
         kv.close()
 
     await serve_until_signal(server, port, {"role": "decode", "instance_id": instance_id,
-                                            "address": f"{args.host}:{port}", "port": port},
+                                            "address": f"{cfg.host}:{port}", "port": port},
                              on_stop=stop)
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = engine_args("kvstore decode", "Run a decode engine.").parse_args(argv)
-    asyncio.run(serve(args))
-
-
-if __name__ == "__main__":
-    main()

@@ -2,7 +2,7 @@
 
 The disaggregated pipeline (prefill engine -> store -> decode engine) must
 produce exactly the tokens of :func:`greedy_generate` for the same model and
-``page_tokens``; the model's bit-identity contract (see :mod:`engines.model`)
+``page_tokens``; the model's bit-identity contract (see :mod:`kvstore.engines.model`)
 is what makes that hold.
 """
 
@@ -13,8 +13,8 @@ from typing import Sequence as Seq
 
 import torch
 
-from engines.kv_cache import DEFAULT_PAGE_TOKENS, PagedKVCache, Sequence
-from engines.model import LlamaModel
+from kvstore.engines.kv_cache import DEFAULT_PAGE_TOKENS, PagedKVCache, Sequence
+from kvstore.engines.model import LlamaModel
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ Contract, by side:
   model runs (running out is ``False`` / :class:`OutOfPages`, never a crash);
   :meth:`~PagedKVCache.free` returns the pages when the request ends. Pages
   filled from the store are declared with :meth:`~PagedKVCache.mark_computed`.
-* Model side (:mod:`engines.model`): :meth:`~PagedKVCache.write_kv` and
+* Model side (:mod:`kvstore.engines.model`): :meth:`~PagedKVCache.write_kv` and
   :meth:`~PagedKVCache.gather_kv`; the model advances ``seq.num_computed``.
 
 Thread safety: none. One worker thread owns a cache and every sequence in it.
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from engines.config import ModelConfig
+    from kvstore.client.models import ModelConfig
 
 logger = logging.getLogger(__name__)
 

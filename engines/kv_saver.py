@@ -1,7 +1,7 @@
 """Saving a prefill's KV blocks to the store: after prefill, streamed behind it, or layer-wise.
 
 A prefill produces full KV blocks one block-aligned chunk at a time (see
-:mod:`engines.model`); each one becomes one immutable store object
+:mod:`kvstore.engines.model`); each one becomes one immutable store object
 ``[num_layers, 2, block_tokens, num_kv_heads, head_dim]``. A *saver* moves
 them to the store. Modes, chosen by name from :data:`SAVE_MODES`:
 
@@ -15,7 +15,7 @@ them to the store. Modes, chosen by name from :data:`SAVE_MODES`:
   Blocks that complete while a put is in flight join the next put.
 * ``layerwise`` -- **layer-wise**: the blocks a prefill will compute are
   reserved in the store before it starts (one PutStart, one batch of
-  shared-memory reservations: :meth:`client.KVClient.put_parts`); as the
+  shared-memory reservations: :meth:`kvstore.client.KVClient.put_parts`); as the
   model writes each layer's K/V of a block (its ``on_layer`` callback,
   before that layer's attention), a background thread copies that layer
   into the block's reservation and hashes it; blocks whose last layer is in
@@ -66,7 +66,7 @@ Contract, by side:
 
 Thread safety: a session is driven by one engine thread; ``streamed``
 hands jobs to its thread through a queue and results back under a lock.
-The store client must be thread-safe (:class:`client.KVClient` is).
+The store client must be thread-safe (:class:`kvstore.client.KVClient` is).
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ log = logging.getLogger(__name__)
 
 
 class BlockStore(Protocol):
-    """What a saver needs from the store: :meth:`client.KVClient.batch_put`."""
+    """What a saver needs from the store: :meth:`kvstore.client.KVClient.batch_put`."""
 
     def batch_put(self, keys: Sequence[str], values: Sequence[Any], *,
                   parents: Sequence[str | None] | None = None) -> list[KVStoreError | None]:
@@ -93,7 +93,7 @@ class BlockStore(Protocol):
 
     def put_parts(self, keys: Sequence[str], sizes_bytes: Sequence[int], *,
                   parents: Sequence[str | None] | None = None) -> Any:
-        """Only the layer-wise saver: :meth:`client.KVClient.put_parts`."""
+        """Only the layer-wise saver: :meth:`kvstore.client.KVClient.put_parts`."""
         ...
 
 
@@ -405,7 +405,7 @@ class LayerwiseSaver(_ThreadedSaver):
     model has written it (see the module docstring), on one background thread.
 
     Per request: :meth:`SaveSession.expect` names the blocks the prefill will
-    compute, and the thread opens one :class:`client.parts.PartsWriter` for
+    compute, and the thread opens one :class:`kvstore.client.parts.PartsWriter` for
     all of them (one PutStart, one batch of reservations on the target
     nodes). Each layer the model reports is copied into its block's
     reservation at once; blocks whose last layer is in are committed

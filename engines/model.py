@@ -18,7 +18,7 @@ one):
   computed in this call, in an earlier call, or loaded from the store. This
   needs ``seq.num_computed`` to be a multiple of ``P`` when prefill starts.
 * Decode is **batch-invariant**: projections run row by row
-  (:func:`engines.ops.linear_rows`), norms and activations per row, and
+  (:func:`kvstore.engines.ops.linear_rows`), norms and activations per row, and
   attention per sequence over its own context, so a sequence's logits are
   the same bits alone or in any batch.
 * Prefill projections run row by row too. Besides making a row's result
@@ -47,10 +47,10 @@ from typing import Callable, Sequence as Seq
 
 import torch
 
-from engines import ops
-from engines.config import ModelConfig
-from engines.kv_cache import PagedKVCache, Sequence
-from engines.weights import LlamaWeights, load_safetensors, random_state_dict
+from kvstore.engines import ops
+from kvstore.client.models import ModelConfig
+from kvstore.engines.kv_cache import PagedKVCache, Sequence
+from kvstore.engines.weights import LlamaWeights, load_safetensors, random_state_dict
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ For each request (FIFO, one worker thread owns the model and its KV pages)::
     hand every block to decode: prefix keys, or request-scoped transfer keys
     for blocks the cache could not keep (and the partial last block)
 
-Saving is done by a saver from :mod:`engines.kv_saver` (``--save-mode``):
+Saving is done by a saver from :mod:`kvstore.engines.kv_saver` (``--save-mode``):
 ``sync`` (default) puts every new block in one batch after prefill;
 ``streamed`` puts blocks from a background thread as soon as the model
 completes them, overlapping the store's round trips with the next
@@ -29,20 +29,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import os
 import time
 import uuid
 
 import grpc
 
-from client import KVClient, KVStoreError, prefix_keys
-from engines.generate import greedy_token
-from engines.kv_cache import OutOfPages, Sequence
-from engines.kv_saver import (DEFAULT_SAVE_MODE, SAVE_MODE_ENV, SAVE_MODES, BlockSaver, SaveJob,
-                              SaveReport, make_saver)
-from engines.model import max_cached_blocks
-from engines.namespace import transfer_key
-from engines.server_common import engine_args, load_engine, namespace_of, serve_until_signal
+from kvstore.client import KVClient, KVStoreError, prefix_keys
+from kvstore.engines.generate import greedy_token
+from kvstore.engines.kv_cache import OutOfPages, Sequence
+from kvstore.engines.kv_saver import (DEFAULT_SAVE_MODE, BlockSaver, SaveJob, SaveReport,
+                                      make_saver)
+from kvstore.engines.model import max_cached_blocks
+from kvstore.engines.transfer_keys import transfer_key
+from kvstore.engines.server_common import EngineConfig, load_engine, namespace_of, serve_until_signal
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
 from kvstore.errors import InvalidArgument, KeyConflict, NoSpace
@@ -63,7 +62,7 @@ class PrefillWorker:
         kv: the store client (thread-safe; the streamed saver uses it from its thread).
         namespace: the store namespace of ``model``.
         instance_id: name in logs and metrics.
-        save_mode: a name in :data:`engines.kv_saver.SAVE_MODES`.
+        save_mode: a name in :data:`kvstore.engines.kv_saver.SAVE_MODES`.
         saver: a ready saver instead (tests and benchmarks tune it); the
             worker owns it either way and closes it in :meth:`close`.
     """
@@ -247,37 +246,23 @@ class PrefillServicer(spb_grpc.PrefillEngineServicer):
                                 save_hidden_ms_total=w.times_ms["save_hidden"])
 
 
-async def serve(args) -> None:
-    model, cache = load_engine(args)
-    kv = KVClient(args.master)
-    instance_id = args.instance_id or f"prefill-{uuid.uuid4().hex[:6]}"
-    worker = PrefillWorker(model, cache, kv, namespace_of(args), instance_id, args.save_mode)
+async def serve(cfg: EngineConfig) -> None:
+    """Serve prefill requests until SIGTERM / SIGINT (announces READY once listening)."""
+    model, cache = load_engine(cfg)
+    kv = KVClient(cfg.master)
+    instance_id = cfg.instance_id or f"prefill-{uuid.uuid4().hex[:6]}"
+    worker = PrefillWorker(model, cache, kv, namespace_of(cfg), instance_id,
+                           cfg.save_mode or DEFAULT_SAVE_MODE)
     servicer = PrefillServicer(worker)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])  # a busy port must fail
-    port = server.add_insecure_port(f"{args.host}:{args.port}")
+    port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
     spb_grpc.add_PrefillEngineServicer_to_server(servicer, server)
     await server.start()
     await serve_until_signal(server, port, {"role": "prefill", "instance_id": instance_id,
-                                            "address": f"{args.host}:{port}", "port": port},
+                                            "address": f"{cfg.host}:{port}", "port": port},
                              on_stop=lambda: _close(worker, kv))
 
 
 def _close(worker: PrefillWorker, kv: KVClient) -> None:
     worker.close()   # the saver thread first: it uses the client
     kv.close()
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = engine_args("kvstore prefill", "Run a prefill engine.")
-    p.add_argument("--save-mode", choices=sorted(SAVE_MODES),
-                   default=os.environ.get(SAVE_MODE_ENV, DEFAULT_SAVE_MODE),
-                   help="how new KV blocks reach the store: 'sync' puts them all after "
-                        "prefill; 'streamed' puts them from a background thread as they are "
-                        "computed, overlapping compute (default: $%s or %s)"
-                        % (SAVE_MODE_ENV, DEFAULT_SAVE_MODE))
-    args = p.parse_args(argv)
-    asyncio.run(serve(args))
-
-
-if __name__ == "__main__":
-    main()

@@ -35,7 +35,7 @@ from typing import Mapping
 
 import torch
 
-from engines.config import ModelConfig
+from kvstore.client.models import ModelConfig
 
 logger = logging.getLogger(__name__)
 

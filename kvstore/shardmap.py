@@ -7,6 +7,8 @@ slot; a master answers WRONG_SHARD with a redirect for a slot it does not own.
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 
 from kvstore._proto import kvstore_pb2 as pb
@@ -42,6 +44,33 @@ class ShardMap:
             last = (i + 1) * NUM_SLOTS // n - 1
             ranges.append(ShardRange(first, last, addr, i))
         return ShardMap(version, tuple(ranges))
+
+    @staticmethod
+    def parse(spec: str) -> "ShardMap":
+        """A static map from ``"addr0,addr1,..."`` (slots split evenly) or the path of
+        a JSON file: ``{"version": 1, "masters": ["addr0", ...]}`` or ``{"version": 1,
+        "ranges": [{"first_slot": 0, "last_slot": 8191, "address": "...", "shard_id": 0},
+        ...]}``.
+
+        Raises:
+            ValueError: a malformed spec or file.
+        """
+        if os.path.isfile(spec):
+            with open(spec) as f:
+                doc = json.load(f)
+            version = int(doc.get("version", 1))
+            if "masters" in doc:
+                return ShardMap.even(list(doc["masters"]), version)
+            try:
+                return ShardMap(version, tuple(ShardRange(int(r["first_slot"]), int(r["last_slot"]),
+                                                          r["address"], int(r["shard_id"]))
+                                               for r in doc["ranges"]))
+            except (KeyError, TypeError) as exc:
+                raise ValueError(f"shard map {spec}: bad ranges ({exc})") from None
+        addrs = [a.strip() for a in spec.split(",") if a.strip()]
+        if not addrs:
+            raise ValueError(f"empty shard map {spec!r}")
+        return ShardMap.even(addrs)
 
     def shard_for_slot(self, slot: int) -> ShardRange:
         for r in self.ranges:

@@ -37,7 +37,7 @@ def transport(request) -> str:
 @pytest.fixture
 def make_client(master, transport):
     """Factory of clients of the shared cluster on the parametrized transport; closed after the test."""
-    from client import KVClient
+    from kvstore.client import KVClient
 
     clients = []
 

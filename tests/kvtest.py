@@ -15,26 +15,21 @@ from dataclasses import dataclass
 import pytest
 
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.process import Cluster
+from kvstore.tools.launcher import StoreCluster, start_store_cluster
+from kvstore.tools.processes import service_args
 
-
-@dataclass
-class RunningCluster:
-    """A started cluster and how to reach its parts."""
-
-    procs: Cluster
-    master: str                      # master address host:port
-    nodes: dict[str, dict]           # node_id -> READY payload (address, shm_name)
+#: A started cluster (``procs``, ``master``, ``nodes``: node_id -> Child with its READY info).
+RunningCluster = StoreCluster
 
 
 def node_args(master: str, node_id: str, dram: str, eviction_policy: str, ssd: str = "",
               ssd_dir: str = "", extra: tuple[str, ...] = ()) -> list[str]:
     """Command line of one store node; with ``ssd``, its SSD tier lives in ``ssd_dir/node_id``."""
-    args = ["-m", "kvstore.store.server", "--master", master, "--dram", dram, "--node-id",
-            node_id, "--eviction-policy", eviction_policy]
+    args = ["--master", master, "--dram", dram, "--node-id", node_id,
+            "--eviction-policy", eviction_policy]
     if ssd:
         args += ["--ssd", ssd, "--ssd-path", f"{ssd_dir}/{node_id}"]
-    return args + list(extra)
+    return service_args("node", *args, *extra)
 
 
 def start_cluster(log_dir: str, num_nodes: int = 2, dram: str = "64MiB",
@@ -46,20 +41,9 @@ def start_cluster(log_dir: str, num_nodes: int = 2, dram: str = "64MiB",
     rules); eviction tests pass a policy name. With ``ssd`` (a size) each node
     gets an SSD tier under ``ssd_dir``.
     """
-    procs = Cluster(log_dir=log_dir)
-    try:
-        master = procs.start("master", ["-m", "kvstore.master.server",
-                                        "--node-ttl-ms", str(node_ttl_ms)])
-        nodes = {}
-        for i in range(num_nodes):
-            child = procs.start(f"n{i}", node_args(master.address, f"n{i}", dram,
-                                                   eviction_policy, ssd, ssd_dir,
-                                                   extra_node_args))
-            nodes[f"n{i}"] = child.info
-    except BaseException:
-        procs.stop()
-        raise
-    return RunningCluster(procs, master.address, nodes)
+    return start_store_cluster(1, num_nodes, dram=dram, node_ttl_ms=node_ttl_ms,
+                               eviction_policy=eviction_policy, ssd=ssd, ssd_dir=ssd_dir,
+                               node_args=extra_node_args, log_dir=log_dir)
 
 
 @contextlib.contextmanager

@@ -52,9 +52,9 @@ from typing import Callable, Optional
 import numpy as np
 import typer
 
-from kvstore.process import terminate
+from kvstore.tools.processes import terminate
 from kvstore.sizes import format_size, parse_size
-from tools.bench_mooncake import master_binary, start_mooncake
+from kvstore.tools.bench_mooncake import master_binary, start_mooncake
 from kvstore.transfer.protocol import recv_exact_into, send_parts, tune_socket
 
 SYSTEMS = ("memcpy", "socket", "redis", "mooncake", "kvstore")
@@ -423,7 +423,7 @@ def _client_worker(master: str, prefer_shm: bool, verify: bool | None, pool_byte
     max_iters)``; the answer is a :class:`Timing` (``t0`` from ``time.perf_counter``, one
     clock for every process on Linux) or ``("error", text)``. None stops the worker.
     """
-    from client import KVClient
+    from kvstore.client import KVClient
 
     with KVClient(master, prefer_shm=prefer_shm, verify_checksum=verify) as kv:
         pipe.send("ready")
@@ -446,22 +446,23 @@ def _client_worker(master: str, prefer_shm: bool, verify: bool | None, pool_byte
 
 
 class _Kvstore:
-    """A master and one node (``Cluster``), clients on both paths and the concurrent workers."""
+    """A master and one node (the launcher's), clients on both paths and the concurrent workers."""
 
     def __init__(self, cfg: "BenchConfig", log_dir: str):
-        from client import KVClient
-        from kvstore.process import Cluster
+        from kvstore.client import KVClient
+        from kvstore.tools.launcher import start_store_cluster
+        from kvstore.tools.processes import ProcessGroup
 
         self.cfg = cfg
         self.run_id = uuid.uuid4().hex[:8]
-        self.procs = Cluster(log_dir=log_dir)
+        self.procs = ProcessGroup(log_dir=log_dir)
         self.workers: list[tuple[mp.Process, object]] = []
         self.kv_shm = self.kv_tcp = None
         try:
-            master = self.procs.start("master", ["-m", "kvstore.master.server"]).address
-            node = self.procs.start("node0", ["-m", "kvstore.store.server", "--master", master,
-                                              "--node-id", "bench0", "--dram", cfg.node_dram])
-            self.shm_name = node.info.get("shm_name", "")
+            store = start_store_cluster(1, 1, dram=cfg.node_dram, eviction_policy="default",
+                                        node_prefix="bench", procs=self.procs)
+            master = store.master
+            self.shm_name = store.nodes["bench0"].info.get("shm_name", "")
             ctx = mp.get_context("spawn")
             barrier = ctx.Barrier(cfg.clients)
             for _ in range(cfg.clients):
@@ -812,7 +813,7 @@ def bench_command(
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from kvstore.process import ChildFailed
+    from kvstore.tools.processes import ChildFailed
 
     out, err = Console(), Console(stderr=True)
     try:

@@ -32,10 +32,10 @@ import subprocess
 import time
 from typing import TYPE_CHECKING
 
-from kvstore.process import terminate
+from kvstore.tools.processes import terminate
 
 if TYPE_CHECKING:
-    from tools.bench import BenchConfig, Row
+    from kvstore.tools.bench import BenchConfig, Row
 
 HOST = "127.0.0.1"
 _MiB = 1 << 20
@@ -89,7 +89,7 @@ def _holder_main(log_path: str, master: str, segment_bytes: int, pipe) -> None:
 
 def _client_main(log_path: str, master: str, pipe) -> None:
     """Process B: runs ``(size, cfg fields)`` commands, answers (put Timing, get Timing)."""
-    from tools.bench import _Pool, _timed
+    from kvstore.tools.bench import _Pool, _timed
 
     _quiet(log_path)
     try:
@@ -150,7 +150,7 @@ class MooncakePeer:
     """
 
     def __init__(self, exe: str, cfg: "BenchConfig", log_dir: str):
-        from tools.bench import _free_port
+        from kvstore.tools.bench import _free_port
 
         self.cfg = cfg
         self.procs: list = []
@@ -206,7 +206,7 @@ class MooncakePeer:
         return ours
 
     def bench(self, size: int) -> list["Row"]:
-        from tools.bench import _timed_row
+        from kvstore.tools.bench import _timed_row
 
         cfg = self.cfg
         cfg.progress(f"mooncake put/get {size} B")
@@ -221,7 +221,7 @@ class MooncakePeer:
                 _timed_row("mooncake", "tcp", "get", size, get_t)]
 
     def stop(self) -> None:
-        from tools.bench import stop_workers
+        from kvstore.tools.bench import stop_workers
 
         stop_workers(self.procs, timeout_s=10)
         terminate(self.master_proc, timeout_s=10)

@@ -54,7 +54,7 @@ import typer
 
 import kvstore.store.eviction  # noqa: F401  (registers the policies)
 from kvstore.store.eviction.base import POLICIES, EvictionPolicy, Key, PolicyEntry, make_policy
-from tools.trace import TraceRecord, intern_chains, load_trace, resolve_trace
+from kvstore.tools.trace import TraceRecord, intern_chains, load_trace, resolve_trace
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ def build_workload(records: Sequence[TraceRecord]) -> Workload:
     """Interns each block's prefix chain into an int key and precomputes next uses.
 
     Key of block j = intern((key of block j-1, hash_ids[j])), so equal keys
-    mean equal prefixes through that block (:func:`tools.trace.intern_chains`).
+    mean equal prefixes through that block (:func:`kvstore.tools.trace.intern_chains`).
     """
     keys = intern_chains(records)
     next_use: list[list[int]] = [[]] * len(keys)
@@ -429,7 +429,7 @@ def simulate_cache_command(
 
 
 def main() -> None:
-    """``python -m tools.cache_sim``: the same command, standalone."""
+    """``python -m kvstore.tools.cache_sim``: the same command, standalone."""
 
     typer.run(simulate_cache_command)
 

@@ -62,7 +62,7 @@ def _client(ctx: typer.Context) -> Iterator[Any]:
     try:
         if not settings.master:
             raise CommandFailed("no master address: pass --master HOST:PORT or set KVSTORE_MASTER")
-        from client import KVClient   # imported late: --help stays fast
+        from kvstore.client import KVClient   # imported late: --help stays fast
 
         kv = KVClient(settings.master, prefer_shm=False, timeout_s=settings.timeout_s)
         yield kv

@@ -1,12 +1,12 @@
 """``kvstore profile``: fit a cost model to the bundled torch engine on this machine.
 
 Measures the three quantities the conductor's cost model predicts
-(:mod:`conductor.cost_model`) and fits its coefficients:
+(:mod:`kvstore.conductor.cost_model`) and fits its coefficients:
 
-* prefill: :meth:`engines.model.LlamaModel.prefill` of ``new`` tokens after
+* prefill: :meth:`kvstore.engines.model.LlamaModel.prefill` of ``new`` tokens after
   ``cached`` tokens whose KV is already in the pages (as a prefill engine does
   after loading a cached prefix), over a grid of both;
-* decode: one :meth:`~engines.model.LlamaModel.decode` step of a batch of
+* decode: one :meth:`~kvstore.engines.model.LlamaModel.decode` step of a batch of
   ``b`` sequences with ``c`` context tokens each;
 * transfer: moving ``n`` bytes over a loopback TCP connection with
   ``recv_into`` a preallocated buffer (how the store's TCP data path moves a
@@ -34,7 +34,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import typer
 
-from conductor.cost_model import CostModel, cost_models_dir, fit_decode, fit_prefill, fit_transfer
+from kvstore.conductor.cost_model import CostModel, cost_models_dir, fit_decode, fit_prefill, fit_transfer
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def _best_ms(fn: Callable[[], None], repeats: int) -> float:
 def measure_prefill(model, cache, new_tokens: Sequence[int], cached_tokens: Sequence[int],
                     repeats: int, vocab_size: int) -> list[tuple[int, int, float]]:
     """``(new, cached, ms)`` for every pair; ``cached`` is a multiple of the page size."""
-    from engines.kv_cache import Sequence as Seq
+    from kvstore.engines.kv_cache import Sequence as Seq
 
     rng = np.random.default_rng(0)
     out = []
@@ -81,7 +81,7 @@ def measure_prefill(model, cache, new_tokens: Sequence[int], cached_tokens: Sequ
 def measure_decode(model, cache, batch_sizes: Sequence[int], context_tokens: Sequence[int],
                    repeats: int) -> list[tuple[int, int, float]]:
     """``(batch, total context, ms)`` of one decode step for every pair."""
-    from engines.kv_cache import Sequence as Seq
+    from kvstore.engines.kv_cache import Sequence as Seq
 
     out = []
     for ctx in context_tokens:
@@ -161,9 +161,9 @@ def profile(model_name: str = "tiny", block_tokens: int = 16, threads: int = 1, 
     """
     import torch
 
-    from engines.kv_cache import PagedKVCache
-    from engines.model import LlamaModel
-    from engines.namespace import model_config
+    from kvstore.engines.kv_cache import PagedKVCache
+    from kvstore.engines.model import LlamaModel
+    from kvstore.client.models import model_config
 
     torch.set_num_threads(threads)
     cfg = model_config(model_name)
@@ -223,7 +223,7 @@ def profile(model_name: str = "tiny", block_tokens: int = 16, threads: int = 1, 
 def profile_command(
     model: str = typer.Option("tiny", "--model", help="'tiny' or a Hugging Face style folder"),
     out: Optional[str] = typer.Option(None, "--out",
-                                      help="JSON path (default: tools/data/cost_models/<name>.json)"),
+                                      help="JSON path (default: conductor/data/cost_models/<name>.json)"),
     block_tokens: int = typer.Option(16, "--block-tokens", min=1, help="tokens per KV page / block"),
     threads: int = typer.Option(1, "--threads", min=1, help="torch intra-op threads"),
     repeats: int = typer.Option(3, "--repeats", min=1, help="runs per point (the minimum is kept)"),
@@ -255,7 +255,7 @@ def profile_command(
 
 
 def main() -> None:
-    """``python -m tools.profile``: the same command, standalone."""
+    """``python -m kvstore.tools.profile``: the same command, standalone."""
     typer.run(profile_command)
 
 

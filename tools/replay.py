@@ -3,7 +3,7 @@
 Each scaled trace request is sent to the conductor's ``Generate`` at its
 (scaled) arrival time; tokens stream back; the conductor's per-request
 metrics (TTFT, TBT, cached tokens) and the output digest are collected
-into :class:`tools.report.RequestResult` rows. A progress bar shows the run.
+into :class:`kvstore.tools.report.RequestResult` rows. A progress bar shows the run.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
-from tools.report import RequestResult, output_digest
-from tools.trace import ScaledRequest
+from kvstore.tools.report import RequestResult, output_digest
+from kvstore.tools.trace import ScaledRequest
 
 
 @dataclass(frozen=True, slots=True)

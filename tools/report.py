@@ -11,7 +11,7 @@ percentiles and throughput count completed requests only.
 
 ``save_summary`` folds the prefill engines' save totals (how much of the
 time spent putting new KV blocks into the store was hidden behind compute,
-see :mod:`engines.kv_saver`) into the ``kv_save`` entry a live run adds.
+see :mod:`kvstore.engines.kv_saver`) into the ``kv_save`` entry a live run adds.
 
 ``output_digest`` fingerprints the generated tokens so that two runs (with and
 without the cache) can be checked for equal greedy outputs without storing them.

@@ -32,8 +32,8 @@ import itertools
 from typing import Any, Hashable, Sequence
 
 import kvstore.store.eviction  # noqa: F401  (registers the policies)
-from conductor.cost_model import CostModel
-from conductor.instances import DecodeInstance
+from kvstore.conductor.cost_model import CostModel
+from kvstore.conductor.instances import DecodeInstance
 from kvstore.store.eviction.base import make_policy
 
 

@@ -3,11 +3,11 @@
 ``kvstore simulate --trace conversation --scheduler global-cache-aware`` replays
 a Mooncake trace (512-token ``hash_ids`` blocks) against ``--prefill N``
 prefill and ``--decode M`` decode instances whose times come from a cost
-model (:mod:`conductor.cost_model`). Every decision is made by the
-conductor's own :class:`conductor.scheduler.Scheduler` -- the same policy and
+model (:mod:`kvstore.conductor.cost_model`). Every decision is made by the
+conductor's own :class:`kvstore.conductor.scheduler.Scheduler` -- the same policy and
 rejection classes the live conductor uses -- and every prefill instance keeps
 a local KVCache pool run by the store nodes' eviction code
-(:class:`tools.sim_cluster.LocalPool`). Nothing is mocked: only time is.
+(:class:`kvstore.tools.sim_cluster.LocalPool`). Nothing is mocked: only time is.
 
 One request's life::
 
@@ -56,13 +56,13 @@ from typing import Any, Collection, Hashable, Optional, Sequence
 import numpy as np
 import typer
 
-from conductor.cost_model import DEFAULT_COST_MODEL, CostModel, load_cost_model
-from conductor.instances import DecodeChoice, DecodeInstance, PrefillChoice, PrefillInstance, SchedRequest
-from conductor.policies import DEFAULT_SCHEDULING_POLICY, SCHEDULING_POLICIES
-from conductor.rejection import DEFAULT_REJECTION_POLICY, REJECTION_POLICIES, Slo
-from conductor.scheduler import Scheduler
-from tools.sim_cluster import DecodeBatch, LocalPool
-from tools.trace import (TRACE_BLOCK_TOKENS, TraceRecord, intern_chains, load_trace,
+from kvstore.conductor.cost_model import DEFAULT_COST_MODEL, CostModel, load_cost_model
+from kvstore.conductor.instances import DecodeChoice, DecodeInstance, PrefillChoice, PrefillInstance, SchedRequest
+from kvstore.conductor.policies import DEFAULT_SCHEDULING_POLICY, SCHEDULING_POLICIES
+from kvstore.conductor.rejection import DEFAULT_REJECTION_POLICY, REJECTION_POLICIES, Slo
+from kvstore.conductor.scheduler import Scheduler
+from kvstore.tools.sim_cluster import DecodeBatch, LocalPool
+from kvstore.tools.trace import (TRACE_BLOCK_TOKENS, TraceRecord, intern_chains, load_trace,
                          resolve_trace)
 
 
@@ -70,8 +70,8 @@ from tools.trace import (TRACE_BLOCK_TOKENS, TraceRecord, intern_chains, load_tr
 class SimConfig:
     """One simulation's settings."""
 
-    scheduler: str = DEFAULT_SCHEDULING_POLICY  # conductor.policies name
-    rejection: str = DEFAULT_REJECTION_POLICY  # conductor.rejection name
+    scheduler: str = DEFAULT_SCHEDULING_POLICY  # kvstore.conductor.policies name
+    rejection: str = DEFAULT_REJECTION_POLICY  # kvstore.conductor.rejection name
     num_prefill: int = 8  # prefill instances
     num_decode: int = 8  # decode instances
     speed: float = 1.0  # arrival-rate multiplier (2: the trace in half the time)
@@ -458,7 +458,7 @@ def simulate(records: Sequence[TraceRecord], cfg: SimConfig, cost: CostModel | N
     """Replays ``records`` through the simulated cluster.
 
     Args:
-        records: the trace (``tools.trace.load_trace``), in arrival order.
+        records: the trace (``kvstore.tools.trace.load_trace``), in arrival order.
         cfg: the settings.
         cost: the cost model; default: the bundled GPU-class model.
         offline: positions in ``records`` of the offline requests; None marks
@@ -562,7 +562,7 @@ def simulate_command(
 
 
 def main() -> None:
-    """``python -m tools.simulate``: the same command, standalone."""
+    """``python -m kvstore.tools.simulate``: the same command, standalone."""
     typer.run(simulate_command)
 
 

@@ -20,7 +20,6 @@ machine; golden values in ``tests/unit/test_trace.py`` pin it.
 
 from __future__ import annotations
 
-import importlib.resources
 import json
 import logging
 from dataclasses import dataclass
@@ -44,16 +43,8 @@ _MAX_HASH_ID = (1 << 32) - 1
 
 
 def _data_dir() -> Path:
-    """Returns the folder holding the bundled traces.
-
-    Resolved through ``importlib.resources`` so it works from an installed
-    package; falls back to this file's folder when ``tools`` is not importable
-    as a regular package (e.g. a namespace package under an editable install).
-    """
-    try:
-        return Path(str(importlib.resources.files("tools") / "data"))
-    except (ModuleNotFoundError, NotADirectoryError, TypeError):
-        return Path(__file__).resolve().parent / "data"
+    """The folder holding the bundled traces (``tools/data``, package data)."""
+    return Path(__file__).resolve().parent / "data"
 
 
 def default_trace_path(name: str = "conversation") -> Path:

@@ -1,4 +1,7 @@
-"""Master shard process: ``kvstore master`` / ``python -m kvstore.master.server``.
+"""A master shard's server: the gRPC service, its maintenance loop, leader election.
+
+Run as ``kvstore master`` (:mod:`kvstore.tools.services` parses the options into a
+:class:`MasterConfig`)::
 
     kvstore master                                     one shard owning every slot
     kvstore master --shard-id 1 --shard-map a,b        shard 1 of a static map (slots split evenly)
@@ -8,11 +11,9 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
+from dataclasses import dataclass
 import logging
-import os
 
 import grpc
 
@@ -20,8 +21,8 @@ from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.master.index import ObjectIndex
 from kvstore.master.membership import Membership
 from kvstore.master.servicer import MasterServicer, now_ms
-from kvstore.process import announce_ready, setup_logging, wait_for_stop_signal
-from kvstore.shardmap import ShardMap, ShardRange
+from kvstore.process import announce_ready, wait_for_stop_signal
+from kvstore.shardmap import ShardMap
 
 log = logging.getLogger(__name__)
 
@@ -75,29 +76,32 @@ async def _maintenance(servicer: MasterServicer, period_s: float) -> None:
             index.plan_repairs(now)
 
 
-def parse_shard_map(spec: str) -> ShardMap:
-    """``"addr0,addr1,..."`` (slots split evenly) or the path of a JSON file:
-    ``{"version": 1, "masters": ["addr0", ...]}`` or ``{"version": 1, "ranges":
-    [{"first_slot": 0, "last_slot": 8191, "address": "...", "shard_id": 0}, ...]}``."""
-    if os.path.isfile(spec):
-        with open(spec) as f:
-            doc = json.load(f)
-        version = int(doc.get("version", 1))
-        if "masters" in doc:
-            return ShardMap.even(list(doc["masters"]), version)
-        return ShardMap(version, tuple(ShardRange(int(r["first_slot"]), int(r["last_slot"]),
-                                                  r["address"], int(r["shard_id"]))
-                                       for r in doc["ranges"]))
-    return ShardMap.even([a.strip() for a in spec.split(",") if a.strip()])
+@dataclass(frozen=True, slots=True)
+class MasterConfig:
+    """What one master process serves."""
+
+    host: str = "127.0.0.1"            # bind address (loopback by default)
+    port: int = 0                      # 0: a free port (or this shard's in shard_map)
+    node_ttl_ms: int = 3000            # a node without heartbeats this long is dead
+    shard_map: ShardMap | None = None  # None: the only shard, owning every slot
+    shard_id: int = 0                  # this master's shard in shard_map
+    etcd: str = ""                     # etcd URL: elect the shard's leader through a lease
+    cluster_name: str = "default"      # etcd key name space
+    lease_ttl_s: int = 3               # leader lease ttl
 
 
-async def serve(host: str, port: int, node_ttl_ms: int, shard_map: ShardMap | None = None,
-                shard_id: int = 0, etcd: str = "", cluster: str = "default",
-                lease_ttl_s: int = 3) -> None:
-    if shard_map is not None:
-        mine = next((r for r in shard_map.ranges if r.shard_id == shard_id), None)
+async def serve(cfg: MasterConfig) -> None:
+    """Serve until SIGTERM / SIGINT (announces READY once listening).
+
+    Raises:
+        SystemExit: the shard map does not name this shard, or names several
+            addresses for it and no ``port`` says which one is this process.
+    """
+    port = cfg.port
+    if cfg.shard_map is not None:
+        mine = next((r for r in cfg.shard_map.ranges if r.shard_id == cfg.shard_id), None)
         if mine is None:
-            raise SystemExit(f"kvstore master: shard {shard_id} is not in the shard map")
+            raise SystemExit(f"kvstore master: shard {cfg.shard_id} is not in the shard map")
         if not port:
             addrs = mine.address.split("|")
             if len(addrs) > 1:
@@ -105,47 +109,22 @@ async def serve(host: str, port: int, node_ttl_ms: int, shard_map: ShardMap | No
                                  "with --port")
             port = int(addrs[0].rsplit(":", 1)[1])
     election = None
-    if etcd:
+    if cfg.etcd:
         from kvstore.master.election import Election
-        election = Election(etcd, cluster, shard_id, f"{host}:{port}", ttl_s=lease_ttl_s)
-    server, bound, index = await create_server(host, port, node_ttl_ms=node_ttl_ms,
-                                               shard_map=shard_map, shard_id=shard_id,
+        election = Election(cfg.etcd, cfg.cluster_name, cfg.shard_id, f"{cfg.host}:{port}",
+                            ttl_s=cfg.lease_ttl_s)
+    server, bound, index = await create_server(cfg.host, port, node_ttl_ms=cfg.node_ttl_ms,
+                                               shard_map=cfg.shard_map, shard_id=cfg.shard_id,
                                                election=election)
     if election is not None:
-        election.address = f"{host}:{bound}"
+        election.address = f"{cfg.host}:{bound}"
         election.start()
     task = asyncio.create_task(_maintenance(server.servicer, 0.2))
-    announce_ready({"role": "master", "address": f"{host}:{bound}", "port": bound,
-                    "shard_id": shard_id})
+    announce_ready({"role": "master", "address": f"{cfg.host}:{bound}", "port": bound,
+                    "shard_id": cfg.shard_id})
     await wait_for_stop_signal()
     task.cancel()
     if election is not None:
         election.stop()
     await server.stop(1.0)
     log.info("master stopped")
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="kvstore master", description="Run a master shard.")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
-    p.add_argument("--port", type=int, default=0, help="0 picks a free port")
-    p.add_argument("--node-ttl-ms", type=int, default=3000)
-    p.add_argument("--shard-id", type=int, default=0, help="this master's shard in --shard-map")
-    p.add_argument("--shard-map", default="",
-                   help='static shard map: "addr0,addr1,..." (slots split evenly) or a JSON '
-                        "file; the port defaults to this shard's address in it")
-    p.add_argument("--etcd", default="",
-                   help="etcd URL (http://host:port): elect this shard's leader through a lease; "
-                        "list the shard's masters as addr|addr in --shard-map")
-    p.add_argument("--cluster-name", default="default", help="etcd key name space")
-    p.add_argument("--lease-ttl-s", type=int, default=3, help="leader lease ttl")
-    p.add_argument("--log-level", default="INFO")
-    args = p.parse_args(argv)
-    setup_logging(args.log_level)
-    shard_map = parse_shard_map(args.shard_map) if args.shard_map else None
-    asyncio.run(serve(args.host, args.port, args.node_ttl_ms, shard_map, args.shard_id,
-                      args.etcd, args.cluster_name, args.lease_ttl_s))
-
-
-if __name__ == "__main__":
-    main()

@@ -329,7 +329,7 @@ class _Session:
 
     def _shm_commit(self, key: str, object_id: int, _size: int, checksum: int) -> None:
         # A non-zero checksum is the value's, announced late (a value written
-        # part by part, see client.parts); 0 keeps the one SHM_ALLOC gave.
+        # part by part, see kvstore.client.parts); 0 keeps the one SHM_ALLOC gave.
         obj = self.writing.pop((key, object_id), None)
         if obj is None:
             raise NotFound("no reservation for this key on this connection", key=key)

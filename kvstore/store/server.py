@@ -1,14 +1,7 @@
-"""Store node process: ``kvstore node`` / ``python -m kvstore.store.server``.
+"""A store node's server: its tiers, its data server and its link to the masters.
 
-Registers with the master (with an inventory of what it holds, e.g. its SSD
-after a restart), heartbeats (reporting per-tier stats and the node's events,
-applying the drop orders it gets back, running the repair copies it is
-ordered), and serves the data plane over TCP and same-host shared memory.
-With several master shards (learned from ``--master``'s shard map) it does
-all of this with every shard, each for the keys of its slots; a shard named
-``a|b`` (leader and standbys) is reached by trying its masters in turn.
-
-Tiers and their defaults (README-ready)::
+Run as ``kvstore node`` (:mod:`kvstore.tools.services` parses the options into
+a :class:`NodeConfig`). Tiers and their defaults::
 
     --dram 256MiB                      DRAM: shared-memory segment; every put lands here
     --gpu SIZE [--gpu-device cuda]     GPU: device memory, below DRAM (needs CUDA; off by default)
@@ -22,31 +15,28 @@ watermark. DRAM and GPU victims are demoted to the next tier while it has
 room (the SSD evicts its own victims to make room), and evicted only when no
 tier below can take them. A node restarted on the same ``--ssd-path``
 re-announces the SSD's intact objects (checksums checked) under the node id
-recorded there, so ``--node-id`` may be omitted on restart.
+recorded there, so ``--node-id`` may be omitted on restart. The node talks
+to its masters through :mod:`kvstore.store.agent` and serves the data plane
+(TCP, same-host shared memory, RDMA) through :mod:`kvstore.store.data_server`.
 """
 
 from __future__ import annotations
 
-import argparse
-import itertools
 import logging
 import signal
 import threading
 import time
 import uuid
-
-import grpc
+from dataclasses import dataclass
 
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.errors import Unavailable
-from kvstore.process import announce_ready, setup_logging
-from kvstore.shardmap import ShardMap
-from kvstore.sizes import parse_size
+from kvstore.process import announce_ready
+from kvstore.store.agent import make_agent
 from kvstore.store.data_server import DataServer
-from kvstore.store.node import NodeStats, StoreNode
-from kvstore.store.repair import Copier
-from kvstore.store.tiers.base import Tier
+from kvstore.store.node import StoreNode
+from kvstore.store.tiering import DEFAULT_WATERMARKS
+from kvstore.store.tiers.base import Tier, TierKind
 from kvstore.store.tiers.dram import DramTier
 from kvstore.transfer.protocol import local_address
 from kvstore.transfer.shm import host_id
@@ -54,281 +44,55 @@ from kvstore.transfer.shm import host_id
 log = logging.getLogger(__name__)
 
 
-def tier_stats_proto(stats: NodeStats) -> list[pb.TierStat]:
-    return [pb.TierStat(tier=t.kind, capacity_bytes=t.capacity_bytes, used_bytes=t.used_bytes,
-                        free_bytes=t.free_bytes, evictable_bytes=t.evictable_bytes,
-                        num_objects=t.num_objects, num_reading=t.num_reading,
-                        num_pinned=t.num_pinned, num_soft_pinned=t.num_soft_pinned,
-                        num_protected=t.num_protected, high_watermark=t.high_watermark,
-                        low_watermark=t.low_watermark, eviction_blocked=t.eviction_blocked)
-            for t in stats.tiers]
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    """What one store node process holds and serves."""
+
+    master: str                        # any master shard, host:port (or a|b for a shard's masters)
+    dram_bytes: int = 256 << 20        # DRAM tier (shared-memory segment)
+    host: str = "127.0.0.1"            # bind address (loopback by default)
+    port: int = 0                      # data port; 0 picks a free one
+    node_id: str = ""                  # "" : the one recorded on the SSD, else a fresh one
+    gpu_bytes: int = 0                 # GPU tier (0: none)
+    gpu_device: str = "cuda"           # torch device of the GPU tier
+    ssd_bytes: int = 0                 # SSD tier (0: none) ...
+    ssd_path: str = ""                 # ... its lmdb environment's directory
+    ssd_map_size_bytes: int | None = None   # lmdb map size (None: 3 x SSD + 64 MiB)
+    eviction_policy: str = "default"   # a name in kvstore.store.eviction's registry
+    high_watermark: float = DEFAULT_WATERMARKS[TierKind.DRAM][0]   # DRAM and GPU
+    low_watermark: float = DEFAULT_WATERMARKS[TierKind.DRAM][1]
+    ssd_high_watermark: float = DEFAULT_WATERMARKS[TierKind.SSD][0]
+    ssd_low_watermark: float = DEFAULT_WATERMARKS[TierKind.SSD][1]
+    rdma_device: str = ""              # serve one-sided RDMA on this device ("" none)
+    rdma_port: int = 1
+    rdma_gid_index: int | None = None
 
 
-class _LazyCopier:
-    """The :class:`Copier` (and its thread) starts at the first copy order."""
-
-    def __init__(self, node: StoreNode):
-        self.node = node
-        self._copier: Copier | None = None
-
-    def submit(self, order: pb.CopyOrder) -> None:
-        if self._copier is None:
-            self._copier = Copier(self.node)
-        self._copier.submit(order)
-
-    def take_results(self) -> list[pb.CopyResult]:
-        return self._copier.take_results() if self._copier is not None else []
-
-    def stop(self) -> None:
-        if self._copier is not None:
-            self._copier.stop()
-
-
-class NodeAgent:
-    """A store node's link to its master: registration and heartbeats.
-
-    Args:
-        node: the object table.
-        address: how clients reach this node.
-        master: master address host:port.
-        min_beat_interval_s: event-driven heartbeats are at least this far
-            apart, so a burst of demotions travels in a few heartbeats.
-        full_stats_interval_s: how often a heartbeat recounts the per-object
-            stats (evictable, pinned, ...: O(objects) under the node's lock);
-            the beats in between refresh only usage and counters.
-    """
-
-    def __init__(self, node: StoreNode, address: pb.NodeAddress, master: str,
-                 min_beat_interval_s: float = 0.02, full_stats_interval_s: float = 1.0,
-                 owns=None):
-        self.node = node
-        self.master = master
-        # A shard's masters as "a|b|...": a leader and standbys. The agent
-        # talks to one; on a failed RPC it moves on to the next (a new
-        # leader does not know the node, so the node registers again there).
-        self._addrs = master.split("|")
-        self._cur = 0
-        # Which keys this master shard owns (None: every key). A sharded node
-        # runs one agent per shard; each sees only its shard's inventory and events.
-        self.owns = owns
-        self.address = address
-        self.rpc_timeout_s = 2.0
-        self._connect()
-        self.interval_s = 0.5
-        self.min_beat_interval_s = min_beat_interval_s
-        self.full_stats_interval_s = full_stats_interval_s
-        self._stats: NodeStats | None = None
-        self._stats_at = 0.0
-        self._stop = threading.Event()
-        self._unreported: list = []
-        self._copied: list[pb.CopyResult] = []   # repair results not yet reported
-        self.copier = _LazyCopier(node)
-        self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
-
-    def _connect(self) -> None:
-        self.channel = grpc.insecure_channel(self._addrs[self._cur], options=[
-            ("grpc.max_send_message_length", 64 * 1024 * 1024)])
-        self.stub = pb_grpc.MasterStub(self.channel)
-
-    def failover(self) -> None:
-        """Move on to the shard's next master (after a failed RPC)."""
-        if len(self._addrs) == 1:
-            return
-        self.channel.close()
-        self._cur = (self._cur + 1) % len(self._addrs)
-        self._connect()
-
-    def register(self, timeout_s: float = 10.0, take_events: bool = True) -> None:
-        """Register with an inventory of everything the node holds now.
-
-        Events queued before the inventory is taken are dropped: the
-        inventory already reflects them, and the master rebuilds this node's
-        part of its index from it. (With ``take_events`` False, as in a
-        sharded node, the node's queue stays for the other shards' agents; an
-        event reported after the inventory is at worst a no-op for the master.)
-        """
-        if take_events:
-            self.node.take_events()
-        self._unreported.clear()
-        inventory = [pb.InventoryItem(key=k, object_id=oid, size_bytes=size, checksum=ck, tier=t)
-                     for k, oid, size, ck, t in self.node.holdings()
-                     if self.owns is None or self.owns(k)]
-        stats = self.node.stats()
-        req = pb.RegisterNodeRequest(
-            address=self.address, tier=pb.DRAM, capacity_bytes=stats.capacity_bytes,
-            max_object_bytes=stats.capacity_bytes, tiers=tier_stats_proto(stats),
-            inventory=inventory)
-        if len(self._addrs) == 1:
-            resp = self.stub.RegisterNode(req, timeout=timeout_s, wait_for_ready=True)
-        else:
-            deadline = time.monotonic() + timeout_s
-            while True:
-                try:
-                    resp = self.stub.RegisterNode(req, timeout=1.0)
-                    break
-                except grpc.RpcError:
-                    if time.monotonic() > deadline:
-                        raise
-                    self.failover()
-                    time.sleep(0.05)
-        self.interval_s = resp.heartbeat_interval_ms / 1000.0
-        if inventory:
-            log.info("registered with %d object(s) in the inventory", len(inventory))
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self.node.events_ready.set()
-        self._thread.join(timeout=5)
-        self.copier.stop()
-        self.channel.close()
-
-    def beat(self) -> None:
-        """One heartbeat: report per-tier stats and events, apply drop orders.
-
-        Events stay queued here until a heartbeat carrying them succeeds, so
-        the master sees each at least once and in order.
-        """
-        if self.owns is None:
-            self._unreported.extend(self.node.take_events())
-        now = time.monotonic()
-        if self._stats is None or now - self._stats_at >= self.full_stats_interval_s:
-            self._stats, self._stats_at = self.node.stats(), now
-        else:
-            self._stats = self.node.refresh_usage(self._stats)
-        stats = self._stats
-        self._copied.extend(self.copier.take_results())
-        n = len(self._unreported)    # a sharded node appends from another thread meanwhile
-        resp = self.stub.Heartbeat(pb.HeartbeatRequest(
-            node_id=self.address.node_id, used_bytes=stats.used_bytes,
-            num_objects=stats.num_objects, events=[e.to_proto() for e in self._unreported[:n]],
-            tiers=tier_stats_proto(stats), counters=stats.counters, copied=self._copied),
-            timeout=self.rpc_timeout_s)
-        del self._unreported[:n]
-        self._copied.clear()
-        for order in resp.copies:
-            self.copier.submit(order)
-        if not resp.known:
-            log.warning("master %s does not know this node: registering again", self.master)
-            self.register(take_events=self.owns is None)
-            return
-        for d in resp.drops:
-            self.node.drop(d.key, d.object_id)
-
-    def _loop(self) -> None:
-        # Beat every interval, and soon after the node changed what it holds
-        # (evicted, demoted, promoted), so the index stops offering stale replicas.
-        while not self._stop.is_set():
-            self.node.events_ready.wait(self.interval_s)
-            if self._stop.is_set():
-                return
-            try:
-                self.beat()
-            except grpc.RpcError as exc:
-                log.warning("heartbeat failed: %s", exc.code())
-                self.failover()
-            self._stop.wait(self.min_beat_interval_s)
-
-
-class ShardedAgents:
-    """One :class:`NodeAgent` per master shard, each on its own heartbeat thread.
-
-    The node registers and heartbeats with every shard; each shard gets the
-    inventory items and events of the keys in its slot range, and sends back
-    drop orders and copy orders for its own keys. A shard that is down or
-    hung delays no other shard's heartbeats.
-
-    Args:
-        node: the object table.
-        address: how clients reach this node.
-        shard_map: the static map of master shards.
-    """
-
-    def __init__(self, node: StoreNode, address: pb.NodeAddress, shard_map: ShardMap,
-                 min_beat_interval_s: float = 0.02):
-        self.node = node
-        self.shard_map = shard_map
-        self.agents = [NodeAgent(node, address, r.address, min_beat_interval_s,
-                                 owns=self._owner(r.shard_id)) for r in shard_map.ranges]
-        self.min_beat_interval_s = min_beat_interval_s
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._loop, args=(a,), daemon=True,
-                                          name=f"heartbeat-{i}") for i, a in enumerate(self.agents)]
-
-    def _owner(self, shard_id: int):
-        shard_map = self.shard_map
-        return lambda key: shard_map.shard_for_key(key).shard_id == shard_id
-
-    def register(self, timeout_s: float = 10.0) -> None:
-        """Register with every shard (each must answer within ``timeout_s``)."""
-        self.node.take_events()
-        for agent in self.agents:
-            agent.register(timeout_s, take_events=False)
-
-    def start(self) -> None:
-        for t in self._threads:
-            t.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self.node.events_ready.set()
-        for t in self._threads:
-            t.join(timeout=5)
-        for agent in self.agents:
-            agent.copier.stop()
-            agent.channel.close()
-
-    def _distribute(self) -> None:
-        """Hand the node's new events to the agents of the shards owning their keys."""
-        with self._lock:
-            events = self.node.take_events()
-            for agent in self.agents:
-                agent._unreported.extend(e for e in events if agent.owns(e.key))
-
-    def _loop(self, agent: NodeAgent) -> None:
-        while not self._stop.is_set():
-            self.node.events_ready.wait(agent.interval_s)
-            if self._stop.is_set():
-                return
-            self._distribute()
-            try:
-                agent.beat()
-            except grpc.RpcError as exc:
-                log.warning("heartbeat to shard %s failed: %s", agent.master, exc.code())
-                agent.failover()
-            self._stop.wait(self.min_beat_interval_s)
-
-
-def build_tiers(args: argparse.Namespace) -> list[Tier]:
-    """The node's tier chain from the command line: DRAM [-> GPU] [-> SSD].
+def build_tiers(cfg: NodeConfig) -> list[Tier]:
+    """The node's tier chain: DRAM [-> GPU] [-> SSD].
 
     Raises:
-        ValueError: a size that is not a size, or a DRAM tier of 0 B.
+        ValueError: a DRAM tier of 0 B.
         SystemExit: inconsistent SSD options, or a GPU tier without a usable device.
     """
-    dram_bytes = parse_size(args.dram)
-    if dram_bytes <= 0:
-        raise ValueError(f"--dram must be larger than 0 B, got {args.dram!r}")
-    tiers: list[Tier] = [DramTier(dram_bytes)]
+    if cfg.dram_bytes <= 0:
+        raise ValueError(f"--dram must be larger than 0 B, got {cfg.dram_bytes} B")
+    tiers: list[Tier] = [DramTier(cfg.dram_bytes)]
     try:
-        if args.gpu:
+        if cfg.gpu_bytes:
             from kvstore.store.tiers.gpu import GpuTier
 
             try:
-                tiers.append(GpuTier(parse_size(args.gpu), args.gpu_device))
+                tiers.append(GpuTier(cfg.gpu_bytes, cfg.gpu_device))
             except RuntimeError as exc:
                 raise SystemExit(f"kvstore node: {exc}") from None
-        if args.ssd or args.ssd_path:
-            if not (args.ssd and args.ssd_path):
+        if cfg.ssd_bytes or cfg.ssd_path:
+            if not (cfg.ssd_bytes and cfg.ssd_path):
                 raise SystemExit("kvstore node: --ssd SIZE and --ssd-path DIR go together")
             from kvstore.store.tiers.ssd import SsdInUse, SsdTier
 
             try:
-                tiers.append(SsdTier(args.ssd_path, parse_size(args.ssd),
-                                     parse_size(args.ssd_map_size) if args.ssd_map_size else None))
+                tiers.append(SsdTier(cfg.ssd_path, cfg.ssd_bytes, cfg.ssd_map_size_bytes))
             except (SsdInUse, ValueError) as exc:
                 raise SystemExit(f"kvstore node: {exc}") from None
     except BaseException:
@@ -355,69 +119,20 @@ def resolve_node_id(requested: str, tiers: list[Tier]) -> str:
     return node_id
 
 
-def make_agent(node: StoreNode, address: pb.NodeAddress, master: str,
-               timeout_s: float = 30.0) -> "NodeAgent | ShardedAgents":
-    """The node's link to the control plane: one agent, or one per shard.
+def run_node(cfg: NodeConfig) -> None:
+    """Serve until SIGTERM / SIGINT (announces READY once registered with the masters).
 
-    Asks ``master`` for the shard map (waiting up to ``timeout_s`` for it to
-    come up); a map with one shard keeps the plain single-master agent.
+    Raises:
+        ValueError, SystemExit: bad tier options (see :func:`build_tiers`), an
+            SSD of another node, an unusable RDMA device.
+        grpc.RpcError: no master answered.
     """
-    addrs = master.split("|")
-    deadline = time.monotonic() + timeout_s
-    for i in itertools.count():
-        with grpc.insecure_channel(addrs[i % len(addrs)]) as ch:
-            try:
-                msg = pb_grpc.MasterStub(ch).GetShardMap(
-                    pb.GetShardMapRequest(), timeout=timeout_s if len(addrs) == 1 else 1.0,
-                    wait_for_ready=True)
-                break
-            except grpc.RpcError:
-                if time.monotonic() > deadline:
-                    raise
-    shard_map = ShardMap.from_proto(msg)
-    if len(shard_map.ranges) <= 1 and "|" not in shard_map.ranges[0].address:
-        return NodeAgent(node, address, master)
-    log.info("shard map v%d: %d master shards", shard_map.version, len(shard_map.ranges))
-    return ShardedAgents(node, address, shard_map)
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="kvstore node", description="Run a store node.")
-    p.add_argument("--master", required=True,
-                   help="master address host:port (any shard: the node learns the shard map "
-                        "from it and registers with every shard)")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
-    p.add_argument("--port", type=int, default=0, help="data port; 0 picks a free port")
-    p.add_argument("--node-id", default="",
-                   help="stable node id (default: the one recorded on --ssd-path, else random)")
-    p.add_argument("--dram", default="256MiB", help="DRAM tier capacity, e.g. 512MiB, 4GiB")
-    p.add_argument("--gpu", default="", help="GPU tier capacity (needs CUDA); default none")
-    p.add_argument("--gpu-device", default="cuda", help="torch device of the GPU tier")
-    p.add_argument("--ssd", default="", help="SSD tier capacity, e.g. 256MiB; default none")
-    p.add_argument("--ssd-path", default="", help="directory of the SSD tier's lmdb environment")
-    p.add_argument("--ssd-map-size", default="", help="lmdb map size (default 3 x --ssd + 64MiB)")
-    p.add_argument("--eviction-policy", default="default", help="lru, lfu, default or none")
-    p.add_argument("--high-watermark", type=float, default=0.95,
-                   help="DRAM/GPU: evict when use passes this fraction of capacity")
-    p.add_argument("--low-watermark", type=float, default=0.85, help="... down to this fraction")
-    p.add_argument("--ssd-high-watermark", type=float, default=0.95,
-                   help="SSD: evict when use passes this fraction of capacity")
-    p.add_argument("--ssd-low-watermark", type=float, default=0.90, help="... down to this fraction")
-    p.add_argument("--rdma-device", default="",
-                   help="serve one-sided RDMA on this device (e.g. mlx5_0, rxe0; needs pyverbs)")
-    p.add_argument("--rdma-port", type=int, default=1, help="port of --rdma-device")
-    p.add_argument("--rdma-gid-index", type=int, default=None,
-                   help="GID index (default: the port's first non-zero GID)")
-    p.add_argument("--log-level", default="INFO")
-    args = p.parse_args(argv)
-    setup_logging(args.log_level)
-
-    tiers = build_tiers(args)
+    tiers = build_tiers(cfg)
     try:
-        node_id = resolve_node_id(args.node_id, tiers)
+        node_id = resolve_node_id(cfg.node_id, tiers)
         t0 = time.monotonic()
-        node = StoreNode(tiers, args.eviction_policy, args.high_watermark, args.low_watermark,
-                         ssd_watermarks=(args.ssd_high_watermark, args.ssd_low_watermark))
+        node = StoreNode(tiers, cfg.eviction_policy, cfg.high_watermark, cfg.low_watermark,
+                         ssd_watermarks=(cfg.ssd_high_watermark, cfg.ssd_low_watermark))
     except BaseException:
         for t in tiers:
             t.close()
@@ -427,18 +142,18 @@ def main(argv: list[str] | None = None) -> None:
                  time.monotonic() - t0)
     dram = tiers[0]
     rdma = None
-    if args.rdma_device:
+    if cfg.rdma_device:
         from kvstore.transfer.rdma import RdmaNodeEndpoint
 
         try:
-            rdma = RdmaNodeEndpoint(args.rdma_device, dram.segment.view, port=args.rdma_port,
-                                    gid_index=args.rdma_gid_index)
+            rdma = RdmaNodeEndpoint(cfg.rdma_device, dram.segment.view, port=cfg.rdma_port,
+                                    gid_index=cfg.rdma_gid_index)
         except Unavailable as exc:
             node.close()
-            raise SystemExit(f"kvstore node: --rdma-device {args.rdma_device}: "
+            raise SystemExit(f"kvstore node: --rdma-device {cfg.rdma_device}: "
                              f"{exc.message}") from None
-    server = DataServer(node, args.host, args.port, local_address(dram.name), rdma).start()
-    address = pb.NodeAddress(node_id=node_id, host=args.host, data_port=server.port,
+    server = DataServer(node, cfg.host, cfg.port, local_address(dram.name), rdma).start()
+    address = pb.NodeAddress(node_id=node_id, host=cfg.host, data_port=server.port,
                              shm_name=dram.name, host_id=host_id())
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -446,14 +161,14 @@ def main(argv: list[str] | None = None) -> None:
     agent = None
     try:
         # Inside the try: an unreachable master must not leave the shm segment behind.
-        agent = make_agent(node, address, args.master)
+        agent = make_agent(node, address, cfg.master)
         agent.register()
         agent.start()
         announce_ready({"role": "node", "node_id": node_id,
-                        "address": f"{args.host}:{server.port}", "shm_name": dram.name,
+                        "address": f"{cfg.host}:{server.port}", "shm_name": dram.name,
                         "tiers": {t.kind.name: t.capacity_bytes for t in tiers},
                         "recovered": node.counters["recovered"]})
-        log.info("node %s serving %s:%d, tiers %s", node_id, args.host, server.port,
+        log.info("node %s serving %s:%d, tiers %s", node_id, cfg.host, server.port,
                  ", ".join(f"{t.kind.name} {t.capacity_bytes} B" for t in tiers))
         stop.wait()
     finally:
@@ -465,6 +180,3 @@ def main(argv: list[str] | None = None) -> None:
         node.close()
         log.info("node %s stopped", node_id)
 
-
-if __name__ == "__main__":
-    main()

@@ -72,6 +72,7 @@ from typing import Any
 from kvstore._proto import kvstore_pb2 as _pb
 from kvstore.errors import InvalidArgument, KVStoreError, Unavailable, error_for_code
 from kvstore.transfer.base import ReadItem, Transport, WriteItem
+from kvstore.transfer.buffers import writable_view
 from kvstore.transfer.protocol import Op
 from kvstore.transfer.rdma_wire import (MAX_CONNECT_BYTES, OP_RDMA_CONNECT, MrDescriptor,
                                         QpDescriptor, RegionTable, address_of,
@@ -220,7 +221,6 @@ class RdmaTransport(Transport):
             Unavailable: registration failed.
             ValueError: it overlaps a registered buffer.
         """
-        from client.buffers import writable_view
         view = writable_view(buffer)
         mr = self.device.register(view, remote=False)
         start = address_of(view)
@@ -233,7 +233,6 @@ class RdmaTransport(Transport):
 
     def unregister(self, buffer: Any) -> None:
         """Undo :meth:`register` (no-op for a buffer that is not registered)."""
-        from client.buffers import writable_view
         start = address_of(writable_view(buffer))
         entry = self._mrs.pop(start, None)
         if entry is not None:

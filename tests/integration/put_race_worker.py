@@ -23,7 +23,7 @@ def race(master: str, prefer_shm: bool, prefix: str, rounds: int, who: int, barr
     Sends ``(who, outcomes)`` on ``results``; an outcome is "written",
     "present", "conflict" or "error:<type>:<message>".
     """
-    from client import KVClient
+    from kvstore.client import KVClient
     from kvstore.errors import KeyConflict
 
     outcomes: list[str] = []

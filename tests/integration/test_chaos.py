@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from kvstore.chaos import run_chaos
+from kvstore.tools.chaos import run_chaos
 
 
 @pytest.mark.skipif(shutil.which("etcd") is None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 
-from client import KVClient
+from kvstore.client import KVClient
 from kvstore.keys import value_checksum
 from put_race_worker import race, round_value
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from client import KVClient, NotFound
+from kvstore.client import KVClient, NotFound
 from kvtest import cluster_running, node_stats, wait_for
 
 KiB, MiB = 1024, 1024 * 1024

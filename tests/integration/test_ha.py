@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from client.client import KVClient
-from kvstore.chaos import serving
-from kvstore.launcher import start_store_cluster
+from kvstore.client.client import KVClient
+from kvstore.tools.chaos import serving
+from kvstore.tools.launcher import start_store_cluster
 
 pytestmark = pytest.mark.skipif(shutil.which("etcd") is None,
                                 reason="etcd is not on PATH (apt-get install etcd-server); "

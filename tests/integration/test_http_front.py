@@ -24,13 +24,13 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from conductor.http import ByteTokenizer
-from engines.generate import greedy_generate
-from engines.model import LlamaModel
-from engines.namespace import model_config
+from kvstore.conductor.http import ByteTokenizer
+from kvstore.engines.generate import greedy_generate
+from kvstore.engines.model import LlamaModel
+from kvstore.client.models import model_config
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
-from kvstore.local_cluster import ClusterSpec, LocalCluster
+from kvstore.tools.launcher import ClusterSpec, LocalCluster
 
 BLOCK_TOKENS = 16
 TOK = ByteTokenizer(model_config("tiny").vocab_size)

@@ -10,9 +10,9 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from client import KVClient
+from kvstore.client import KVClient
 from kvstore.keys import key_slot, value_checksum
-from tools.kvctl import EXIT_NOT_FOUND, app
+from kvstore.tools.kvctl import EXIT_NOT_FOUND, app
 
 runner = CliRunner()
 
@@ -144,7 +144,7 @@ def test_errors_exit_codes(master):
 
 
 def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tools.kvctl", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "kvstore.tools.kvctl", *args], capture_output=True,
                           text=True, timeout=60, env=dict(os.environ, **(env or {})))
 
 

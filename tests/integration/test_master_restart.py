@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 
-from client.client import KVClient
+from kvstore.client.client import KVClient
 from kvstore.errors import KVStoreError
-from kvstore.launcher import start_store_cluster
+from kvstore.tools.launcher import start_store_cluster
 from kvtest import wait_for
 
 

@@ -11,12 +11,12 @@ import io
 import pytest
 from rich.console import Console
 
-from engines.generate import greedy_generate
-from engines.model import LlamaModel
-from engines.namespace import model_config
-from kvstore.demo import run_demo
-from tools.report import output_digest
-from tools.trace import ScaleConfig, default_trace_path, load_trace, scale_trace
+from kvstore.engines.generate import greedy_generate
+from kvstore.engines.model import LlamaModel
+from kvstore.client.models import model_config
+from kvstore.tools.demo import run_demo
+from kvstore.tools.report import output_digest
+from kvstore.tools.trace import ScaleConfig, default_trace_path, load_trace, scale_trace
 
 N = 30
 

@@ -13,13 +13,14 @@ import uuid
 import pytest
 import torch
 
-from client import KVClient, prefix_keys
-from engines.generate import greedy_token
-from engines.kv_cache import PagedKVCache, Sequence
-from engines.kv_saver import LayerwiseSaver, StreamedSaver, SyncSaver
-from engines.model import LlamaModel
-from engines.namespace import is_transfer_key, model_config, namespace_for_model
-from engines.prefill_server import PrefillWorker
+from kvstore.client import KVClient, prefix_keys
+from kvstore.engines.generate import greedy_token
+from kvstore.engines.kv_cache import PagedKVCache, Sequence
+from kvstore.engines.kv_saver import LayerwiseSaver, StreamedSaver, SyncSaver
+from kvstore.engines.model import LlamaModel
+from kvstore.client.models import model_config, namespace_for_model
+from kvstore.engines.transfer_keys import is_transfer_key
+from kvstore.engines.prefill_server import PrefillWorker
 from kvstore._proto import serving_pb2 as spb
 
 BLOCK = 16
@@ -144,10 +145,10 @@ def test_streamed_demo_equals_single_process_greedy(tmp_path, model):
 
     from rich.console import Console
 
-    from engines.generate import greedy_generate
-    from kvstore.demo import run_demo
-    from tools.report import output_digest
-    from tools.trace import ScaleConfig, default_trace_path, load_trace, scale_trace
+    from kvstore.engines.generate import greedy_generate
+    from kvstore.tools.demo import run_demo
+    from kvstore.tools.report import output_digest
+    from kvstore.tools.trace import ScaleConfig, default_trace_path, load_trace, scale_trace
 
     n, out_tokens = 10, 4
     summary = run_demo(requests=n, trace=None, use_cache=True, out=None, time_scale=0.0,

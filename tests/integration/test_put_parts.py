@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from client import KVClient
+from kvstore.client import KVClient
 from kvstore.errors import InvalidArgument, KeyConflict, NotFound, Unavailable
 from kvtest import cluster_running, wait_for
 

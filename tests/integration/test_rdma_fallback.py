@@ -14,11 +14,12 @@ import sys
 
 import pytest
 
-from client import KVClient
+from kvstore.client import KVClient
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.transfer.protocol import Op
 from kvstore.transfer.rdma_wire import OP_RDMA_CONNECT
 from kvstore.transfer.tcp import NodeConnection, TcpTransport
+from kvstore.tools.processes import service_args
 from kvtest import cluster_running
 
 
@@ -52,7 +53,7 @@ def test_client_with_an_unusable_device_uses_tcp(cluster):
 
 
 def test_node_with_an_unusable_device_stops_with_one_line(cluster):
-    p = subprocess.run([sys.executable, "-m", "kvstore.store.server", "--master", cluster.master,
+    p = subprocess.run([sys.executable, *service_args("node"), "--master", cluster.master,
                         "--dram", "1MiB", "--rdma-device", "no-such-dev0"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode != 0

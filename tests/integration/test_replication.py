@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from client.client import KVClient
+from kvstore.client.client import KVClient
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.launcher import start_store_cluster
+from kvstore.tools.launcher import start_store_cluster
 from kvtest import wait_for
 
 

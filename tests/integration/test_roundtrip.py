@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from client import KVClient
+from kvstore.client import KVClient
 from kvstore.errors import (InvalidArgument, KeyConflict, KVStoreError, NoSpace, NotFound,
                             TooLarge, Unavailable)
 from kvstore.keys import value_checksum

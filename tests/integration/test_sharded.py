@@ -11,10 +11,10 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from client.client import KVClient
+from kvstore.client.client import KVClient
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.launcher import start_store_cluster
+from kvstore.tools.launcher import start_store_cluster
 from kvstore.shardmap import ShardMap
 from kvtest import wait_for
 

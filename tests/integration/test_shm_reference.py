@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from client import KVClient
+from kvstore.client import KVClient
 from kvstore.errors import NoSpace, NotFound
 from kvstore.keys import value_checksum
 from kvstore.transfer.protocol import Op

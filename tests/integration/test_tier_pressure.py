@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from client import KVClient, NotFound
+from kvstore.client import KVClient, NotFound
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.transfer.protocol import REQUEST, RESPONSE, Op, recv_exact_into
 from kvstore.transfer.shm import ShmSegment
@@ -92,7 +92,7 @@ def check_tiers(kv: KVClient) -> dict:
 def test_two_gib_through_64_mib_of_dram(node_cluster):
     t0 = time.monotonic()
     info = node_cluster.nodes["n0"]
-    host, port = info["address"].rsplit(":", 1)
+    host, port = info.address.rsplit(":", 1)
     rng = random.Random(7)
     sizes: dict[str, int] = {}
     with KVClient(node_cluster.master, prefer_shm=True) as shm_kv, \
@@ -102,7 +102,7 @@ def test_two_gib_through_64_mib_of_dram(node_cluster):
         shm_kv.put("slow/shm", slow_shm)
         shm_kv.put("slow/tcp", slow_tcp)
         conn = NodeConnection(host, int(port))
-        segment = ShmSegment(info["shm_name"])
+        segment = ShmSegment(info.info["shm_name"])
         shm_oid, size, _ck, offset = conn.call(Op.SHM_ACQUIRE, "slow/shm")
         assert size == len(slow_shm)
         tcp_reader = SlowTcpReader(host, int(port), "slow/tcp")

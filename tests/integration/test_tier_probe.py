@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from client import KVClient
+from kvstore.client import KVClient
 from kvstore.transfer.protocol import Op
 from kvstore.transfer.tcp import NodeConnection
 from kvtest import cluster_running, wait_for
@@ -38,7 +38,7 @@ def dram_stats(kv: KVClient) -> dict:
 
 
 def test_exists_probes_do_not_stop_eviction(probed):
-    host, port = probed.nodes["n0"]["address"].rsplit(":", 1)
+    host, port = probed.nodes["n0"].address.rsplit(":", 1)
     with KVClient(probed.master, prefer_shm=False) as kv:
         conn = NodeConnection(host, int(port))
         keys, held = [], []

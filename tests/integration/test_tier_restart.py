@@ -14,14 +14,14 @@ import random
 import signal
 import socket
 
-from client import KVClient, NotFound
-from kvstore.process import Child, Cluster
+from kvstore.client import KVClient, NotFound
+from kvstore.tools.processes import Child, ProcessGroup, service_args
 from kvtest import node_args, wait_for
 
 MiB = 1024 * 1024
 
 
-def stop_child(procs: Cluster, child: Child) -> None:
+def stop_child(procs: ProcessGroup, child: Child) -> None:
     child.proc.send_signal(signal.SIGTERM)
     assert child.proc.wait(10) == 0
     procs.children.remove(child)
@@ -63,9 +63,9 @@ def write_and_place(kv: KVClient, n: int) -> dict[str, str]:
 
 
 def test_ssd_contents_survive_a_node_restart(tmp_path):
-    procs = Cluster(log_dir=str(tmp_path / "logs"))
+    procs = ProcessGroup(log_dir=str(tmp_path / "logs"))
     try:
-        master = procs.start("master", ["-m", "kvstore.master.server"]).address
+        master = procs.start("master", service_args("master")).address
         args = node_args(master, "n0", "16MiB", "default", "64MiB", str(tmp_path))
         node = procs.start("n0", args)
         with KVClient(master) as kv:
@@ -99,9 +99,9 @@ def test_ssd_contents_survive_a_node_restart(tmp_path):
 
 def test_a_new_master_learns_the_ssd_from_the_inventory(tmp_path):
     port = free_port()
-    procs = Cluster(log_dir=str(tmp_path / "logs"))
+    procs = ProcessGroup(log_dir=str(tmp_path / "logs"))
     try:
-        master_args = ["-m", "kvstore.master.server", "--port", str(port)]
+        master_args = service_args("master", "--port", str(port))
         master = procs.start("master", master_args)
         address = master.address
         procs.start("n0", node_args(address, "n0", "16MiB", "default", "64MiB", str(tmp_path)))

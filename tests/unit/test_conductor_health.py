@@ -1,9 +1,9 @@
-"""Tests for conductor.health.HealthMonitor, driven by scripted probe results (no network)."""
+"""Tests for kvstore.conductor.health.HealthMonitor, driven by scripted probe results (no network)."""
 
 from __future__ import annotations
 
-from conductor.health import HealthMonitor, ProbeResult, Role
-from conductor.scheduler import DecodeInstance, PrefillInstance, Scheduler
+from kvstore.conductor.health import HealthMonitor, ProbeResult, Role
+from kvstore.conductor.scheduler import DecodeInstance, PrefillInstance, Scheduler
 
 
 def _setup(results: dict[str, list[ProbeResult]], miss_limit: int = 3):

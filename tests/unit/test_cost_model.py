@@ -1,4 +1,4 @@
-"""Tests for conductor.cost_model: formulas, JSON files, fitting on synthetic data."""
+"""Tests for kvstore.conductor.cost_model: formulas, JSON files, fitting on synthetic data."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from conductor.cost_model import (
+from kvstore.conductor.cost_model import (
     DEFAULT_COST_MODEL,
     CostModel,
     bundled_cost_models,

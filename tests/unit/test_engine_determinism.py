@@ -8,10 +8,10 @@ import sys
 import pytest
 import torch
 
-from engines.config import ModelConfig
-from engines.generate import greedy_generate, greedy_token
-from engines.kv_cache import PagedKVCache, Sequence
-from engines.model import LlamaModel, max_cached_blocks
+from kvstore.client.models import ModelConfig
+from kvstore.engines.generate import greedy_generate, greedy_token
+from kvstore.engines.kv_cache import PagedKVCache, Sequence
+from kvstore.engines.model import LlamaModel, max_cached_blocks
 
 P = 16
 
@@ -129,7 +129,7 @@ def test_greedy_generate_is_deterministic(model):
 
 
 def test_random_weights_identical_across_processes(model):
-    code = ("from engines.config import ModelConfig; from engines.model import LlamaModel; "
+    code = ("from kvstore.client.models import ModelConfig; from kvstore.engines.model import LlamaModel; "
             "print(LlamaModel.random(ModelConfig.tiny()).fingerprint())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120)

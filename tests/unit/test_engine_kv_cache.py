@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engines.config import ModelConfig
-from engines.kv_cache import OutOfPages, PageAllocator, PagedKVCache, Sequence
+from kvstore.client.models import ModelConfig
+from kvstore.engines.kv_cache import OutOfPages, PageAllocator, PagedKVCache, Sequence
 
 
 def _cache(num_pages: int = 4) -> PagedKVCache:

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from engines.config import ModelConfig
-from engines.kv_cache import PagedKVCache, Sequence
-from engines.model import LlamaModel
+from kvstore.client.models import ModelConfig
+from kvstore.engines.kv_cache import PagedKVCache, Sequence
+from kvstore.engines.model import LlamaModel
 
 transformers = pytest.importorskip("transformers")
 

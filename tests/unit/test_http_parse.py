@@ -1,10 +1,10 @@
-"""Tests for conductor.http request parsing, errors and the byte tokenizer (no network)."""
+"""Tests for kvstore.conductor.http request parsing, errors and the byte tokenizer (no network)."""
 
 from __future__ import annotations
 
 import pytest
 
-from conductor.http import ByteTokenizer, HttpError, failure_of, parse_completion
+from kvstore.conductor.http import ByteTokenizer, HttpError, failure_of, parse_completion
 from kvstore._proto import serving_pb2 as spb
 
 TOK = ByteTokenizer(2048)

@@ -1,4 +1,4 @@
-"""Prefill KV savers (engines.kv_saver): sync and block-streamed, without a network.
+"""Prefill KV savers (kvstore.engines.kv_saver): sync and block-streamed, without a network.
 
 (The layer-wise saver needs the store's reservations, so it is tested
 against a real cluster only.)
@@ -16,11 +16,11 @@ import time
 import pytest
 import torch
 
-from engines.config import ModelConfig
-from engines.kv_cache import PagedKVCache, Sequence
-from engines.kv_saver import (DEFAULT_SAVE_MODE, SAVE_MODES, LayerwiseSaver, SaveJob,
+from kvstore.client.models import ModelConfig
+from kvstore.engines.kv_cache import PagedKVCache, Sequence
+from kvstore.engines.kv_saver import (DEFAULT_SAVE_MODE, SAVE_MODES, LayerwiseSaver, SaveJob,
                               StreamedSaver, SyncSaver, hidden_ms, make_saver)
-from engines.model import LlamaModel
+from kvstore.engines.model import LlamaModel
 from kvstore.errors import NoSpace, Unavailable
 
 

@@ -1,4 +1,4 @@
-"""Tests for tools.report: replay results, summary and tables."""
+"""Tests for kvstore.tools.report: replay results, summary and tables."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import xxhash
 from rich.console import Console
 from rich.table import Table
 
-from tools.report import (
+from kvstore.tools.report import (
     RequestResult,
     mismatched_outputs,
     output_digest,

@@ -1,4 +1,4 @@
-"""Tests for conductor.scheduler: Algorithm 1 on hand-made states, rejection modes, live API."""
+"""Tests for kvstore.conductor.scheduler: Algorithm 1 on hand-made states, rejection modes, live API."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from conductor.cost_model import CostModel
-from conductor.instances import DecodeChoice, DecodeInstance, PrefillInstance, RejectReason, Rejection, SchedRequest
-from conductor.policies import SCHEDULING_POLICIES, make_scheduling_policy
-from conductor.rejection import REJECTION_POLICIES, DecodeForecaster, Slo
-from conductor.scheduler import Rejected, Scheduler
+from kvstore.conductor.cost_model import CostModel
+from kvstore.conductor.instances import DecodeChoice, DecodeInstance, PrefillInstance, RejectReason, Rejection, SchedRequest
+from kvstore.conductor.policies import SCHEDULING_POLICIES, make_scheduling_policy
+from kvstore.conductor.rejection import REJECTION_POLICIES, DecodeForecaster, Slo
+from kvstore.conductor.scheduler import Rejected, Scheduler
 
 # 4-token blocks; prefill 1 ms per token; moving one block takes 1 ms;
 # a decode step takes 10 ms + 10 ms per sequence; 1000 KV tokens per decode instance.

@@ -1,4 +1,4 @@
-"""Tests for tools.simulate and tools.sim_cluster: determinism, online/offline, parts."""
+"""Tests for kvstore.tools.simulate and kvstore.tools.sim_cluster: determinism, online/offline, parts."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from conductor.cost_model import DEFAULT_COST_MODEL, load_cost_model
-from conductor.instances import DecodeInstance
-from tools.sim_cluster import DecodeBatch, LocalPool
-from tools.simulate import SimConfig, simulate, simulate_command
-from tools.trace import TraceRecord, default_trace_path, load_trace
+from kvstore.conductor.cost_model import DEFAULT_COST_MODEL, load_cost_model
+from kvstore.conductor.instances import DecodeInstance
+from kvstore.tools.sim_cluster import DecodeBatch, LocalPool
+from kvstore.tools.simulate import SimConfig, simulate, simulate_command
+from kvstore.tools.trace import TraceRecord, default_trace_path, load_trace
 
 COST = load_cost_model(DEFAULT_COST_MODEL)
 

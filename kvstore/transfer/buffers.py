@@ -1,4 +1,4 @@
-"""Byte views over the values and destinations the SDK accepts, without copies.
+"""Byte views over the values and destinations transports accept, without copies.
 
 Accepted: ``bytes``, ``bytearray``, ``memoryview``, C-contiguous numpy arrays
 and C-contiguous CPU torch tensors (any dtype, bfloat16 included). Torch is

@@ -15,14 +15,14 @@ from pathlib import Path
 import grpc
 from rich.console import Console
 
-from engines.kv_saver import SAVE_MODE_ENV
+from kvstore.engines.kv_saver import SAVE_MODE_ENV
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
-from kvstore.local_cluster import ClusterSpec, LocalCluster
-from kvstore.process import ChildFailed
-from tools.replay import replay
-from tools.report import render_summary, save_summary, summarize
-from tools.trace import ScaleConfig, default_trace_path, load_trace, scale_trace
+from kvstore.tools.launcher import ClusterSpec, LocalCluster
+from kvstore.tools.processes import ChildFailed
+from kvstore.tools.replay import replay
+from kvstore.tools.report import render_summary, save_summary, summarize
+from kvstore.tools.trace import ScaleConfig, default_trace_path, load_trace, scale_trace
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,12 @@
-"""The shape of a Llama-family decoder: :class:`ModelConfig`.
+"""Models and their KV namespaces: :class:`ModelConfig`, :func:`namespace_for_model`.
 
-One frozen record says everything the engines need to build the model and to
-size its paged KV cache. It is read from a Hugging Face ``config.json``
-(``LlamaConfig`` fields) or built in code (:meth:`ModelConfig.tiny`, the demo
-model sized for a 2-core CPU).
+One frozen record says everything the engines need to build a Llama-family
+decoder and to size its paged KV cache, and everything the conductor and the
+engines need to name its KV blocks in the store. It is read from a Hugging
+Face ``config.json`` (``LlamaConfig`` fields) or built in code
+(:meth:`ModelConfig.tiny`, the demo model sized for a 2-core CPU). It lives
+in the SDK, below the engines and the conductor, because both compute the
+same prefix keys from it.
 
 Only the plain Llama architecture is supported: no attention or MLP biases,
 SiLU activation, the default RoPE (no scaling). A config that asks for anything
@@ -12,11 +15,15 @@ else is refused with ``ValueError`` rather than run with the wrong math.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import pathlib
 from dataclasses import dataclass
 from typing import Any, Mapping
+
+from kvstore.keys import Namespace
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +45,7 @@ class ModelConfig:
         rms_norm_eps: epsilon of every RMSNorm.
         max_position_embeddings: longest sequence, in tokens (sizes the RoPE table).
         tie_word_embeddings: the LM head reuses the token embedding matrix.
-        seed: seed of :meth:`engines.model.LlamaModel.random` (unused for
+        seed: seed of :meth:`kvstore.engines.model.LlamaModel.random` (unused for
             loaded weights).
     """
 
@@ -134,3 +141,36 @@ class ModelConfig:
         """Read ``folder/config.json`` (see :meth:`from_hf_dict`)."""
         with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
             return cls.from_hf_dict(json.load(f))
+
+
+TINY = "tiny"
+
+
+def model_config(model: str) -> ModelConfig:
+    """``"tiny"`` (seeded random demo model) or a Hugging Face style folder."""
+    return ModelConfig.tiny() if model == TINY else ModelConfig.from_pretrained(model)
+
+
+def weights_revision(model: str) -> str:
+    """A revision id of the weights: the seed for ``tiny``, else sha256 of the safetensors files."""
+    if model == TINY:
+        return f"random-seed-{ModelConfig.tiny().seed}"
+    h = hashlib.sha256()
+    for path in sorted(pathlib.Path(model).glob("*.safetensors")):
+        h.update(path.name.encode())
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()[:32]
+
+
+def namespace_for_model(model: str, block_tokens: int, *, tenant: str = "", salt: str = "") -> Namespace:
+    """The namespace every engine and the conductor use for ``model``.
+
+    The KV is float32 ``[num_layers, 2, block_tokens, num_kv_heads, head_dim]`` per block.
+    """
+    cfg = model_config(model)
+    name = TINY if model == TINY else pathlib.Path(model).resolve().name
+    return Namespace(model=name, revision=weights_revision(model), kv_dtype="float32",
+                     num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads,
+                     head_dim=cfg.head_dim, block_tokens=block_tokens, tenant=tenant, salt=salt)

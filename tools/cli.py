@@ -36,8 +36,8 @@ def demo(
                  "compute) or 'layerwise' (each layer as computed)"),
 ) -> None:
     """Start an embedded local cluster and replay the bundled Mooncake trace."""
-    from kvstore.demo import run_demo
-    from kvstore.process import ChildFailed
+    from kvstore.tools.demo import run_demo
+    from kvstore.tools.processes import ChildFailed
 
     logging.basicConfig(level=logging.WARNING)
     console = Console()
@@ -79,8 +79,8 @@ def up(
     import tempfile
     import time
 
-    from kvstore.launcher import start_store_cluster
-    from kvstore.process import ChildFailed
+    from kvstore.tools.launcher import start_store_cluster
+    from kvstore.tools.processes import ChildFailed
 
     console = Console()
     if standbys and not etcd:
@@ -122,7 +122,7 @@ def chaos(
     kill -9 a node, then a shard leader; report lost puts, wrong reads, recovery times."""
     import json
 
-    from kvstore.chaos import run_chaos
+    from kvstore.tools.chaos import run_chaos
 
     console = Console(stderr=json_out)
     report = run_chaos(duration_s=duration_s, kill_node_at_s=kill_node_at_s,
@@ -135,10 +135,10 @@ def chaos(
 
 def _register_tools() -> None:
     """Commands whose code lives in tools/ (imported lazily: they pull heavy modules)."""
-    from tools.bench import bench_command
-    from tools.cache_sim import simulate_cache_command
-    from tools.profile import profile_command
-    from tools.simulate import simulate_command
+    from kvstore.tools.bench import bench_command
+    from kvstore.tools.cache_sim import simulate_cache_command
+    from kvstore.tools.profile import profile_command
+    from kvstore.tools.simulate import simulate_command
 
     app.command("bench", help="Data-plane benchmark: kvstore vs memcpy, raw sockets, Redis.")(
         bench_command)
@@ -153,32 +153,23 @@ def _register_tools() -> None:
 _register_tools()
 
 
-def _component(name: str, target: str, help_text: str) -> None:
+def _service(name: str, help_text: str) -> None:
+    """A component's command: its options go to :mod:`kvstore.tools.services` as they are."""
     @app.command(name=name, context_settings=_PASS, help=help_text, add_help_option=False)
     def _run(ctx: typer.Context) -> None:
-        import importlib
+        from kvstore.tools.services import run
 
-        import grpc
-
-        from kvstore.errors import KVStoreError
-
-        module_name, func = target.split(":")
-        try:
-            getattr(importlib.import_module(module_name), func)(ctx.args)
-        except grpc.RpcError as exc:     # e.g. the master cannot be reached
-            typer.echo(f"kvstore {name}: error: {exc.code().name}: {exc.details()}", err=True)
-            raise typer.Exit(1)
-        except (ValueError, KeyError, OSError, KVStoreError) as exc:   # bad input, busy port...
-            msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-            typer.echo(f"kvstore {name}: error: {msg}", err=True)
-            raise typer.Exit(2)
+        code = run(name, ctx.args)
+        if code:
+            raise typer.Exit(code)
 
 
-_component("master", "kvstore.master.server:main", "Run a master shard (see --help).")
-_component("node", "kvstore.store.server:main", "Run a store node (see --help).")
-_component("prefill", "engines.prefill_server:main", "Run a prefill engine (see --help).")
-_component("decode", "engines.decode_server:main", "Run a decode engine (see --help).")
-_component("conductor", "conductor.service:main", "Run the conductor (see --help).")
+_service("master", "Run a master shard (see --help).")
+_service("node", "Run a store node (see --help).")
+_service("prefill", "Run a prefill engine (see --help).")
+_service("decode", "Run a decode engine (see --help).")
+_service("conductor", "Run the conductor (see --help).")
+_service("http", "Run the OpenAI-style HTTP front alone, before a conductor (see --help).")
 
 
 def main() -> None:

@@ -80,7 +80,7 @@ class _Load:
         self._lock = threading.Lock()
 
     def _client(self):
-        from client.client import KVClient
+        from kvstore.client.client import KVClient
 
         return KVClient(self.seed, replica_num=2, timeout_s=5.0, read_timeout_s=2.0,
                         failover_wait_s=15.0, meta_cache_entries=0)
@@ -157,8 +157,8 @@ def run_chaos(*, duration_s: float = 30.0, kill_node_at_s: float = 8.0,
     Args:
         etcd: etcd URL, or ``"local"`` to start a throwaway one (needs ``etcd`` on PATH).
     """
-    from client.client import KVClient
-    from kvstore.launcher import start_store_cluster
+    from kvstore.client.client import KVClient
+    from kvstore.tools.launcher import start_store_cluster
 
     say = on_step or (lambda line: None)
     log_dir = log_dir or tempfile.mkdtemp(prefix="kvstore-chaos-")

@@ -1,0 +1,245 @@
+"""The services' command lines: ``kvstore NAME [options]`` and what launchers spawn.
+
+    python -m kvstore.tools.services master    [options]   a master shard
+    python -m kvstore.tools.services node      [options]   a store node
+    python -m kvstore.tools.services prefill   [options]   a prefill engine
+    python -m kvstore.tools.services decode    [options]   a decode engine
+    python -m kvstore.tools.services conductor [options]   the conductor (+ HTTP front)
+    python -m kvstore.tools.services http      [options]   the HTTP front alone
+
+Each parses its options into its component's config dataclass
+(:class:`~kvstore.master.server.MasterConfig`, ...), sets up logging and
+runs the component's ``serve``; the components never read a command line.
+Heavy modules (torch for the engines) are imported only by the service that
+needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from typing import Callable
+
+from kvstore.process import setup_logging
+from kvstore.sizes import parse_size
+
+
+def _parser(name: str, description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"kvstore {name}", description=description)
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def master_main(argv: list[str]) -> None:
+    from kvstore.master.server import MasterConfig, serve
+    from kvstore.shardmap import ShardMap
+
+    p = _parser("master", "Run a master shard.")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
+    p.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    p.add_argument("--node-ttl-ms", type=int, default=3000)
+    p.add_argument("--shard-id", type=int, default=0, help="this master's shard in --shard-map")
+    p.add_argument("--shard-map", default="",
+                   help='static shard map: "addr0,addr1,..." (slots split evenly) or a JSON '
+                        "file; the port defaults to this shard's address in it")
+    p.add_argument("--etcd", default="",
+                   help="etcd URL (http://host:port): elect this shard's leader through a lease; "
+                        "list the shard's masters as addr|addr in --shard-map")
+    p.add_argument("--cluster-name", default="default", help="etcd key name space")
+    p.add_argument("--lease-ttl-s", type=int, default=3, help="leader lease ttl")
+    a = p.parse_args(argv)
+    setup_logging(a.log_level)
+    asyncio.run(serve(MasterConfig(
+        host=a.host, port=a.port, node_ttl_ms=a.node_ttl_ms, shard_id=a.shard_id,
+        shard_map=ShardMap.parse(a.shard_map) if a.shard_map else None, etcd=a.etcd,
+        cluster_name=a.cluster_name, lease_ttl_s=a.lease_ttl_s)))
+
+
+def node_main(argv: list[str]) -> None:
+    from kvstore.store.server import NodeConfig, run_node
+
+    d = NodeConfig(master="")
+    p = _parser("node", "Run a store node.")
+    p.add_argument("--master", required=True,
+                   help="master address host:port (any shard: the node learns the shard map "
+                        "from it and registers with every shard)")
+    p.add_argument("--host", default=d.host, help="bind address (default loopback)")
+    p.add_argument("--port", type=int, default=d.port, help="data port; 0 picks a free port")
+    p.add_argument("--node-id", default="",
+                   help="stable node id (default: the one recorded on --ssd-path, else random)")
+    p.add_argument("--dram", default="256MiB", help="DRAM tier capacity, e.g. 512MiB, 4GiB")
+    p.add_argument("--gpu", default="", help="GPU tier capacity (needs CUDA); default none")
+    p.add_argument("--gpu-device", default=d.gpu_device, help="torch device of the GPU tier")
+    p.add_argument("--ssd", default="", help="SSD tier capacity, e.g. 256MiB; default none")
+    p.add_argument("--ssd-path", default="", help="directory of the SSD tier's lmdb environment")
+    p.add_argument("--ssd-map-size", default="", help="lmdb map size (default 3 x --ssd + 64MiB)")
+    p.add_argument("--eviction-policy", default=d.eviction_policy,
+                   help="lru, lfu, default or none")
+    p.add_argument("--high-watermark", type=float, default=d.high_watermark,
+                   help="DRAM/GPU: evict when use passes this fraction of capacity")
+    p.add_argument("--low-watermark", type=float, default=d.low_watermark,
+                   help="... down to this fraction")
+    p.add_argument("--ssd-high-watermark", type=float, default=d.ssd_high_watermark,
+                   help="SSD: evict when use passes this fraction of capacity")
+    p.add_argument("--ssd-low-watermark", type=float, default=d.ssd_low_watermark,
+                   help="... down to this fraction")
+    p.add_argument("--rdma-device", default="",
+                   help="serve one-sided RDMA on this device (e.g. mlx5_0, rxe0; needs pyverbs)")
+    p.add_argument("--rdma-port", type=int, default=d.rdma_port, help="port of --rdma-device")
+    p.add_argument("--rdma-gid-index", type=int, default=None,
+                   help="GID index (default: the port's first non-zero GID)")
+    a = p.parse_args(argv)
+    setup_logging(a.log_level)
+    run_node(NodeConfig(
+        master=a.master, host=a.host, port=a.port, node_id=a.node_id,
+        dram_bytes=parse_size(a.dram), gpu_bytes=parse_size(a.gpu) if a.gpu else 0,
+        gpu_device=a.gpu_device, ssd_bytes=parse_size(a.ssd) if a.ssd else 0,
+        ssd_path=a.ssd_path,
+        ssd_map_size_bytes=parse_size(a.ssd_map_size) if a.ssd_map_size else None,
+        eviction_policy=a.eviction_policy, high_watermark=a.high_watermark,
+        low_watermark=a.low_watermark, ssd_high_watermark=a.ssd_high_watermark,
+        ssd_low_watermark=a.ssd_low_watermark, rdma_device=a.rdma_device,
+        rdma_port=a.rdma_port, rdma_gid_index=a.rdma_gid_index))
+
+
+def _engine_parser(name: str, description: str) -> argparse.ArgumentParser:
+    p = _parser(name, description)
+    p.add_argument("--master", required=True, help="kvstore master address host:port")
+    p.add_argument("--model", default="tiny", help="'tiny' (seeded random) or a HF style folder")
+    p.add_argument("--block-tokens", type=int, default=16, help="tokens per KV block / page")
+    p.add_argument("--kv-pages", type=int, default=4096, help="pages in the engine's KV cache")
+    p.add_argument("--instance-id", default="", help="name in logs and metrics")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    return p
+
+
+def _engine_config(a: argparse.Namespace, save_mode: str = ""):
+    from kvstore.engines.server_common import EngineConfig
+
+    return EngineConfig(master=a.master, model=a.model, block_tokens=a.block_tokens,
+                        kv_pages=a.kv_pages, instance_id=a.instance_id, threads=a.threads,
+                        host=a.host, port=a.port, save_mode=save_mode)
+
+
+def prefill_main(argv: list[str]) -> None:
+    from kvstore.engines.kv_saver import DEFAULT_SAVE_MODE, SAVE_MODE_ENV, SAVE_MODES
+    from kvstore.engines.prefill_server import serve
+
+    p = _engine_parser("prefill", "Run a prefill engine.")
+    p.add_argument("--save-mode", choices=sorted(SAVE_MODES),
+                   default=os.environ.get(SAVE_MODE_ENV, DEFAULT_SAVE_MODE),
+                   help="how new KV blocks reach the store: 'sync' puts them all after "
+                        "prefill; 'streamed' puts them from a background thread as they are "
+                        "computed, overlapping compute; 'layerwise' saves each layer as it is "
+                        "computed (default: $%s or %s)" % (SAVE_MODE_ENV, DEFAULT_SAVE_MODE))
+    a = p.parse_args(argv)
+    setup_logging(a.log_level)
+    asyncio.run(serve(_engine_config(a, a.save_mode)))
+
+
+def decode_main(argv: list[str]) -> None:
+    from kvstore.engines.decode_server import serve
+
+    a = _engine_parser("decode", "Run a decode engine.").parse_args(argv)
+    setup_logging(a.log_level)
+    asyncio.run(serve(_engine_config(a)))
+
+
+def conductor_main(argv: list[str]) -> None:
+    from kvstore.conductor.service import ConductorConfig, Deadlines, serve
+
+    d = Deadlines()
+    p = _parser("conductor", "Run the conductor.")
+    p.add_argument("--master", required=True)
+    p.add_argument("--prefill", action="append", required=True,
+                   help="prefill engine as [ID=]host:port (repeatable)")
+    p.add_argument("--decode", action="append", required=True,
+                   help="decode engine as [ID=]host:port (repeatable)")
+    p.add_argument("--model", default="tiny", help="'tiny' or a Hugging Face style folder")
+    p.add_argument("--block-tokens", type=int, default=16)
+    p.add_argument("--no-cache", action="store_true", help="never read the prefix cache")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--http-port", type=int, default=None,
+                   help="also serve the OpenAI-style HTTP front on this port (0: any free port)")
+    p.add_argument("--http-host", default="127.0.0.1", help="HTTP front bind address")
+    p.add_argument("--served-model-name", default="",
+                   help="model name the HTTP front answers to (default: --model)")
+    p.add_argument("--prefill-timeout-s", type=float, default=d.prefill_s)
+    p.add_argument("--decode-timeout-s", type=float, default=d.decode_idle_s,
+                   help="longest wait for the next decode token")
+    p.add_argument("--probe-timeout-s", type=float, default=d.probe_s)
+    p.add_argument("--probe-interval-s", type=float, default=d.probe_interval_s)
+    a = p.parse_args(argv)
+    setup_logging(a.log_level)
+    asyncio.run(serve(ConductorConfig(
+        master=a.master, prefill=tuple(a.prefill), decode=tuple(a.decode), model=a.model,
+        block_tokens=a.block_tokens, use_cache=not a.no_cache, host=a.host, port=a.port,
+        http_port=a.http_port, http_host=a.http_host, served_model_name=a.served_model_name,
+        deadlines=Deadlines(prefill_s=a.prefill_timeout_s, decode_idle_s=a.decode_timeout_s,
+                            probe_s=a.probe_timeout_s, probe_interval_s=a.probe_interval_s))))
+
+
+def http_main(argv: list[str]) -> None:
+    from kvstore.conductor.http import FrontConfig, serve_front
+
+    p = _parser("http", "OpenAI-compatible HTTP front of a conductor.")
+    p.add_argument("--conductor", required=True, help="conductor gRPC address host:port")
+    p.add_argument("--model", default="tiny", help="'tiny' or a Hugging Face style folder")
+    p.add_argument("--served-model-name", default="", help="model id clients use (default: --model)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    a = p.parse_args(argv)
+    setup_logging(a.log_level)
+    asyncio.run(serve_front(FrontConfig(conductor=a.conductor, model=a.model,
+                                        served_model_name=a.served_model_name, host=a.host,
+                                        port=a.port)))
+
+
+#: Service name -> its entry point, which takes the service's own arguments.
+SERVICES: dict[str, Callable[[list[str]], None]] = {
+    "master": master_main,
+    "node": node_main,
+    "prefill": prefill_main,
+    "decode": decode_main,
+    "conductor": conductor_main,
+    "http": http_main,
+}
+
+
+def run(name: str, argv: list[str]) -> int:
+    """Run service ``name`` with its arguments; returns the exit status.
+
+    Bad input (a size that is not one, a busy port, an unreachable master)
+    ends in one line on stderr and status 2 (1 for a failed RPC), not a
+    traceback.
+    """
+    import grpc
+
+    from kvstore.errors import KVStoreError
+
+    try:
+        SERVICES[name](argv)
+    except grpc.RpcError as exc:     # e.g. the master cannot be reached
+        print(f"kvstore {name}: error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    except (ValueError, KeyError, OSError, KVStoreError) as exc:   # bad input, busy port...
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"kvstore {name}: error: {msg}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m kvstore.tools.services NAME [options]``."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in SERVICES:
+        sys.exit(f"usage: python -m kvstore.tools.services {{{','.join(SERVICES)}}} [options]")
+    sys.exit(run(argv[0], argv[1:]))
+
+if __name__ == "__main__":
+    main()
