@@ -42,10 +42,24 @@ def generate_stubs() -> None:
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
+def ensure_package() -> None:
+    """Make kvstore/_proto a package before setuptools looks at the package list.
+
+    pyproject lists ``kvstore._proto`` explicitly; on a fresh clone the folder
+    does not exist until the stubs are generated (in build_py), and egg_info,
+    which runs first, refuses a listed package without a folder.
+    """
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    init = OUT_DIR / "__init__.py"
+    if not init.exists():
+        init.write_text('"""Generated gRPC stubs (git-ignored; see setup.py)."""\n')
+
+
 class BuildPyWithProto(build_py):
     def run(self):
         generate_stubs()
         super().run()
 
 
+ensure_package()
 setup(cmdclass={"build_py": BuildPyWithProto})

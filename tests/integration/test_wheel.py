@@ -11,6 +11,7 @@ every module of the installed package and checks that no top-level
 from __future__ import annotations
 
 import pathlib
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -24,8 +25,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> pathlib.Path:
+    # Built from a copy of the sources: setuptools leaves build/ in the tree it builds.
+    src = tmp_path_factory.mktemp("src") / "kvstore"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", "build", "dist", "*.egg-info", "__pycache__", "_proto", ".pytest_cache"))
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", str(ROOT), "-w",
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", str(src), "-w",
                     str(out)], check=True, capture_output=True, timeout=600)
     (whl,) = out.glob("kvstore-*.whl")
     return whl
