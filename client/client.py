@@ -36,6 +36,7 @@ from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.errors import (RETRYABLE, InvalidArgument, KVStoreError, Unavailable,
                             WrongShard, error_for_code, from_rpc_error)
 from kvstore.keys import validate_key, value_checksum
+from kvstore import rpc, wire
 from kvstore.shardmap import ShardMap
 from kvstore.transfer.base import ReadItem, Transport, WriteItem
 from kvstore.transfer.shm import ShmSegment, ShmTransport, host_id
@@ -50,8 +51,6 @@ log = logging.getLogger(__name__)
 #: Read preference among a node's tiers: DRAM serves directly; GPU and SSD are copied up first.
 _TIER_READ_RANK = {pb.DRAM: 0, pb.GPU: 1, pb.SSD: 2}
 
-_GRPC_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024),
-                 ("grpc.max_send_message_length", 64 * 1024 * 1024)]
 #: Master RPC attempts on UNAVAILABLE (the only retryable error).
 _MASTER_ATTEMPTS = 3
 
@@ -120,7 +119,7 @@ class KVClient:
         self.failover_wait_s = failover_wait_s
         self.suspect_s = 5.0                # a node that failed a transfer is tried last this long
         self._suspect: dict[str, float] = {}   # node id -> monotonic time it stops being suspect
-        self._leader: dict[str, int] = {}   # "a|b" shard address -> index of the last leader
+        self._leader: dict[tuple[str, ...], int] = {}   # a shard's masters -> the last leader
         self.read_timeout_s = read_timeout_s or timeout_s
         self.verify_checksum = verify_checksum
         self.replica_num = replica_num
@@ -136,8 +135,8 @@ class KVClient:
         # finished thread's go away with it.
         self._holders: weakref.WeakSet[_ThreadTransports] = weakref.WeakSet()
         self._closed = False
-        self._seed = master
-        self.shard_map = self._fetch_shard_map(master)
+        self._seed = tuple(master.split("|"))    # "a|b": one shard's masters, tried in turn
+        self.shard_map = self._fetch_shard_map(self._seed)
 
     # ---- master plumbing ----
     def _check_open(self) -> None:
@@ -149,25 +148,25 @@ class KVClient:
         with self._lock:
             stub = self._stubs.get(address)
             if stub is None:
-                ch = grpc.insecure_channel(address, options=_GRPC_OPTIONS)
+                ch = rpc.channel(address)
                 self._channels[address] = ch
                 stub = self._stubs[address] = pb_grpc.MasterStub(ch)
             return stub
 
-    def _rpc(self, address: str, method: str, request):
+    def _rpc(self, address: tuple[str, ...], method: str, request):
         """Call a master RPC; retries only on UNAVAILABLE (RETRYABLE).
 
-        ``address`` may name a shard's masters as ``a|b|...`` (a leader and
-        standbys): the call goes to the one that answered last, and on
+        ``address`` names a shard's masters (a leader and standbys): with
+        several, the call goes to the one that answered last, and on
         UNAVAILABLE (down, not the leader, a new leader warming up) moves on
         to the next, for up to ``failover_wait_s``.
         """
-        if "|" in address:
+        if len(address) > 1:
             return self._rpc_ha(address, method, request)
-        return self._rpc_one(address, method, request)
+        return self._rpc_one(address[0], method, request)
 
-    def _rpc_ha(self, address: str, method: str, request):
-        addrs = address.split("|")
+    def _rpc_ha(self, address: tuple[str, ...], method: str, request):
+        addrs = address
         start = self._leader.get(address, 0)
         deadline = time.monotonic() + self.failover_wait_s
         attempt = 0
@@ -196,18 +195,18 @@ class KVClient:
                 time.sleep(0.05 * 2 ** attempt)
         raise AssertionError("unreachable")
 
-    def _fetch_shard_map(self, address: str) -> ShardMap:
-        return ShardMap.from_proto(self._rpc(address, "GetShardMap", pb.GetShardMapRequest()))
+    def _fetch_shard_map(self, address: tuple[str, ...]) -> ShardMap:
+        return wire.shard_map(self._rpc(address, "GetShardMap", pb.GetShardMapRequest()))
 
-    def _group(self, keys: Sequence[str]) -> dict[str, list[int]]:
-        """Indices of ``keys`` by owning master address (``str`` keys only)."""
+    def _group(self, keys: Sequence[str]) -> dict[tuple[str, ...], list[int]]:
+        """Indices of ``keys`` by owning shard's masters (``str`` keys only)."""
         if len(self.shard_map.ranges) == 1:     # one shard: no per-key hashing
-            return {self.shard_map.ranges[0].address:
+            return {self.shard_map.ranges[0].addresses:
                     [i for i, k in enumerate(keys) if isinstance(k, str)]}
-        groups: dict[str, list[int]] = defaultdict(list)
+        groups: dict[tuple[str, ...], list[int]] = defaultdict(list)
         for i, k in enumerate(keys):
             if isinstance(k, str):
-                groups[self.shard_map.shard_for_key(k).address].append(i)
+                groups[self.shard_map.shard_for_key(k).addresses].append(i)
         return groups
 
     def _routed(self, keys: Sequence[str], call, invalid=lambda err: err) -> list:
@@ -380,7 +379,7 @@ class KVClient:
         """One PutStart -> write -> PutEnd/PutRevoke round; returns indices to retry."""
         sub_keys = [keys[i] for i in todo]
 
-        def start(address: str, ks: list[str]) -> list[pb.PutStartResult]:
+        def start(address: tuple[str, ...], ks: list[str]) -> list[pb.PutStartResult]:
             pos = {k: j for j, k in enumerate(sub_keys)}
             items = [pb.PutStartItem(key=k, size_bytes=len(views[todo[pos[k]]]),
                                      checksum=checksums[todo[pos[k]]]) for k in ks]
@@ -444,7 +443,7 @@ class KVClient:
             return []
         by_key = {it[0]: it for it in items}
 
-        def end(address: str, ks: list[str]) -> list[pb.Status]:
+        def end(address: tuple[str, ...], ks: list[str]) -> list[pb.Status]:
             req = pb.PutEndRequest(items=[
                 pb.PutEndItem(key=k, object_id=by_key[k][1], written_node_ids=by_key[k][3],
                               checksum=by_key[k][2] if by_key[k][4] else 0) for k in ks])
@@ -459,7 +458,7 @@ class KVClient:
             return
         oids = dict(items)
 
-        def revoke(address: str, ks: list[str]) -> list[pb.Status]:
+        def revoke(address: tuple[str, ...], ks: list[str]) -> list[pb.Status]:
             req = pb.PutRevokeRequest(items=[pb.PutRevokeItem(key=k, object_id=oids[k])
                                              for k in ks])
             return list(self._rpc(address, "PutRevoke", req).statuses)
@@ -471,7 +470,7 @@ class KVClient:
         """Cache the metadata of a value this client just stored."""
         self._meta.put(pb.ObjectMeta(
             key=key, size_bytes=size, checksum=checksum, object_id=object_id,
-            replicas=[pb.Replica(node=n, tier=pb.DRAM, state=pb.COMPLETE) for n in nodes]))
+            replicas=[pb.Replica(node=n, tier=pb.DRAM) for n in nodes]))
 
     def put_parts(self, keys: Sequence[str], sizes_bytes: Sequence[int], *,
                   parents: Sequence[str | None] | None = None,
@@ -490,7 +489,7 @@ class KVClient:
     # ---- get ----
     def lookup(self, keys: Sequence[str]) -> list[pb.ObjectMeta | KVStoreError]:
         """Metadata (size, checksum, live replicas) per key, or NotFound."""
-        def call(address: str, ks: list[str]) -> list:
+        def call(address: tuple[str, ...], ks: list[str]) -> list:
             resp = self._rpc(address, "Lookup", pb.LookupRequest(keys=ks))
             return [r.meta if r.status.code == pb.OK else
                     error_for_code(r.status.code, r.status.message, key=k,
@@ -715,7 +714,7 @@ class KVClient:
         that keeps failing while it heartbeats)."""
         self._suspect[node.node_id] = time.monotonic() + self.suspect_s
         try:
-            self._rpc(self.shard_map.shard_for_key(key).address, "ReportFailure",
+            self._rpc(self.shard_map.shard_for_key(key).addresses, "ReportFailure",
                       pb.ReportFailureRequest(node_ids=[node.node_id], reason=str(err)[:200]))
         except KVStoreError as exc:
             log.debug("could not report failure of %s: %s", node.node_id, exc)
@@ -847,7 +846,7 @@ class KVClient:
         """Existence per key, in input order (one RPC per shard)."""
         keys = list(keys)
 
-        def call(address: str, ks: list[str]) -> list[bool]:
+        def call(address: tuple[str, ...], ks: list[str]) -> list[bool]:
             resp = self._rpc(address, "Exists", pb.ExistsRequest(keys=ks))
             for st in resp.statuses:
                 if st.code == pb.WRONG_SHARD:
@@ -872,7 +871,7 @@ class KVClient:
             if isinstance(k, str):
                 self._meta.drop(k)
 
-        def call(address: str, ks: list[str]) -> list:
+        def call(address: tuple[str, ...], ks: list[str]) -> list:
             resp = self._rpc(address, "Remove", pb.RemoveRequest(keys=ks, reason=reason))
             return [None if s.code == pb.OK else error_for_code(s.code, s.message, key=k)
                     for k, s in zip(ks, resp.statuses)]
@@ -883,7 +882,7 @@ class KVClient:
         for r in self.shard_map.ranges:
             cursor = ""
             while True:
-                resp = self._rpc(r.address, "List", pb.ListRequest(prefix=prefix, start_after=cursor,
+                resp = self._rpc(r.addresses, "List", pb.ListRequest(prefix=prefix, start_after=cursor,
                                                                    limit=page_size))
                 yield from resp.objects
                 if not resp.next_cursor:
@@ -892,7 +891,7 @@ class KVClient:
 
     def stat(self) -> list[pb.StatResponse]:
         """Each master shard's stats (nodes, objects, counters)."""
-        return [self._rpc(r.address, "Stat", pb.StatRequest()) for r in self.shard_map.ranges]
+        return [self._rpc(r.addresses, "Stat", pb.StatRequest()) for r in self.shard_map.ranges]
 
     def close(self) -> None:
         if self._closed:

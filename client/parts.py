@@ -110,7 +110,7 @@ class PartsWriter:
         config = pb.PutConfig(replica_num=replica_num)
         size_of = {self.keys[i]: self.sizes[i] for i in todo}
 
-        def start(address: str, ks: list[str]) -> list[pb.PutStartResult]:
+        def start(address: tuple[str, ...], ks: list[str]) -> list[pb.PutStartResult]:
             items = [pb.PutStartItem(key=k, size_bytes=size_of[k], checksum_at_end=True)
                      for k in ks]
             return list(self.kv._rpc(address, "PutStart",

@@ -47,6 +47,7 @@ from aiohttp import web
 from google.protobuf.json_format import MessageToDict
 
 from kvstore._proto import serving_pb2 as spb
+from kvstore import rpc
 from kvstore._proto import serving_pb2_grpc as spb_grpc
 from kvstore.process import announce_ready, wait_for_stop_signal
 
@@ -269,7 +270,7 @@ class GrpcBackend:
     """A conductor in another process, over its gRPC service."""
 
     def __init__(self, address: str):
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = rpc.aio_channel(address)
         self._stub = spb_grpc.ConductorStub(self._channel)
 
     async def generate(self, request: spb.GenerateRequest) -> AsyncIterator[spb.GenerateChunk]:

@@ -45,18 +45,11 @@ from kvstore.conductor.health import HealthMonitor, ProbeResult, Worker
 from kvstore.conductor.scheduler import DecodeInstance, PrefillInstance, Scheduler
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
+from kvstore import rpc
+from kvstore.errors import RETRYABLE_STATUS
 from kvstore.process import announce_ready, wait_for_stop_signal
 
 log = logging.getLogger(__name__)
-
-#: The only engine status retried on another instance (STYLE rule 11).
-RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
-
-#: Channel options: a worker restarted at the same address is reconnected
-#: within seconds (gRPC's default backoff grows to two minutes).
-_CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 250),
-                    ("grpc.min_reconnect_backoff_ms", 250),
-                    ("grpc.max_reconnect_backoff_ms", 2000)]
 
 
 def _ms() -> float:
@@ -116,7 +109,7 @@ class Conductor:
                                      timeout_s=deadlines.probe_s, miss_limit=deadlines.probe_misses)
 
     def _channel(self, address: str) -> grpc.aio.Channel:
-        ch = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        ch = rpc.aio_channel(address)
         self._channels.append(ch)
         return ch
 
@@ -260,7 +253,7 @@ class Conductor:
                     timeout=self.deadlines.prefill_s)
             except grpc.aio.AioRpcError as exc:
                 last = f"prefill on {inst.instance_id}: {exc.code().name}: {exc.details()}"
-                if exc.code() in RETRYABLE:
+                if exc.code() in RETRYABLE_STATUS:
                     alive = await self.monitor.suspect(inst.instance_id, last)
                     log.warning("request %s: %s (worker %s); retrying", request.request_id, last,
                                 "alive" if alive else "dead")
@@ -329,7 +322,7 @@ class Conductor:
                         yield list(chunk.tokens)
             except grpc.aio.AioRpcError as exc:
                 last = f"decode on {dec.instance_id}: {exc.code().name}: {exc.details()}"
-                if exc.code() in RETRYABLE:
+                if exc.code() in RETRYABLE_STATUS:
                     alive = await self.monitor.suspect(dec.instance_id, last)
                     if got == 0:
                         log.warning("request %s: %s (worker %s); retrying", request.request_id,
@@ -391,7 +384,7 @@ async def serve(cfg: ConductorConfig) -> None:
     kv = KVClient(cfg.master)
     conductor = Conductor(scheduler, kv, namespace, use_cache=cfg.use_cache,
                           deadlines=cfg.deadlines)
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])  # a busy port must fail
+    server = rpc.aio_server()
     port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
     spb_grpc.add_ConductorServicer_to_server(ConductorServicer(conductor), server)
     await server.start()

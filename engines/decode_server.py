@@ -17,15 +17,15 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 
-import grpc
 
 from kvstore.client import KVClient, KVStoreError
 from kvstore.engines.generate import greedy_token
-from kvstore.engines.kv_cache import OutOfPages, Sequence
+from kvstore.engines.kv_cache import Sequence
 from kvstore.engines.transfer_keys import is_transfer_key
-from kvstore.engines.server_common import EngineConfig, load_engine, serve_until_signal
+from kvstore.engines.server_common import EngineConfig, abort_code, load_engine, serve_until_signal
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
+from kvstore import rpc
 
 log = logging.getLogger(__name__)
 _DONE = object()
@@ -80,7 +80,7 @@ class DecodeWorker:
             block = False
             try:
                 self._load(job)
-            except (KVStoreError, OutOfPages, ValueError) as exc:
+            except (KVStoreError, ValueError) as exc:
                 log.warning("decode of %s could not start: %s", job.req.request_id, exc)
                 if job.seq.page_ids:
                     self.cache.free(job.seq)
@@ -140,9 +140,7 @@ class DecodeServicer(spb_grpc.DecodeEngineServicer):
             if item is _DONE:
                 return
             if isinstance(item, Exception):
-                code = grpc.StatusCode.RESOURCE_EXHAUSTED if isinstance(item, OutOfPages) \
-                    else grpc.StatusCode.UNAVAILABLE
-                await context.abort(code, f"decode of {request.request_id} failed: {item}")
+                await context.abort(abort_code(item), f"decode of {request.request_id} failed: {item}")
             yield spb.DecodeChunk(tokens=[item])
 
     async def Status(self, request, context):
@@ -157,7 +155,7 @@ async def serve(cfg: EngineConfig) -> None:
     instance_id = cfg.instance_id or f"decode-{uuid.uuid4().hex[:6]}"
     worker = DecodeWorker(model, cache, kv, instance_id)
     worker.start()
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])  # a busy port must fail
+    server = rpc.aio_server()
     port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
     spb_grpc.add_DecodeEngineServicer_to_server(DecodeServicer(worker), server)
     await server.start()

@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from kvstore.errors import NoSpace
+
 if TYPE_CHECKING:
     from kvstore.client.models import ModelConfig
 
@@ -48,8 +50,9 @@ logger = logging.getLogger(__name__)
 DEFAULT_PAGE_TOKENS = 16
 
 
-class OutOfPages(Exception):
-    """Not enough free pages for a reservation; nothing was allocated.
+class OutOfPages(NoSpace):
+    """Not enough free pages for a reservation; nothing was allocated (the
+    engine's own :class:`~kvstore.errors.NoSpace`).
 
     Attributes:
         needed_pages: pages the reservation asked for on top of what the

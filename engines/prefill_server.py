@@ -32,19 +32,20 @@ import logging
 import time
 import uuid
 
-import grpc
 
 from kvstore.client import KVClient, KVStoreError, prefix_keys
 from kvstore.engines.generate import greedy_token
-from kvstore.engines.kv_cache import OutOfPages, Sequence
+from kvstore.engines.kv_cache import Sequence
 from kvstore.engines.kv_saver import (DEFAULT_SAVE_MODE, BlockSaver, SaveJob, SaveReport,
                                       make_saver)
 from kvstore.engines.model import max_cached_blocks
 from kvstore.engines.transfer_keys import transfer_key
-from kvstore.engines.server_common import EngineConfig, load_engine, namespace_of, serve_until_signal
+from kvstore.engines.server_common import (EngineConfig, abort_code, load_engine, namespace_of,
+                                           serve_until_signal)
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
-from kvstore.errors import InvalidArgument, KeyConflict, NoSpace
+from kvstore import rpc
+from kvstore.errors import InvalidArgument, KeyConflict
 
 log = logging.getLogger(__name__)
 
@@ -227,11 +228,8 @@ class PrefillServicer(spb_grpc.PrefillEngineServicer):
         self.queued_tokens += len(request.prompt_tokens)
         try:
             return await loop.run_in_executor(self.pool, self.worker.run, request, time.perf_counter())
-        except (KVStoreError, OutOfPages, ValueError) as exc:
-            code = grpc.StatusCode.RESOURCE_EXHAUSTED if isinstance(exc, (OutOfPages, NoSpace)) \
-                else grpc.StatusCode.INVALID_ARGUMENT if isinstance(exc, (ValueError, InvalidArgument)) \
-                else grpc.StatusCode.UNAVAILABLE
-            await context.abort(code, f"prefill of {request.request_id} failed: {exc}")
+        except (KVStoreError, ValueError) as exc:
+            await context.abort(abort_code(exc), f"prefill of {request.request_id} failed: {exc}")
         finally:
             self.queued -= 1
             self.queued_tokens -= len(request.prompt_tokens)
@@ -254,7 +252,7 @@ async def serve(cfg: EngineConfig) -> None:
     worker = PrefillWorker(model, cache, kv, namespace_of(cfg), instance_id,
                            cfg.save_mode or DEFAULT_SAVE_MODE)
     servicer = PrefillServicer(worker)
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])  # a busy port must fail
+    server = rpc.aio_server()
     port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
     spb_grpc.add_PrefillEngineServicer_to_server(servicer, server)
     await server.start()

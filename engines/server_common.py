@@ -10,6 +10,7 @@ import torch
 from kvstore.engines.kv_cache import PagedKVCache
 from kvstore.engines.model import LlamaModel
 from kvstore.client.models import TINY, model_config, namespace_for_model
+from kvstore.errors import InvalidArgument, NoSpace, status_code
 from kvstore.keys import Namespace
 from kvstore.process import announce_ready, wait_for_stop_signal
 
@@ -40,6 +41,21 @@ def load_engine(cfg: EngineConfig) -> tuple[LlamaModel, PagedKVCache]:
 
 def namespace_of(cfg: EngineConfig) -> Namespace:
     return namespace_for_model(cfg.model, cfg.block_tokens)
+
+
+def abort_code(exc: Exception) -> grpc.StatusCode:
+    """The status an engine fails a request with, from the error table (kvstore.errors).
+
+    No room (the store's NoSpace, the engine's own OutOfPages) and bad input
+    keep their codes; any other failure means this engine could not serve
+    the request and another one may: UNAVAILABLE, which the conductor retries
+    elsewhere.
+    """
+    if isinstance(exc, ValueError):
+        exc = InvalidArgument(str(exc))
+    if isinstance(exc, (NoSpace, InvalidArgument)):
+        return status_code(exc)
+    return grpc.StatusCode.UNAVAILABLE
 
 
 async def serve_until_signal(server: grpc.aio.Server, port: int, info: dict, on_stop=None) -> None:

@@ -103,6 +103,8 @@ _BY_GRPC[grpc.StatusCode.CANCELLED] = Unavailable
 
 #: The only errors a client retries.
 RETRYABLE: tuple[type[KVStoreError], ...] = (Unavailable,)
+#: ... and their gRPC codes, for callers that see a status code (the conductor).
+RETRYABLE_STATUS: frozenset[grpc.StatusCode] = frozenset(ERRORS[c] for c in RETRYABLE)
 
 
 def error_for_code(code: int, message: str = "", *, key: str | None = None,
@@ -122,15 +124,10 @@ def to_status(err: KVStoreError) -> pb.Status:
 OK_STATUS = pb.Status(code=pb.OK)
 
 
-def check_status(status: pb.Status, key: str | None = None) -> None:
-    """Raise the matching error if ``status`` is not OK."""
-    if status.code != pb.OK:
-        raise error_for_code(status.code, status.message, key=key, redirect=status.redirect)
-
-
-def grpc_code_for(err: KVStoreError) -> grpc.StatusCode:
-    """gRPC status code for a whole-RPC failure."""
-    return ERRORS.get(type(err), grpc.StatusCode.INTERNAL)
+def status_code(err: KVStoreError) -> grpc.StatusCode:
+    """The gRPC status code of a whole call that fails with ``err``."""
+    return ERRORS.get(type(err)) or next(
+        (code for cls, code in ERRORS.items() if isinstance(err, cls)), grpc.StatusCode.INTERNAL)
 
 
 def from_rpc_error(exc: grpc.RpcError) -> KVStoreError:

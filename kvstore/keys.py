@@ -18,7 +18,7 @@ same bytes on every machine and after restarts; golden vectors in
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NewType, Sequence
 
 import numpy as np

@@ -10,7 +10,6 @@ import contextlib
 
 import time
 from typing import Iterator
-from dataclasses import dataclass
 
 import pytest
 

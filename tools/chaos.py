@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 
 import grpc
 
+from kvstore import rpc
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.errors import KVStoreError
@@ -56,7 +57,7 @@ def value_for(i: int, size_bytes: int) -> bytes:
 
 def serving(address: str) -> bool:
     """Whether the master at ``address`` serves client RPCs (is its shard's leader)."""
-    with grpc.insecure_channel(address) as ch:
+    with rpc.channel(address) as ch:
         try:
             pb_grpc.MasterStub(ch).Exists(pb.ExistsRequest(keys=[]), timeout=1.0)
             return True

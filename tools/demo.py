@@ -7,15 +7,14 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import tempfile
-import threading
 from pathlib import Path
 
 import grpc
 from rich.console import Console
 
 from kvstore.engines.kv_saver import SAVE_MODE_ENV
+from kvstore import rpc
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
 from kvstore.tools.launcher import ClusterSpec, LocalCluster
@@ -103,7 +102,7 @@ def _prefill_save_totals(cluster: LocalCluster) -> list[dict]:
     for i in range(cluster.spec.num_prefill):
         address = cluster.process(f"prefill{i}").address
         try:
-            with grpc.insecure_channel(address) as ch:
+            with rpc.channel(address) as ch:
                 st = spb_grpc.PrefillEngineStub(ch).Status(spb.EngineStatusRequest(), timeout=10)
         except grpc.RpcError as exc:
             log.warning("prefill%d did not report its save totals: %s", i, exc)

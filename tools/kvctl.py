@@ -27,11 +27,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from kvstore import rpc
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.errors import KVStoreError, NotFound, from_rpc_error
 from kvstore.keys import key_slot, validate_key
 from kvstore.sizes import format_size
+from kvstore.types import ReplicaState
 
 EXIT_ERROR = 1
 EXIT_NOT_FOUND = 2
@@ -143,7 +145,8 @@ def meta_json(m: pb.ObjectMeta) -> dict:
             "access_count": m.access_count, "last_access_ms": m.last_access_ms,
             "replicas": [{"node_id": r.node.node_id, "host": r.node.host,
                           "data_port": r.node.data_port, "tier": _tier(r.tier),
-                          "state": pb.ReplicaState.Name(r.state)} for r in m.replicas]}
+                          # the master only ever returns complete replicas
+                          "state": ReplicaState.COMPLETE.name} for r in m.replicas]}
 
 
 def _nodes(kv) -> list[pb.NodeStat]:
@@ -164,8 +167,8 @@ def _object_meta(kv, key: str, timeout_s: float) -> pb.ObjectMeta:
         InvalidArgument: a bad key. NotFound: no such (visible) key.
     """
     validate_key(key)
-    address = kv.shard_map.shard_for_key(key).address
-    with grpc.insecure_channel(address) as channel:
+    address = kv.shard_map.shard_for_key(key).addresses[0]
+    with rpc.channel(address) as channel:
         try:
             resp = pb_grpc.MasterStub(channel).List(pb.ListRequest(prefix=key, limit=1),
                                                     timeout=timeout_s)
@@ -265,7 +268,7 @@ def inspect(ctx: typer.Context, key: Annotated[str, typer.Argument(help="The obj
     slot = key_slot(key)
     if as_json:
         _emit_json({**meta_json(meta), "slot": slot, "shard_id": shard.shard_id,
-                    "shard_address": shard.address})
+                    "shard_address": str(shard)})
         return
     table = _table(title=f"object {key}", show_header=False)
     table.add_column("field", style="bold")
@@ -273,13 +276,13 @@ def inspect(ctx: typer.Context, key: Annotated[str, typer.Argument(help="The obj
     table.add_row("size", f"{format_size(meta.size_bytes)} ({meta.size_bytes} B)")
     table.add_row("checksum", f"xxh3-64 {meta.checksum:016x}")
     table.add_row("object id", str(meta.object_id))
-    table.add_row("slot / shard", f"{slot} / {shard.shard_id} ({shard.address})")
+    table.add_row("slot / shard", f"{slot} / {shard.shard_id} ({shard})")
     table.add_row("created", _fmt_ms(meta.created_ms))
     table.add_row("accesses", str(meta.access_count))
     table.add_row("last access", _fmt_ms(meta.last_access_ms))
     for r in meta.replicas:
         table.add_row("replica", f"{r.node.node_id} {r.node.host}:{r.node.data_port} "
-                                 f"{_tier(r.tier)} {pb.ReplicaState.Name(r.state)}")
+                                 f"{_tier(r.tier)}")
     _console().print(table)
 
 
@@ -313,7 +316,7 @@ def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     with _client(ctx) as kv:
         shards = kv.stat()
         shard_map = kv.shard_map
-    addresses = {r.shard_id: r.address for r in shard_map.ranges}
+    addresses = {r.shard_id: str(r) for r in shard_map.ranges}
     out = []
     for st in shards:
         alive = [n for n in st.nodes if n.alive]

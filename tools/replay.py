@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import grpc
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from kvstore import rpc
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
 from kvstore.tools.report import RequestResult, output_digest
@@ -72,7 +73,7 @@ async def replay(conductor: str, requests: list[ScaledRequest], *, timeout_s: fl
                  show_progress: bool = True) -> ReplayOutcome:
     """Replay ``requests`` against the conductor at ``conductor`` (host:port)."""
     run_id = uuid.uuid4().hex[:8]
-    async with grpc.aio.insecure_channel(conductor) as channel:
+    async with rpc.aio_channel(conductor) as channel:
         stub = spb_grpc.ConductorStub(channel)
         t0 = time.perf_counter()
         with Progress(TextColumn("[bold]replay"), BarColumn(), MofNCompleteColumn(),

@@ -60,11 +60,11 @@ def master_main(argv: list[str]) -> None:
 def node_main(argv: list[str]) -> None:
     from kvstore.store.server import NodeConfig, run_node
 
-    d = NodeConfig(master="")
+    d = NodeConfig(masters=())
     p = _parser("node", "Run a store node.")
     p.add_argument("--master", required=True,
-                   help="master address host:port (any shard: the node learns the shard map "
-                        "from it and registers with every shard)")
+                   help="master address host:port, or a shard's masters as a|b (any shard: "
+                        "the node learns the shard map from it and registers with every shard)")
     p.add_argument("--host", default=d.host, help="bind address (default loopback)")
     p.add_argument("--port", type=int, default=d.port, help="data port; 0 picks a free port")
     p.add_argument("--node-id", default="",
@@ -93,7 +93,7 @@ def node_main(argv: list[str]) -> None:
     a = p.parse_args(argv)
     setup_logging(a.log_level)
     run_node(NodeConfig(
-        master=a.master, host=a.host, port=a.port, node_id=a.node_id,
+        masters=tuple(a.master.split("|")), host=a.host, port=a.port, node_id=a.node_id,
         dram_bytes=parse_size(a.dram), gpu_bytes=parse_size(a.gpu) if a.gpu else 0,
         gpu_device=a.gpu_device, ssd_bytes=parse_size(a.ssd) if a.ssd else 0,
         ssd_path=a.ssd_path,

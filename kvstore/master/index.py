@@ -90,7 +90,7 @@ class ObjectIndex:
         shard = self.shard_map.shard_for_slot(key_slot(key))
         if shard.shard_id != self.shard_id:
             raise WrongShard(f"slot owned by shard {shard.shard_id}", key=key,
-                             redirect=shard.address)
+                             redirect=str(shard))
 
     def _new_id(self) -> int:
         oid = self._next_id
@@ -335,8 +335,7 @@ class ObjectIndex:
         replicas = []
         for node_id in nodes:
             info = self.membership.nodes[node_id]
-            replicas.append(pb.Replica(node=info.address, tier=entry.tiers.get(node_id, info.tier),
-                                       state=pb.COMPLETE))
+            replicas.append(pb.Replica(node=info.address, tier=entry.tiers.get(node_id, info.tier)))
         return pb.ObjectMeta(key=entry.key, size_bytes=entry.size_bytes, checksum=entry.checksum,
                              object_id=entry.object_id, replicas=replicas,
                              created_ms=entry.created_ms, access_count=entry.access_count,

@@ -17,6 +17,7 @@ import logging
 
 import grpc
 
+from kvstore import rpc
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.master.index import ObjectIndex
 from kvstore.master.membership import Membership
@@ -25,13 +26,6 @@ from kvstore.process import announce_ready, wait_for_stop_signal
 from kvstore.shardmap import ShardMap
 
 log = logging.getLogger(__name__)
-
-GRPC_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024),
-                ("grpc.max_send_message_length", 64 * 1024 * 1024),
-                # gRPC sets SO_REUSEPORT by default: a second server on a busy port
-                # would start "fine" and split the clients between two processes.
-                ("grpc.so_reuseport", 0)]
-
 
 async def create_server(host: str = "127.0.0.1", port: int = 0, *,
                         node_ttl_ms: int = 3000, heartbeat_interval_ms: int = 500,
@@ -45,7 +39,7 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
     Returns:
         ``(server, port, index)``; stop with ``await server.stop(grace)``.
     """
-    server = grpc.aio.server(options=GRPC_OPTIONS)
+    server = rpc.aio_server()
     bound = server.add_insecure_port(f"{host}:{port}")
     membership = Membership(node_ttl_ms=node_ttl_ms, heartbeat_interval_ms=heartbeat_interval_ms)
     if shard_map is None:
@@ -103,7 +97,7 @@ async def serve(cfg: MasterConfig) -> None:
         if mine is None:
             raise SystemExit(f"kvstore master: shard {cfg.shard_id} is not in the shard map")
         if not port:
-            addrs = mine.address.split("|")
+            addrs = mine.addresses
             if len(addrs) > 1:
                 raise SystemExit("kvstore master: the shard has several addresses; pick one "
                                  "with --port")

@@ -13,6 +13,7 @@ import grpc
 
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore import wire
 from kvstore.master.index import ObjectIndex
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ class MasterServicer(pb_grpc.MasterServicer):
                                     copies=self.membership.take_copies(request.node_id))
 
     async def GetShardMap(self, request, context):
-        return self.index.shard_map.to_proto()
+        return wire.shard_map_pb(self.index.shard_map)
 
     async def PutStart(self, request, context):
         await self._gate(context)

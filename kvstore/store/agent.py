@@ -20,6 +20,7 @@ import time
 
 import grpc
 
+from kvstore import rpc, wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.shardmap import ShardMap
@@ -27,16 +28,6 @@ from kvstore.store.node import NodeStats, StoreNode
 from kvstore.store.repair import Copier
 
 log = logging.getLogger(__name__)
-
-
-def tier_stats_proto(stats: NodeStats) -> list[pb.TierStat]:
-    return [pb.TierStat(tier=t.kind, capacity_bytes=t.capacity_bytes, used_bytes=t.used_bytes,
-                        free_bytes=t.free_bytes, evictable_bytes=t.evictable_bytes,
-                        num_objects=t.num_objects, num_reading=t.num_reading,
-                        num_pinned=t.num_pinned, num_soft_pinned=t.num_soft_pinned,
-                        num_protected=t.num_protected, high_watermark=t.high_watermark,
-                        low_watermark=t.low_watermark, eviction_blocked=t.eviction_blocked)
-            for t in stats.tiers]
 
 
 class _LazyCopier:
@@ -65,7 +56,7 @@ class NodeAgent:
     Args:
         node: the object table.
         address: how clients reach this node.
-        master: master address host:port.
+        masters: the shard's masters, host:port (a leader and standbys).
         min_beat_interval_s: event-driven heartbeats are at least this far
             apart, so a burst of demotions travels in a few heartbeats.
         full_stats_interval_s: how often a heartbeat recounts the per-object
@@ -73,15 +64,15 @@ class NodeAgent:
             the beats in between refresh only usage and counters.
     """
 
-    def __init__(self, node: StoreNode, address: pb.NodeAddress, master: str,
+    def __init__(self, node: StoreNode, address: pb.NodeAddress, masters: tuple[str, ...],
                  min_beat_interval_s: float = 0.02, full_stats_interval_s: float = 1.0,
                  owns=None):
         self.node = node
-        self.master = master
+        self.master = "|".join(masters)       # for logs
         # A shard's masters as "a|b|...": a leader and standbys. The agent
         # talks to one; on a failed RPC it moves on to the next (a new
         # leader does not know the node, so the node registers again there).
-        self._addrs = master.split("|")
+        self._addrs = masters
         self._cur = 0
         # Which keys this master shard owns (None: every key). A sharded node
         # runs one agent per shard; each sees only its shard's inventory and events.
@@ -101,8 +92,7 @@ class NodeAgent:
         self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
 
     def _connect(self) -> None:
-        self.channel = grpc.insecure_channel(self._addrs[self._cur], options=[
-            ("grpc.max_send_message_length", 64 * 1024 * 1024)])
+        self.channel = rpc.channel(self._addrs[self._cur])
         self.stub = pb_grpc.MasterStub(self.channel)
 
     def failover(self) -> None:
@@ -131,7 +121,7 @@ class NodeAgent:
         stats = self.node.stats()
         req = pb.RegisterNodeRequest(
             address=self.address, tier=pb.DRAM, capacity_bytes=stats.capacity_bytes,
-            max_object_bytes=stats.capacity_bytes, tiers=tier_stats_proto(stats),
+            max_object_bytes=stats.capacity_bytes, tiers=[wire.tier_stats_pb(t) for t in stats.tiers],
             inventory=inventory)
         if len(self._addrs) == 1:
             resp = self.stub.RegisterNode(req, timeout=timeout_s, wait_for_ready=True)
@@ -178,8 +168,8 @@ class NodeAgent:
         n = len(self._unreported)    # a sharded node appends from another thread meanwhile
         resp = self.stub.Heartbeat(pb.HeartbeatRequest(
             node_id=self.address.node_id, used_bytes=stats.used_bytes,
-            num_objects=stats.num_objects, events=[e.to_proto() for e in self._unreported[:n]],
-            tiers=tier_stats_proto(stats), counters=stats.counters, copied=self._copied),
+            num_objects=stats.num_objects, events=[wire.node_event_pb(e) for e in self._unreported[:n]],
+            tiers=[wire.tier_stats_pb(t) for t in stats.tiers], counters=stats.counters, copied=self._copied),
             timeout=self.rpc_timeout_s)
         del self._unreported[:n]
         self._copied.clear()
@@ -225,7 +215,7 @@ class ShardedAgents:
                  min_beat_interval_s: float = 0.02):
         self.node = node
         self.shard_map = shard_map
-        self.agents = [NodeAgent(node, address, r.address, min_beat_interval_s,
+        self.agents = [NodeAgent(node, address, r.addresses, min_beat_interval_s,
                                  owns=self._owner(r.shard_id)) for r in shard_map.ranges]
         self.min_beat_interval_s = min_beat_interval_s
         self._lock = threading.Lock()
@@ -277,17 +267,18 @@ class ShardedAgents:
             self._stop.wait(self.min_beat_interval_s)
 
 
-def make_agent(node: StoreNode, address: pb.NodeAddress, master: str,
+def make_agent(node: StoreNode, address: pb.NodeAddress, seeds: tuple[str, ...],
                timeout_s: float = 30.0) -> "NodeAgent | ShardedAgents":
     """The node's link to the control plane: one agent, or one per shard.
 
-    Asks ``master`` for the shard map (waiting up to ``timeout_s`` for it to
-    come up); a map with one shard keeps the plain single-master agent.
+    Asks the ``seeds`` (one shard's masters) for the shard map, waiting up to
+    ``timeout_s`` for one to come up; a map with one shard of one master
+    keeps the plain single-master agent.
     """
-    addrs = master.split("|")
+    addrs = seeds
     deadline = time.monotonic() + timeout_s
     for i in itertools.count():
-        with grpc.insecure_channel(addrs[i % len(addrs)]) as ch:
+        with rpc.channel(addrs[i % len(addrs)]) as ch:
             try:
                 msg = pb_grpc.MasterStub(ch).GetShardMap(
                     pb.GetShardMapRequest(), timeout=timeout_s if len(addrs) == 1 else 1.0,
@@ -296,8 +287,8 @@ def make_agent(node: StoreNode, address: pb.NodeAddress, master: str,
             except grpc.RpcError:
                 if time.monotonic() > deadline:
                     raise
-    shard_map = ShardMap.from_proto(msg)
-    if len(shard_map.ranges) <= 1 and "|" not in shard_map.ranges[0].address:
-        return NodeAgent(node, address, master)
+    shard_map = wire.shard_map(msg)
+    if len(shard_map.ranges) <= 1 and len(shard_map.ranges[0].addresses) == 1:
+        return NodeAgent(node, address, seeds)
     log.info("shard map v%d: %d master shards", shard_map.version, len(shard_map.ranges))
     return ShardedAgents(node, address, shard_map)

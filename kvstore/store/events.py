@@ -17,28 +17,6 @@ duplicate evicted) does not change what get reads, so it is not reported.
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
+from kvstore.types import EventKind, NodeEvent
 
-from kvstore._proto import kvstore_pb2 as pb
-from kvstore.store.tiers.base import TierKind
-
-
-class EventKind(enum.IntEnum):
-    """Valued as the wire enum ``kvstore.v1.ReplicaEventKind``."""
-
-    EVICTED = pb.EVICTED
-    DEMOTED = pb.DEMOTED
-    PROMOTED = pb.PROMOTED
-
-
-@dataclass(frozen=True, slots=True)
-class NodeEvent:
-    kind: EventKind
-    key: str
-    object_id: int               # the version the event is about
-    tier: TierKind | None        # where it is now served from; None for EVICTED
-
-    def to_proto(self) -> pb.ReplicaEvent:
-        return pb.ReplicaEvent(kind=self.kind, key=self.key, object_id=self.object_id,
-                               tier=self.tier if self.tier is not None else pb.TIER_UNSPECIFIED)
+__all__ = ["EventKind", "NodeEvent"]

@@ -61,12 +61,13 @@ from typing import Sequence
 from kvstore.errors import ChecksumMismatch, InvalidArgument, NoSpace, NotFound, TooLarge
 from kvstore.keys import value_checksum
 from kvstore.store.eviction import make_policy
-from kvstore.store.events import EventKind, NodeEvent
+from kvstore.types import EventKind, NodeEvent
 from kvstore.store.mover import TierMover
 from kvstore.store.objects import ObjectState, StoredObject
 from kvstore.store.stats import NodeStats, TierStats
 from kvstore.store.tiering import DEFAULT_WATERMARKS, Tiering, TierLevel
-from kvstore.store.tiers.base import ObjectRecord, Tier, TierKind
+from kvstore.store.tiers.base import ObjectRecord, Tier
+from kvstore.types import TierKind
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,8 @@ from kvstore.store.agent import make_agent
 from kvstore.store.data_server import DataServer
 from kvstore.store.node import StoreNode
 from kvstore.store.tiering import DEFAULT_WATERMARKS
-from kvstore.store.tiers.base import Tier, TierKind
+from kvstore.store.tiers.base import Tier
+from kvstore.types import TierKind
 from kvstore.store.tiers.dram import DramTier
 from kvstore.transfer.protocol import local_address
 from kvstore.transfer.shm import host_id
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 class NodeConfig:
     """What one store node process holds and serves."""
 
-    master: str                        # any master shard, host:port (or a|b for a shard's masters)
+    masters: tuple[str, ...]           # one shard's masters (any shard: the node learns the map)
     dram_bytes: int = 256 << 20        # DRAM tier (shared-memory segment)
     host: str = "127.0.0.1"            # bind address (loopback by default)
     port: int = 0                      # data port; 0 picks a free one
@@ -161,7 +162,7 @@ def run_node(cfg: NodeConfig) -> None:
     agent = None
     try:
         # Inside the try: an unreachable master must not leave the shm segment behind.
-        agent = make_agent(node, address, cfg.master)
+        agent = make_agent(node, address, cfg.masters)
         agent.register()
         agent.start()
         announce_ready({"role": "node", "node_id": node_id,

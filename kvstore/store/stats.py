@@ -26,24 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvstore.store.tiers.base import TierKind
-
-
-@dataclass(frozen=True, slots=True)
-class TierStats:
-    kind: TierKind
-    capacity_bytes: int
-    used_bytes: int
-    free_bytes: int
-    evictable_bytes: int      # copies that could be demoted or evicted now
-    num_objects: int          # objects with a copy here
-    num_reading: int          # ... referenced (read, written, moved)
-    num_pinned: int           # ... hard-pinned
-    num_soft_pinned: int      # ... soft-pinned, pin not expired
-    num_protected: int        # ... protected by prefetch lookahead
-    high_watermark: float
-    low_watermark: float
-    eviction_blocked: str     # why eviction cannot free what the tier needs; "" when it can
+from kvstore.types import TierStats
 
 
 @dataclass(frozen=True, slots=True)

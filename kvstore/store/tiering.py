@@ -38,10 +38,11 @@ from dataclasses import dataclass
 
 from kvstore.errors import NoSpace, NotFound
 from kvstore.store.eviction import EvictionPolicy
-from kvstore.store.events import EventKind
+from kvstore.types import EventKind
 from kvstore.store.mover import run_moves
 from kvstore.store.objects import Move, ObjectState, StoredObject
-from kvstore.store.tiers.base import Extent, ObjectRecord, Tier, TierKind
+from kvstore.store.tiers.base import Extent, ObjectRecord, Tier
+from kvstore.types import TierKind
 
 log = logging.getLogger(__name__)
 

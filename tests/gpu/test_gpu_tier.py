@@ -12,7 +12,8 @@ import time
 import pytest
 
 from kvstore.keys import value_checksum
-from kvstore.store.tiers.base import ObjectRecord, TierKind, copy_between
+from kvstore.store.tiers.base import ObjectRecord, copy_between
+from kvstore.types import TierKind
 from kvstore.store.tiers.gpu import cuda_available
 
 pytestmark = [pytest.mark.gpu,

@@ -47,7 +47,7 @@ def test_keys_split_over_shards_and_every_node_registers_with_each(sharded):
         # Each shard's index holds only keys of its own slots.
         smap = kv.shard_map
         for r in smap.ranges:
-            for meta in kv._rpc(r.address, "List", pb.ListRequest(limit=1000)).objects:
+            for meta in kv._rpc(r.addresses, "List", pb.ListRequest(limit=1000)).objects:
                 assert smap.shard_for_key(meta.key).shard_id == r.shard_id
 
 
@@ -56,13 +56,13 @@ def test_wrong_shard_gets_a_redirect_never_a_wrong_answer(sharded):
         kv.put("ws-key", b"v")
         owner = kv.shard_map.shard_for_key("ws-key")
         other = next(r for r in kv.shard_map.ranges if r.shard_id != owner.shard_id)
-    with grpc.insecure_channel(other.address) as ch:
+    with grpc.insecure_channel(other.addresses[0]) as ch:
         stub = pb_grpc.MasterStub(ch)
         ex = stub.Exists(pb.ExistsRequest(keys=["ws-key"]), timeout=5)
-        assert ex.statuses[0].code == pb.WRONG_SHARD and ex.statuses[0].redirect == owner.address
+        assert ex.statuses[0].code == pb.WRONG_SHARD and ex.statuses[0].redirect == str(owner)
         lk = stub.Lookup(pb.LookupRequest(keys=["ws-key"]), timeout=5)
         assert lk.results[0].status.code == pb.WRONG_SHARD
-        assert lk.results[0].status.redirect == owner.address
+        assert lk.results[0].status.redirect == str(owner)
         ps = stub.PutStart(pb.PutStartRequest(items=[pb.PutStartItem(key="ws-key", size_bytes=1)]),
                            timeout=5)
         assert ps.results[0].status.code == pb.WRONG_SHARD
@@ -73,7 +73,7 @@ def test_client_with_a_stale_map_follows_the_redirect(sharded):
         kv.put("stale-a", b"alpha")
         kv.put("stale-b", b"beta")
         # Pretend the client believes shard 1 owns everything (an old map).
-        wrong = kv.shard_map.ranges[1].address
+        wrong = kv.shard_map.ranges[1].addresses[0]
         kv.shard_map = ShardMap.single(wrong)
         assert kv.batch_exists(["stale-a", "stale-b", "stale-none"]) == [True, True, False]
     with KVClient(sharded.master) as kv:      # a fresh metadata cache

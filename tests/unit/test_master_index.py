@@ -90,7 +90,6 @@ def test_put_start_end_makes_the_object_visible(index):
     assert res.status.code == pb.OK
     assert (res.meta.size_bytes, res.meta.checksum, res.meta.object_id) == (100, 7, r.object_id)
     assert [rep.node.node_id for rep in res.meta.replicas] == [r.targets[0].node_id]
-    assert res.meta.replicas[0].state == pb.COMPLETE
     st = index.stat()
     assert (st.num_objects, st.total_bytes, st.pending_puts) == (1, 100, 0)
 

@@ -20,7 +20,7 @@ def three_nodes() -> ObjectIndex:
 
 
 def test_exists_answers_wrong_shard_never_false_for_a_key_it_does_not_own():
-    smap = ShardMap.even(["a:1", "b:2"])
+    smap = ShardMap.even([("a:1",), ("b:2",)])
     idx = ObjectIndex(Membership(), smap, shard_id=0)
     mine = next(f"k{i}" for i in range(100) if smap.shard_for_slot(key_slot(f"k{i}")).shard_id == 0)
     other = next(f"k{i}" for i in range(100) if smap.shard_for_slot(key_slot(f"k{i}")).shard_id == 1)

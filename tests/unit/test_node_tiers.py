@@ -15,9 +15,9 @@ import pytest
 
 from kvstore.errors import NoSpace, NotFound
 from kvstore.keys import value_checksum
-from kvstore.store.events import EventKind
+from kvstore.types import EventKind
 from kvstore.store.node import StoreNode
-from kvstore.store.tiers.base import TierKind
+from kvstore.types import TierKind
 from kvstore.store.tiers.dram import DramTier
 from kvstore.store.tiers.ssd import SsdTier
 

@@ -8,7 +8,8 @@ import lmdb
 import pytest
 
 from kvstore.keys import value_checksum
-from kvstore.store.tiers.base import ObjectRecord, TierIOError, TierKind, copy_between
+from kvstore.store.tiers.base import ObjectRecord, TierIOError, copy_between
+from kvstore.types import TierKind
 from kvstore.store.tiers.dram import DramTier
 from kvstore.store.tiers.ssd import PAGE_BYTES, SsdInUse, SsdTier, slot_of
 

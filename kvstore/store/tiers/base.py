@@ -31,21 +31,12 @@ event loop (the data server and the mover are plain threads).
 
 from __future__ import annotations
 
-import enum
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Protocol
 
-from kvstore._proto import kvstore_pb2 as pb
 from kvstore.store.allocator import Allocation, OffsetAllocator
-
-
-class TierKind(enum.IntEnum):
-    """Kinds of storage, valued as the wire enum ``kvstore.v1.Tier``."""
-
-    GPU = pb.GPU
-    DRAM = pb.DRAM
-    SSD = pb.SSD
+from kvstore.types import TierKind
 
 
 class TierIOError(Exception):

@@ -19,7 +19,8 @@ import os
 import uuid
 
 from kvstore.store.allocator import Allocation
-from kvstore.store.tiers.base import OffsetTier, TierKind
+from kvstore.store.tiers.base import OffsetTier
+from kvstore.types import TierKind
 from kvstore.transfer.shm import SHM_DIR, ShmSegment
 
 

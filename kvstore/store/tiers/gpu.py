@@ -25,7 +25,8 @@ from __future__ import annotations
 import warnings
 
 from kvstore.store.allocator import Allocation
-from kvstore.store.tiers.base import OffsetTier, TierIOError, TierKind
+from kvstore.store.tiers.base import OffsetTier, TierIOError
+from kvstore.types import TierKind
 
 
 def cuda_available() -> bool:

@@ -47,7 +47,8 @@ import lmdb
 import xxhash
 
 from kvstore.keys import value_checksum
-from kvstore.store.tiers.base import ObjectRecord, Tier, TierIOError, TierKind
+from kvstore.store.tiers.base import ObjectRecord, Tier, TierIOError
+from kvstore.types import TierKind
 
 log = logging.getLogger(__name__)
 
