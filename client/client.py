@@ -376,7 +376,7 @@ class KVClient:
 
     def _put_round(self, keys, views, checksums, parents, todo: list[int], config: pb.PutConfig,
                    results: list, may_wait: bool) -> list[int]:
-        """One PutStart -> write -> PutEnd/PutRevoke round; returns indices to retry."""
+        """One PutStart -> write (-> PutRevoke) round; returns indices to retry."""
         sub_keys = [keys[i] for i in todo]
 
         def start(address: tuple[str, ...], ks: list[str]) -> list[pb.PutStartResult]:
@@ -418,42 +418,27 @@ class KVClient:
                     written[i].append(node_id)
                 else:
                     errors.setdefault(i, err)
-        ends = [(i, oid) for i, oid in started if written[i]]
-        revokes = [(i, oid) for i, oid in started if not written[i]]
+        # A target acknowledges only once its master shard applied the node's
+        # STORED report: one acknowledgement means the value is visible to
+        # every reader. Targets that failed are given back (PutRevoke), and a
+        # put that no target stored is undone the same way.
         targets = {(i, t.node_id): t for lst in by_node.values() for i, t in lst}
-        statuses = self._put_end([(keys[i], oid, checksums[i], written[i], False)
-                                  for i, oid in ends])
-        for (i, oid), err in zip(ends, statuses):
-            results[i] = err or True
-            if err is None:
+        wanted = defaultdict(int)
+        for i, _node_id in targets:
+            wanted[i] += 1
+        for i, oid in started:
+            if written[i]:
+                results[i] = True
                 self._remember(keys[i], len(views[i]), checksums[i], oid,
                                [targets[(i, n)] for n in written[i]])
-        self._put_revoke([(keys[i], oid) for i, oid in revokes])
-        for i, _ in revokes:
-            results[i] = errors.get(i) or Unavailable("no target node accepted the value",
-                                                      key=keys[i])
+            else:
+                results[i] = errors.get(i) or Unavailable("no target node accepted the value",
+                                                          key=keys[i])
+        self._put_revoke([(keys[i], oid) for i, oid in started if len(written[i]) < wanted[i]])
         return retry
 
-    def _put_end(self, items: list[tuple[str, int, int, list[str], bool]]
-                 ) -> list[KVStoreError | None]:
-        """PutEnd of ``(key, object_id, checksum, written node ids, checksum_at_end)``
-        items (the checksum goes along only for checksum_at_end puts); per item
-        None or the error."""
-        if not items:
-            return []
-        by_key = {it[0]: it for it in items}
-
-        def end(address: tuple[str, ...], ks: list[str]) -> list[pb.Status]:
-            req = pb.PutEndRequest(items=[
-                pb.PutEndItem(key=k, object_id=by_key[k][1], written_node_ids=by_key[k][3],
-                              checksum=by_key[k][2] if by_key[k][4] else 0) for k in ks])
-            return list(self._rpc(address, "PutEnd", req).statuses)
-
-        return [None if st.code == pb.OK else error_for_code(st.code, st.message, key=it[0])
-                for it, st in zip(items, self._routed([it[0] for it in items], end))]
-
     def _put_revoke(self, items: list[tuple[str, int]]) -> None:
-        """PutRevoke of ``(key, object_id)`` items (their puts failed)."""
+        """PutRevoke of ``(key, object_id)`` items (some or all of their targets failed)."""
         if not items:
             return
         oids = dict(items)

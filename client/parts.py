@@ -14,8 +14,9 @@ Protocol (one round trip per phase, batched over the writer's keys)::
     SHM_ALLOC(checksum 0)      each same-host target reserves space; offset back
     write(i, offset, part)*    copies into every target's segment, in order,
                                hashing as it goes (xxh3-64, streamed)
-    SHM_COMMIT(checksum)       node verifies the bytes against it and publishes
-    PutEnd(checksum)           master makes the key visible
+    SHM_COMMIT(checksum)       node verifies the bytes against it, reports them
+                               STORED (with the checksum) to its master shard and
+                               acknowledges once the key is visible
 
 The value is never visible before its commit, so readers see it whole or
 not at all, and immutability holds: a key that exists with another size is
@@ -241,19 +242,22 @@ class PartsWriter:
                     written[i].append(t.node)
                 else:
                     errors.setdefault(i, err)
-        ends = [i for i in checksum if written[i]]
-        statuses = self.kv._put_end([(self.keys[i], self._oid[i], checksum[i],
-                                      [n.node_id for n in written[i]], True) for i in ends])
-        for i, err in zip(ends, statuses):
-            self._open[i] = False
-            self.results[i] = err or True
-            if err is None:
+        # Each commit is acknowledged once the node's STORED report (with the
+        # checksum hashed here) is applied by the master: the value is visible.
+        partial = []
+        for i in checksum:
+            if written[i]:
+                self._open[i] = False
+                self.results[i] = True
                 self.kv._remember(self.keys[i], self.sizes[i], checksum[i], self._oid[i],
                                   written[i])
-        for i in checksum:
-            if self._open[i]:
+                if len(written[i]) < len(self._targets[i]):
+                    partial.append((self.keys[i], self._oid[i]))
+            else:
                 self._fail(i, errors.get(i) or Unavailable("no target node accepted the value",
                                                            key=self.keys[i]))
+        if partial:
+            self.kv._put_revoke(partial)      # give back the targets that failed
         return self.results
 
     def _check_present(self, chosen: set[int]) -> None:

@@ -61,7 +61,7 @@ class KeyConflict(KVStoreError):
 
 
 class PutInProgress(KVStoreError):
-    """Another put of the same key is between PutStart and PutEnd."""
+    """Another put of the same key is in progress (placed, not yet stored)."""
     code = pb.PUT_IN_PROGRESS
 
 

@@ -1,8 +1,12 @@
-"""Store-node membership: registration, heartbeats, liveness, drop orders.
+"""Store-node membership: registration, heartbeats, liveness, space, orders.
 
 A node is alive while its heartbeats arrive within ``node_ttl_ms``. The
-master sends each node the objects it must free (drop orders) in heartbeat
-replies, so freeing needs no connection from master to node.
+master sends each node the objects it must free (drop orders) and the
+repair copies it must make (copy orders) in heartbeat replies, so neither
+needs a connection from master to node. Placement reads each node's free
+space from here::
+
+    free = capacity - used (last heartbeat, plus stored since) - reserved (puts placed here)
 
 Thread safety: owned by the master's event loop; not locked.
 """
@@ -12,31 +16,51 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from kvstore._proto import kvstore_pb2 as pb
+from kvstore.types import CopyOrder, DropOrder, NodeAddress, NodeId, ObjectId, ObjectKey, TierStats
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class NodeRegistration:
+    """What a node says about itself when it (re)registers."""
+
+    address: NodeAddress
+    capacity_bytes: int          # of its DRAM tier, where puts land
+    max_object_bytes: int = 0    # largest object it could ever hold (0: capacity_bytes)
+    tiers: tuple[TierStats, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeHeartbeat:
+    """What a node reports on each heartbeat."""
+
+    node_id: NodeId
+    used_bytes: int
+    num_objects: int
+    tiers: tuple[TierStats, ...] = ()         # () keeps the last report
+    counters: dict[str, int] | None = None    # None keeps the last report
+
+
 @dataclass(slots=True)
 class NodeInfo:
-    address: pb.NodeAddress       # how clients reach the node
-    tier: int                     # pb.Tier
+    address: NodeAddress          # how clients reach the node
     capacity_bytes: int
     max_object_bytes: int         # largest object the node could ever hold
-    used_bytes: int = 0           # from the last heartbeat
-    reserved_bytes: int = 0       # pending puts placed here, not yet in used_bytes
+    used_bytes: int = 0           # from the last heartbeat (+ objects stored since)
+    reserved_bytes: int = 0       # pending puts placed here, not yet stored
     num_objects: int = 0
     last_heartbeat_ms: int = 0
     alive: bool = True
-    drops: list[pb.DropOrder] = field(default_factory=list)  # to send with the next heartbeat
-    tiers: list[pb.TierStat] = field(default_factory=list)   # per tier, from the last report
-    counters: dict[str, int] = field(default_factory=dict)   # the node's own, last heartbeat
-    copies: list[pb.CopyOrder] = field(default_factory=list)  # repair orders for the next heartbeat
+    drops: list[DropOrder] = field(default_factory=list)    # to send with the next heartbeat
+    tiers: tuple[TierStats, ...] = ()                       # per tier, from the last report
+    counters: dict[str, int] = field(default_factory=dict)  # the node's own, last heartbeat
+    copies: list[CopyOrder] = field(default_factory=list)   # repair orders for the next heartbeat
     failures: list[int] = field(default_factory=list)  # ms of recent transfer failures reported
     quarantined_until_ms: int = 0  # no new puts or repair copies land here before this
 
     @property
-    def node_id(self) -> str:
+    def node_id(self) -> NodeId:
         return self.address.node_id
 
     @property
@@ -55,60 +79,94 @@ class Membership:
     def __init__(self, node_ttl_ms: int = 3000, heartbeat_interval_ms: int = 500):
         self.node_ttl_ms = node_ttl_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms
-        self.nodes: dict[str, NodeInfo] = {}
+        self.nodes: dict[NodeId, NodeInfo] = {}
         self.failures_to_quarantine = 5      # reported transfer failures ...
         self.failure_window_ms = 10_000      # ... within this window ...
         self.quarantine_ms = 30_000          # ... keep new puts off the node this long
 
-    def register(self, req: pb.RegisterNodeRequest, now_ms: int) -> tuple[NodeInfo, bool]:
+    def register(self, reg: NodeRegistration, now_ms: int) -> tuple[NodeInfo, bool]:
         """Add or re-add a node. Returns (info, was_known)."""
-        node_id = req.address.node_id
+        node_id = reg.address.node_id
         old = self.nodes.get(node_id)
-        known = old is not None
-        info = NodeInfo(address=pb.NodeAddress(), tier=req.tier or pb.DRAM,
-                        capacity_bytes=req.capacity_bytes,
-                        max_object_bytes=req.max_object_bytes or req.capacity_bytes,
-                        last_heartbeat_ms=now_ms, tiers=list(req.tiers))
-        info.address.CopyFrom(req.address)
+        info = NodeInfo(address=reg.address, capacity_bytes=reg.capacity_bytes,
+                        max_object_bytes=reg.max_object_bytes or reg.capacity_bytes,
+                        last_heartbeat_ms=now_ms, tiers=reg.tiers)
         if old is not None:
             # Drops ordered while it was away still apply to what it kept (its SSD).
             info.drops = old.drops
         self.nodes[node_id] = info
-        log.info("node %s registered (%s:%d, %d B)%s", node_id, req.address.host,
-                 req.address.data_port, req.capacity_bytes, " again" if known else "")
-        return info, known
+        log.info("node %s registered (%s:%d, %d B)%s", node_id, reg.address.host,
+                 reg.address.data_port, reg.capacity_bytes, " again" if old else "")
+        return info, old is not None
 
-    def heartbeat(self, req: pb.HeartbeatRequest, now_ms: int) -> NodeInfo | None:
-        info = self.nodes.get(req.node_id)
+    def heartbeat(self, beat: NodeHeartbeat, now_ms: int) -> NodeInfo | None:
+        """Record a heartbeat; None when the node is unknown (it must register again)."""
+        info = self.nodes.get(beat.node_id)
         if info is None:
             return None
         if not info.alive:
-            log.info("node %s is back", req.node_id)
+            log.info("node %s is back", beat.node_id)
         info.alive = True
-        info.used_bytes = req.used_bytes
-        info.num_objects = req.num_objects
+        info.used_bytes = beat.used_bytes
+        info.num_objects = beat.num_objects
         info.last_heartbeat_ms = now_ms
-        if req.tiers:
-            info.tiers = list(req.tiers)
-        if req.counters:
-            info.counters = dict(req.counters)
+        if beat.tiers:
+            info.tiers = beat.tiers
+        if beat.counters is not None:
+            info.counters = dict(beat.counters)
         return info
 
-    def take_drops(self, node_id: str) -> list[pb.DropOrder]:
+    # ---- space: what placement sees between heartbeats ----
+    def reserve(self, node_id: NodeId, size_bytes: int) -> None:
+        """A put was placed on the node: its bytes are spoken for until stored or revoked."""
+        info = self.nodes.get(node_id)
+        if info is not None:
+            info.reserved_bytes += size_bytes
+
+    def unreserve(self, node_id: NodeId, size_bytes: int) -> None:
+        info = self.nodes.get(node_id)
+        if info is not None:
+            info.reserved_bytes = max(0, info.reserved_bytes - size_bytes)
+
+    def account_stored(self, node_id: NodeId, size_bytes: int) -> None:
+        """The node holds ``size_bytes`` more: counted as used until its next heartbeat
+        reports them (otherwise placement sees the space as free in between)."""
+        info = self.nodes.get(node_id)
+        if info is not None:
+            info.used_bytes += size_bytes
+
+    # ---- orders, delivered with the next heartbeat reply ----
+    def order_drop(self, node_id: NodeId, key: ObjectKey, object_id: ObjectId) -> None:
+        info = self.nodes.get(node_id)
+        if info is not None:
+            info.drops.append(DropOrder(key, object_id))
+
+    def ordered_drops(self, node_id: NodeId) -> set[tuple[ObjectKey, ObjectId]]:
+        """(key, object_id) of the drops ordered to the node and not yet delivered."""
+        info = self.nodes.get(node_id)
+        return {(d.key, d.object_id) for d in info.drops} if info is not None else set()
+
+    def order_copy(self, node_id: NodeId, order: CopyOrder) -> None:
+        info = self.nodes.get(node_id)
+        if info is not None:
+            info.copies.append(order)
+
+    def take_drops(self, node_id: NodeId) -> list[DropOrder]:
         info = self.nodes.get(node_id)
         if info is None:
             return []
         drops, info.drops = info.drops, []
         return drops
 
-    def take_copies(self, node_id: str) -> list[pb.CopyOrder]:
+    def take_copies(self, node_id: NodeId) -> list[CopyOrder]:
         info = self.nodes.get(node_id)
         if info is None:
             return []
         copies, info.copies = info.copies, []
         return copies
 
-    def report_failure(self, node_id: str, now_ms: int) -> bool:
+    # ---- health ----
+    def report_failure(self, node_id: NodeId, now_ms: int) -> bool:
         """A client could not move bytes to or from this node. A node that
         keeps failing while it heartbeats is quarantined for ``quarantine_ms``.
         Returns True when this report quarantined it."""
@@ -125,16 +183,11 @@ class Membership:
             return True
         return False
 
-    def is_quarantined(self, node_id: str, now_ms: int) -> bool:
+    def is_quarantined(self, node_id: NodeId, now_ms: int) -> bool:
         info = self.nodes.get(node_id)
         return info is not None and now_ms < info.quarantined_until_ms
 
-    def order_drop(self, node_id: str, key: str, object_id: int) -> None:
-        info = self.nodes.get(node_id)
-        if info is not None:
-            info.drops.append(pb.DropOrder(key=key, object_id=object_id))
-
-    def expire(self, now_ms: int) -> list[str]:
+    def expire(self, now_ms: int) -> list[NodeId]:
         """Mark nodes without a recent heartbeat dead; returns the newly dead."""
         dead = []
         for info in self.nodes.values():
@@ -145,9 +198,17 @@ class Membership:
                             now_ms - info.last_heartbeat_ms)
         return dead
 
-    def is_alive(self, node_id: str) -> bool:
+    def is_known(self, node_id: NodeId) -> bool:
+        """Registered with this shard (alive or not)."""
+        return node_id in self.nodes
+
+    def is_alive(self, node_id: NodeId) -> bool:
         info = self.nodes.get(node_id)
         return info is not None and info.alive
 
     def alive_nodes(self) -> list[NodeInfo]:
         return [n for n in self.nodes.values() if n.alive]
+
+    def healthy_nodes(self, now_ms: int) -> list[NodeInfo]:
+        """Alive nodes that are not quarantined (where new bytes may land)."""
+        return [n for n in self.alive_nodes() if not self.is_quarantined(n.node_id, now_ms)]

@@ -27,6 +27,7 @@ from kvstore.shardmap import ShardMap
 
 log = logging.getLogger(__name__)
 
+
 async def create_server(host: str = "127.0.0.1", port: int = 0, *,
                         node_ttl_ms: int = 3000, heartbeat_interval_ms: int = 500,
                         put_timeout_ms: int = 30_000, shard_map: ShardMap | None = None,
@@ -58,16 +59,16 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
 
 
 async def _maintenance(servicer: MasterServicer, period_s: float) -> None:
+    """Expire dead nodes and stale puts, and plan repair copies, every ``period_s``."""
     while True:
         await asyncio.sleep(period_s)
         if not servicer.leading():
             continue
-        index = servicer.index
         now = now_ms()
-        index.membership.expire(now)
-        index.expire_puts(now)
-        if now - servicer._term_start_ms > servicer.warmup_ms:
-            index.plan_repairs(now)
+        servicer.index.membership.expire(now)
+        servicer.index.expire_puts(now)
+        if not servicer.warming_up():
+            servicer.repairs.plan(now)
 
 
 @dataclass(frozen=True, slots=True)

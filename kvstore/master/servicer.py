@@ -1,4 +1,11 @@
-"""gRPC servicer of a master shard: thin over :class:`ObjectIndex` and :class:`Membership`.
+"""gRPC servicer of a master shard: protobuf in and out, thin over the pure classes.
+
+Every handler converts its request to :mod:`kvstore.types` records
+(:mod:`kvstore.wire`), calls :class:`~kvstore.master.index.ObjectIndex`,
+:class:`~kvstore.master.membership.Membership` or
+:class:`~kvstore.master.repair.RepairPlanner`, and converts the results
+back; per-item errors become ``Status`` messages through
+:func:`kvstore.errors.to_status` (the one code table).
 
 Every handler runs on the server's event loop; the index is only touched
 there, so it needs no lock.
@@ -8,19 +15,29 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Callable
 
 import grpc
 
+from kvstore import wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore import wire
-from kvstore.master.index import ObjectIndex
+from kvstore.errors import OK_STATUS, KVStoreError, to_status
+from kvstore.master.counters import MasterCounter as C
+from kvstore.master.index import ObjectIndex, PutItem
+from kvstore.master.membership import NodeHeartbeat, NodeRegistration
+from kvstore.master.repair import RepairPlanner
+from kvstore.types import NodeId, ObjectId, RemoveReason
 
 log = logging.getLogger(__name__)
 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _status(result) -> pb.Status:
+    return to_status(result) if isinstance(result, KVStoreError) else OK_STATUS
 
 
 class MasterServicer(pb_grpc.MasterServicer):
@@ -36,14 +53,19 @@ class MasterServicer(pb_grpc.MasterServicer):
             inventories (node RPCs are served at once).
     """
 
-    def __init__(self, index: ObjectIndex, election=None, new_index=None, warmup_ms: int = 1500):
+    def __init__(self, index: ObjectIndex, election=None,
+                 new_index: Callable[[], ObjectIndex] | None = None, warmup_ms: int = 1500):
         self.index = index
-        self.membership = index.membership
+        self.repairs = RepairPlanner(index)
         self.election = election
         self.new_index = new_index
         self.warmup_ms = warmup_ms
         self._term = 0
-        self._term_start_ms = 0
+        self.term_start_ms = 0
+
+    @property
+    def membership(self):
+        return self.index.membership
 
     def leading(self) -> bool:
         """Whether this process serves the shard now; starts a new term's index when needed."""
@@ -54,17 +76,21 @@ class MasterServicer(pb_grpc.MasterServicer):
             return False
         if e.term != self._term:
             self._term = e.term
-            self._term_start_ms = now_ms()
+            self.term_start_ms = now_ms()
             if self.new_index is not None:
                 self.index = self.new_index()
-                self.membership = self.index.membership
+                self.repairs = RepairPlanner(self.index)
             # Object ids of this term start above every id an earlier leader
             # could have handed out: the etcd revision of the win is larger
             # than at any earlier win.
-            self.index._next_id = max(self.index._next_id, e.term_revision << 32)
+            self.index.start_term(e.term_revision << 32)
             log.info("leading shard %d, term %d: index rebuilt from node inventories",
                      self.index.shard_id, e.term)
         return True
+
+    def warming_up(self) -> bool:
+        """A new leader's first ``warmup_ms``: nodes are still re-registering."""
+        return self.election is not None and now_ms() - self.term_start_ms < self.warmup_ms
 
     async def _gate(self, context, client_rpc: bool = True) -> None:
         if not self.leading():
@@ -72,79 +98,111 @@ class MasterServicer(pb_grpc.MasterServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE,
                                 f"not the leader of shard {self.index.shard_id}"
                                 + (f" (leader: {hint})" if hint else ""))
-        if client_rpc and self.election is not None and now_ms() - self._term_start_ms < self.warmup_ms:
+        if client_rpc and self.warming_up():
             await context.abort(grpc.StatusCode.UNAVAILABLE,
                                 "new shard leader: rebuilding the index from node inventories")
 
+    # ---- node RPCs ----
     async def RegisterNode(self, request, context):
         await self._gate(context, client_rpc=False)
-        node_id = request.address.node_id
-        _, known = self.membership.register(request, now_ms())
+        reg = NodeRegistration(address=wire.node_address(request.address),
+                               capacity_bytes=request.capacity_bytes,
+                               max_object_bytes=request.max_object_bytes,
+                               tiers=tuple(wire.tier_stats(t) for t in request.tiers))
+        _, known = self.membership.register(reg, now_ms())
         # The node's inventory is the truth about it: a restart loses DRAM and
         # keeps the SSD; objects the index does not know are indexed again.
-        lost, indexed = self.index.sync_node_inventory(node_id, request.inventory, now_ms())
+        inventory = [wire.inventory_item(it) for it in request.inventory]
+        lost, indexed = self.index.sync_node_inventory(reg.address.node_id, inventory, now_ms())
         if lost or indexed:
             log.info("node %s registered%s with %d object(s): %d indexed from its inventory, "
-                     "%d lost their last replica", node_id, " again" if known else "",
-                     len(request.inventory), indexed, lost)
+                     "%d lost their last replica", reg.address.node_id, " again" if known else "",
+                     len(inventory), indexed, lost)
         return pb.RegisterNodeResponse(heartbeat_interval_ms=self.membership.heartbeat_interval_ms,
                                        node_ttl_ms=self.membership.node_ttl_ms)
 
     async def Heartbeat(self, request, context):
         await self._gate(context, client_rpc=False)
-        info = self.membership.heartbeat(request, now_ms())
-        if info is None:
+        node_id = NodeId(request.node_id)
+        beat = NodeHeartbeat(node_id=node_id, used_bytes=request.used_bytes,
+                             num_objects=request.num_objects,
+                             tiers=tuple(wire.tier_stats(t) for t in request.tiers),
+                             counters=dict(request.counters) if request.counters else None)
+        if self.membership.heartbeat(beat, now_ms()) is None:
             return pb.HeartbeatResponse(known=False)
-        for r in request.removed:
-            self.index.node_removed(request.node_id, r.key, r.object_id)
-        for event in request.events:
-            self.index.node_event(request.node_id, event)
         for result in request.copied:
-            self.index.copy_done(result)
-        return pb.HeartbeatResponse(known=True, drops=self.membership.take_drops(request.node_id),
-                                    copies=self.membership.take_copies(request.node_id))
+            self.repairs.done(wire.copy_result(result))
+        return pb.HeartbeatResponse(
+            known=True, drops=[wire.drop_order_pb(d) for d in self.membership.take_drops(node_id)],
+            copies=[wire.copy_order_pb(c) for c in self.membership.take_copies(node_id)])
+
+    async def ReportEvents(self, request, context):
+        await self._gate(context, client_rpc=False)
+        node_id = NodeId(request.node_id)
+        if not self.membership.is_known(node_id):
+            return pb.ReportEventsResponse(known=False)
+        return pb.ReportEventsResponse(known=True, statuses=[
+            _status(self.index.node_event(node_id, wire.node_event(e))) for e in request.events])
 
     async def GetShardMap(self, request, context):
         return wire.shard_map_pb(self.index.shard_map)
 
+    # ---- client RPCs ----
     async def PutStart(self, request, context):
         await self._gate(context)
-        return self.index.put_start(request, now_ms())
-
-    async def PutEnd(self, request, context):
-        await self._gate(context)
-        return self.index.put_end(request, now_ms())
+        items = [PutItem(it.key, it.size_bytes, it.checksum, it.checksum_at_end)
+                 for it in request.items]
+        results = self.index.put_start(items, now_ms(), request.config.replica_num or 1,
+                                       request.config.preferred_node)
+        return pb.PutStartResponse(results=[
+            pb.PutStartResult(status=to_status(r)) if isinstance(r, KVStoreError) else
+            pb.PutStartResult(status=OK_STATUS, already_present=r.already_present,
+                              object_id=r.object_id,
+                              targets=[wire.node_address_pb(t) for t in r.targets])
+            for r in results])
 
     async def PutRevoke(self, request, context):
         await self._gate(context)
-        return self.index.put_revoke(request)
+        results = self.index.put_revoke([(it.key, ObjectId(it.object_id)) for it in request.items])
+        return pb.PutRevokeResponse(statuses=[_status(r) for r in results])
 
     async def Lookup(self, request, context):
         await self._gate(context)
-        return self.index.lookup(list(request.keys), now_ms())
+        return pb.LookupResponse(results=[
+            pb.LookupResult(status=to_status(r)) if isinstance(r, KVStoreError) else
+            pb.LookupResult(status=OK_STATUS, meta=wire.object_meta_pb(r))
+            for r in self.index.lookup(list(request.keys), now_ms())])
 
     async def Exists(self, request, context):
         await self._gate(context)
-        exists, statuses = self.index.exists_checked(list(request.keys))
-        return pb.ExistsResponse(exists=exists, statuses=statuses)
+        exists, errors = self.index.exists_checked(list(request.keys))
+        return pb.ExistsResponse(exists=exists, statuses=[_status(e) for e in errors])
 
     async def Remove(self, request, context):
         await self._gate(context)
-        return self.index.remove(list(request.keys), request.reason or "remove")
+        try:
+            reason = RemoveReason(request.reason or RemoveReason.REMOVE.value)
+        except ValueError:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"unknown remove reason {request.reason!r}; known: "
+                                f"{[r.value for r in RemoveReason]}")
+        results = self.index.remove(list(request.keys), reason)
+        return pb.RemoveResponse(statuses=[_status(r) for r in results])
 
     async def List(self, request, context):
         await self._gate(context)
-        return self.index.list(request.prefix, request.start_after, request.limit)
+        page, cursor = self.index.list(request.prefix, request.start_after, request.limit)
+        return pb.ListResponse(objects=[wire.object_meta_pb(m) for m in page], next_cursor=cursor)
 
     async def Stat(self, request, context):
         await self._gate(context, client_rpc=False)
-        return self.index.stat()
+        return wire.shard_status_pb(self.index.stat())
 
     async def ReportFailure(self, request, context):
         await self._gate(context, client_rpc=False)
         now = now_ms()
         for node_id in request.node_ids:
-            self.index.counters["transfer_failures_reported"] += 1
-            if self.membership.report_failure(node_id, now):
-                self.index.counters["quarantined"] += 1
+            self.index.counters[C.TRANSFER_FAILURES_REPORTED] += 1
+            if self.membership.report_failure(NodeId(node_id), now):
+                self.index.counters[C.QUARANTINED] += 1
         return pb.ReportFailureResponse()

@@ -1,14 +1,26 @@
-"""A store node's link to its master shards: registration, heartbeats, events, orders.
+"""A store node's link to its master shards: registration, events, heartbeats, orders.
+
+    node events (EventLog) --EventRouter--> one queue per shard --ReportEvents--> shard k
+    heartbeat (stats, copy results)  ------------------------------Heartbeat----> shard k
+                                      <-- drop orders, copy orders --
 
 The node registers with every shard (with an inventory of what it holds,
-e.g. its SSD after a restart), heartbeats (reporting per-tier stats and the
-node's events, applying the drop orders it gets back, running the repair
-copies it is ordered). With several master shards (learned from the seed
-master's shard map) it does all of this with every shard, each for the keys
-of its slots; a shard named ``a|b`` (leader and standbys) is reached by
-trying its masters in turn.
+e.g. its SSD after a restart), delivers its events to the shard owning each
+event's key (:meth:`NodeAgent.deliver`: in order, at least once, a failed
+delivery retried with the same events first), and heartbeats every
+``interval_s`` (per-tier stats and counters; the reply carries drop orders
+to apply and repair copies to run). A shard served by a leader and
+standbys is reached by trying its masters in turn; a master that does not
+know the node (a new leader, a restart) makes it register again. Events
+are never dropped at a registration: replayed in order after the
+inventory, they end where the node is (the master applies each idempotently).
 
-Thread safety: each agent runs its own heartbeat thread; the node locks itself.
+One loop per shard (:meth:`NodeAgent._loop`) delivers events as soon as
+they are appended and beats on its interval; a writer waiting for its
+STORED event delivers through :meth:`Agents.deliver` in its own thread.
+
+Thread safety: each agent's deliveries and registrations are serialized by
+its lock; heartbeats run on its own thread; the node locks itself.
 """
 
 from __future__ import annotations
@@ -17,17 +29,44 @@ import itertools
 import logging
 import threading
 import time
+from typing import Callable
 
 import grpc
 
 from kvstore import rpc, wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.errors import error_for_code
 from kvstore.shardmap import ShardMap
+from kvstore.store.events import EventLog, Ticket
 from kvstore.store.node import NodeStats, StoreNode
 from kvstore.store.repair import Copier
+from kvstore.types import EventKind, InventoryItem, NodeAddress
 
 log = logging.getLogger(__name__)
+
+
+class EventRouter:
+    """Hands each shard's agent the node's events for the keys that shard owns.
+
+    Args:
+        events: the node's event log.
+        shard_of: key -> index of its agent (None: one shard owns every key).
+    """
+
+    def __init__(self, events: EventLog, shard_of: Callable[[str], int] | None, num_shards: int):
+        self.events = events
+        self.shard_of = shard_of
+        self._queues: list[list[Ticket]] = [[] for _ in range(num_shards)]
+        self._lock = threading.Lock()
+
+    def take_for(self, shard: int) -> list[Ticket]:
+        """The events of ``shard`` appended since its last take, in order."""
+        with self._lock:
+            for ticket in self.events.take():
+                self._queues[self.shard_of(ticket.event.key) if self.shard_of else 0].append(ticket)
+            taken, self._queues[shard] = self._queues[shard], []
+            return taken
 
 
 class _LazyCopier:
@@ -37,12 +76,12 @@ class _LazyCopier:
         self.node = node
         self._copier: Copier | None = None
 
-    def submit(self, order: pb.CopyOrder) -> None:
+    def submit(self, order) -> None:
         if self._copier is None:
             self._copier = Copier(self.node)
         self._copier.submit(order)
 
-    def take_results(self) -> list[pb.CopyResult]:
+    def take_results(self) -> list:
         return self._copier.take_results() if self._copier is not None else []
 
     def stop(self) -> None:
@@ -51,45 +90,47 @@ class _LazyCopier:
 
 
 class NodeAgent:
-    """A store node's link to its master: registration and heartbeats.
+    """The node's link to one master shard.
 
     Args:
         node: the object table.
         address: how clients reach this node.
         masters: the shard's masters, host:port (a leader and standbys).
-        min_beat_interval_s: event-driven heartbeats are at least this far
-            apart, so a burst of demotions travels in a few heartbeats.
+        router: where the agent takes its shard's events.
+        shard: this agent's index in the router.
+        owns: key -> whether this shard owns it (None: every key).
+        min_beat_interval_s: deliveries from the agent's own thread are at
+            least this far apart, so a burst of demotions travels in a few reports.
         full_stats_interval_s: how often a heartbeat recounts the per-object
             stats (evictable, pinned, ...: O(objects) under the node's lock);
             the beats in between refresh only usage and counters.
     """
 
-    def __init__(self, node: StoreNode, address: pb.NodeAddress, masters: tuple[str, ...],
-                 min_beat_interval_s: float = 0.02, full_stats_interval_s: float = 1.0,
-                 owns=None):
+    def __init__(self, node: StoreNode, address: NodeAddress, masters: tuple[str, ...],
+                 router: EventRouter, shard: int = 0, owns: Callable[[str], bool] | None = None,
+                 min_beat_interval_s: float = 0.02, full_stats_interval_s: float = 1.0):
         self.node = node
+        self.address = address
         self.master = "|".join(masters)       # for logs
-        # A shard's masters as "a|b|...": a leader and standbys. The agent
-        # talks to one; on a failed RPC it moves on to the next (a new
-        # leader does not know the node, so the node registers again there).
         self._addrs = masters
         self._cur = 0
-        # Which keys this master shard owns (None: every key). A sharded node
-        # runs one agent per shard; each sees only its shard's inventory and events.
+        self.router = router
+        self.shard = shard
         self.owns = owns
-        self.address = address
         self.rpc_timeout_s = 2.0
-        self._connect()
         self.interval_s = 0.5
         self.min_beat_interval_s = min_beat_interval_s
         self.full_stats_interval_s = full_stats_interval_s
         self._stats: NodeStats | None = None
         self._stats_at = 0.0
-        self._stop = threading.Event()
-        self._unreported: list = []
-        self._copied: list[pb.CopyResult] = []   # repair results not yet reported
+        self._queue: list[Ticket] = []        # taken from the router, not yet acknowledged
+        self._lock = threading.RLock()        # deliveries and registrations, one at a time
+        self._copied: list = []               # repair results not yet reported
         self.copier = _LazyCopier(node)
-        self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
+        self._ready = node.events.subscribe()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"agent-{shard}", daemon=True)
+        self._connect()
 
     def _connect(self) -> None:
         self.channel = rpc.channel(self._addrs[self._cur])
@@ -103,61 +144,72 @@ class NodeAgent:
         self._cur = (self._cur + 1) % len(self._addrs)
         self._connect()
 
-    def register(self, timeout_s: float = 10.0, take_events: bool = True) -> None:
-        """Register with an inventory of everything the node holds now.
+    def register(self, timeout_s: float = 10.0) -> None:
+        """Register with an inventory of everything of this shard the node holds now.
 
-        Events queued before the inventory is taken are dropped: the
-        inventory already reflects them, and the master rebuilds this node's
-        part of its index from it. (With ``take_events`` False, as in a
-        sharded node, the node's queue stays for the other shards' agents; an
-        event reported after the inventory is at worst a no-op for the master.)
+        Raises:
+            grpc.RpcError: no master of the shard answered within ``timeout_s``.
         """
-        if take_events:
-            self.node.take_events()
-        self._unreported.clear()
-        inventory = [pb.InventoryItem(key=k, object_id=oid, size_bytes=size, checksum=ck, tier=t)
-                     for k, oid, size, ck, t in self.node.holdings()
-                     if self.owns is None or self.owns(k)]
-        stats = self.node.stats()
-        req = pb.RegisterNodeRequest(
-            address=self.address, tier=pb.DRAM, capacity_bytes=stats.capacity_bytes,
-            max_object_bytes=stats.capacity_bytes, tiers=[wire.tier_stats_pb(t) for t in stats.tiers],
-            inventory=inventory)
-        if len(self._addrs) == 1:
-            resp = self.stub.RegisterNode(req, timeout=timeout_s, wait_for_ready=True)
-        else:
-            deadline = time.monotonic() + timeout_s
-            while True:
-                try:
-                    resp = self.stub.RegisterNode(req, timeout=1.0)
-                    break
-                except grpc.RpcError:
-                    if time.monotonic() > deadline:
-                        raise
-                    self.failover()
-                    time.sleep(0.05)
-        self.interval_s = resp.heartbeat_interval_ms / 1000.0
-        if inventory:
-            log.info("registered with %d object(s) in the inventory", len(inventory))
+        with self._lock:
+            inventory = [wire.inventory_item_pb(InventoryItem(k, oid, size, ck, t))
+                         for k, oid, size, ck, t in self.node.holdings()
+                         if self.owns is None or self.owns(k)]
+            stats = self.node.stats()
+            req = pb.RegisterNodeRequest(
+                address=wire.node_address_pb(self.address), tier=pb.DRAM,
+                capacity_bytes=stats.capacity_bytes, max_object_bytes=stats.capacity_bytes,
+                tiers=[wire.tier_stats_pb(t) for t in stats.tiers], inventory=inventory)
+            if len(self._addrs) == 1:
+                resp = self.stub.RegisterNode(req, timeout=timeout_s, wait_for_ready=True)
+            else:
+                deadline = time.monotonic() + timeout_s
+                while True:
+                    try:
+                        resp = self.stub.RegisterNode(req, timeout=1.0)
+                        break
+                    except grpc.RpcError:
+                        if time.monotonic() > deadline:
+                            raise
+                        self.failover()
+                        time.sleep(0.05)
+            self.interval_s = resp.heartbeat_interval_ms / 1000.0
+            if inventory:
+                log.info("registered with %d object(s) in the inventory", len(inventory))
 
-    def start(self) -> None:
-        self._thread.start()
+    def deliver(self) -> None:
+        """Send this shard's pending events (one ReportEvents) and resolve their tickets.
 
-    def stop(self) -> None:
-        self._stop.set()
-        self.node.events_ready.set()
-        self._thread.join(timeout=5)
-        self.copier.stop()
-        self.channel.close()
+        A STORED event the master refuses (its put was revoked, timed out or
+        replaced) is dropped here and its writer fails with the reason.
+
+        Raises:
+            grpc.RpcError: the master did not answer (the events stay queued).
+        """
+        with self._lock:
+            self._queue.extend(self.router.take_for(self.shard))
+            if not self._queue:
+                return
+            batch = list(self._queue)
+            req = pb.ReportEventsRequest(node_id=self.address.node_id,
+                                         events=[wire.node_event_pb(t.event) for t in batch])
+            resp = self.stub.ReportEvents(req, timeout=self.rpc_timeout_s)
+            if not resp.known:
+                log.warning("master %s does not know this node: registering again", self.master)
+                self.register()
+                resp = self.stub.ReportEvents(req, timeout=self.rpc_timeout_s)
+            del self._queue[:len(batch)]
+            results = []
+            for ticket, status in zip(batch, resp.statuses):
+                error = None
+                if status.code != pb.OK:
+                    error = error_for_code(status.code, status.message, key=ticket.event.key)
+                    if ticket.event.kind is EventKind.STORED:
+                        self.node.drop(ticket.event.key, ticket.event.object_id)
+                results.append((ticket, error))
+            self.node.events.resolve(results)
 
     def beat(self) -> None:
-        """One heartbeat: report per-tier stats and events, apply drop orders.
-
-        Events stay queued here until a heartbeat carrying them succeeds, so
-        the master sees each at least once and in order.
-        """
-        if self.owns is None:
-            self._unreported.extend(self.node.take_events())
+        """One heartbeat: report stats and copy results, apply drop orders, run copy orders."""
         now = time.monotonic()
         if self._stats is None or now - self._stats_at >= self.full_stats_interval_s:
             self._stats, self._stats_at = self.node.stats(), now
@@ -165,130 +217,129 @@ class NodeAgent:
             self._stats = self.node.refresh_usage(self._stats)
         stats = self._stats
         self._copied.extend(self.copier.take_results())
-        n = len(self._unreported)    # a sharded node appends from another thread meanwhile
         resp = self.stub.Heartbeat(pb.HeartbeatRequest(
             node_id=self.address.node_id, used_bytes=stats.used_bytes,
-            num_objects=stats.num_objects, events=[wire.node_event_pb(e) for e in self._unreported[:n]],
-            tiers=[wire.tier_stats_pb(t) for t in stats.tiers], counters=stats.counters, copied=self._copied),
+            num_objects=stats.num_objects, tiers=[wire.tier_stats_pb(t) for t in stats.tiers],
+            counters=stats.counters, copied=[wire.copy_result_pb(r) for r in self._copied]),
             timeout=self.rpc_timeout_s)
-        del self._unreported[:n]
         self._copied.clear()
-        for order in resp.copies:
-            self.copier.submit(order)
         if not resp.known:
             log.warning("master %s does not know this node: registering again", self.master)
-            self.register(take_events=self.owns is None)
+            self.register()
             return
+        for order in resp.copies:
+            self.copier.submit(wire.copy_order(order))
         for d in resp.drops:
             self.node.drop(d.key, d.object_id)
 
-    def _loop(self) -> None:
-        # Beat every interval, and soon after the node changed what it holds
-        # (evicted, demoted, promoted), so the index stops offering stale replicas.
-        while not self._stop.is_set():
-            self.node.events_ready.wait(self.interval_s)
-            if self._stop.is_set():
-                return
-            try:
-                self.beat()
-            except grpc.RpcError as exc:
-                log.warning("heartbeat failed: %s", exc.code())
-                self.failover()
-            self._stop.wait(self.min_beat_interval_s)
-
-
-class ShardedAgents:
-    """One :class:`NodeAgent` per master shard, each on its own heartbeat thread.
-
-    The node registers and heartbeats with every shard; each shard gets the
-    inventory items and events of the keys in its slot range, and sends back
-    drop orders and copy orders for its own keys. A shard that is down or
-    hung delays no other shard's heartbeats.
-
-    Args:
-        node: the object table.
-        address: how clients reach this node.
-        shard_map: the static map of master shards.
-    """
-
-    def __init__(self, node: StoreNode, address: pb.NodeAddress, shard_map: ShardMap,
-                 min_beat_interval_s: float = 0.02):
-        self.node = node
-        self.shard_map = shard_map
-        self.agents = [NodeAgent(node, address, r.addresses, min_beat_interval_s,
-                                 owns=self._owner(r.shard_id)) for r in shard_map.ranges]
-        self.min_beat_interval_s = min_beat_interval_s
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._loop, args=(a,), daemon=True,
-                                          name=f"heartbeat-{i}") for i, a in enumerate(self.agents)]
-
-    def _owner(self, shard_id: int):
-        shard_map = self.shard_map
-        return lambda key: shard_map.shard_for_key(key).shard_id == shard_id
-
-    def register(self, timeout_s: float = 10.0) -> None:
-        """Register with every shard (each must answer within ``timeout_s``)."""
-        self.node.take_events()
-        for agent in self.agents:
-            agent.register(timeout_s, take_events=False)
-
     def start(self) -> None:
-        for t in self._threads:
-            t.start()
+        self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        self.node.events_ready.set()
-        for t in self._threads:
-            t.join(timeout=5)
-        for agent in self.agents:
-            agent.copier.stop()
-            agent.channel.close()
+        self._ready.set()
+        self._thread.join(timeout=5)
+        self.copier.stop()
+        self.channel.close()
 
-    def _distribute(self) -> None:
-        """Hand the node's new events to the agents of the shards owning their keys."""
-        with self._lock:
-            events = self.node.take_events()
-            for agent in self.agents:
-                agent._unreported.extend(e for e in events if agent.owns(e.key))
-
-    def _loop(self, agent: NodeAgent) -> None:
+    def _loop(self) -> None:
+        # Deliver events as soon as they are appended (so the index stops
+        # offering stale replicas), beat every interval.
+        next_beat = 0.0
         while not self._stop.is_set():
-            self.node.events_ready.wait(agent.interval_s)
+            self._ready.wait(max(0.0, next_beat - time.monotonic()))
             if self._stop.is_set():
                 return
-            self._distribute()
+            self._ready.clear()
             try:
-                agent.beat()
+                self.deliver()
+                if time.monotonic() >= next_beat:
+                    self.beat()
+                    next_beat = time.monotonic() + self.interval_s
             except grpc.RpcError as exc:
-                log.warning("heartbeat to shard %s failed: %s", agent.master, exc.code())
-                agent.failover()
+                log.warning("master %s: %s", self.master, exc.code())
+                self.failover()
+                next_beat = time.monotonic() + self.min_beat_interval_s
+            except Exception:   # a bug: keep the node reporting, say so loudly
+                log.exception("node agent round with %s failed", self.master)
+                next_beat = time.monotonic() + self.interval_s
             self._stop.wait(self.min_beat_interval_s)
 
 
-def make_agent(node: StoreNode, address: pb.NodeAddress, seeds: tuple[str, ...],
-               timeout_s: float = 30.0) -> "NodeAgent | ShardedAgents":
-    """The node's link to the control plane: one agent, or one per shard.
+class Agents:
+    """The node's agents, one per master shard (each on its own thread).
 
-    Asks the ``seeds`` (one shard's masters) for the shard map, waiting up to
-    ``timeout_s`` for one to come up; a map with one shard of one master
-    keeps the plain single-master agent.
+    The node registers with every shard; each shard gets the inventory items
+    and events of the keys in its slot range, and sends back drop orders and
+    copy orders for its own keys. A shard that is down or hung delays no
+    other shard's reports.
     """
-    addrs = seeds
+
+    def __init__(self, node: StoreNode, address: NodeAddress, shard_map: ShardMap):
+        self.node = node
+        ranges = shard_map.ranges
+        sharded = len(ranges) > 1
+        index_of = {r.shard_id: i for i, r in enumerate(ranges)}
+
+        def shard_of(key: str) -> int:
+            return index_of[shard_map.shard_for_key(key).shard_id]
+
+        self.router = EventRouter(node.events, shard_of if sharded else None, len(ranges))
+        self.agents = [NodeAgent(node, address, r.addresses, self.router, i,
+                                 owns=(lambda k, i=i: shard_of(k) == i) if sharded else None)
+                       for i, r in enumerate(ranges)]
+
+    def register(self, timeout_s: float = 10.0) -> None:
+        """Register with every shard (each must answer within ``timeout_s``).
+
+        From here on writers waiting for STORED events deliver through
+        :meth:`deliver` (a write can arrive as soon as a shard knows the node).
+        """
+        self.node.events.set_delivery(self.deliver)
+        for agent in self.agents:
+            agent.register(timeout_s)
+
+    def start(self) -> None:
+        """Start each shard's loop (event deliveries and heartbeats)."""
+        for agent in self.agents:
+            agent.start()
+
+    def deliver(self) -> None:
+        """Deliver every shard's pending events now (failures stay queued and are logged)."""
+        for agent in self.agents:
+            try:
+                agent.deliver()
+            except grpc.RpcError as exc:
+                log.debug("event delivery to %s failed: %s", agent.master, exc.code())
+
+    def stop(self) -> None:
+        self.node.events.set_delivery(None)
+        for agent in self.agents:
+            agent.stop()
+
+
+def make_agent(node: StoreNode, address: NodeAddress, seeds: tuple[str, ...],
+               timeout_s: float = 30.0) -> Agents:
+    """The node's link to the control plane, from the shard map its ``seeds`` serve.
+
+    Asks the seeds (one shard's masters) for the shard map, waiting up to
+    ``timeout_s`` for one to come up.
+
+    Raises:
+        grpc.RpcError: no seed answered within ``timeout_s``.
+    """
     deadline = time.monotonic() + timeout_s
     for i in itertools.count():
-        with rpc.channel(addrs[i % len(addrs)]) as ch:
+        with rpc.channel(seeds[i % len(seeds)]) as ch:
             try:
                 msg = pb_grpc.MasterStub(ch).GetShardMap(
-                    pb.GetShardMapRequest(), timeout=timeout_s if len(addrs) == 1 else 1.0,
+                    pb.GetShardMapRequest(), timeout=timeout_s if len(seeds) == 1 else 1.0,
                     wait_for_ready=True)
                 break
             except grpc.RpcError:
                 if time.monotonic() > deadline:
                     raise
     shard_map = wire.shard_map(msg)
-    if len(shard_map.ranges) <= 1 and len(shard_map.ranges[0].addresses) == 1:
-        return NodeAgent(node, address, seeds)
-    log.info("shard map v%d: %d master shards", shard_map.version, len(shard_map.ranges))
-    return ShardedAgents(node, address, shard_map)
+    if len(shard_map.ranges) > 1:
+        log.info("shard map v%d: %d master shards", shard_map.version, len(shard_map.ranges))
+    return Agents(node, address, shard_map)

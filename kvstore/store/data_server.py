@@ -4,6 +4,15 @@ A connection owns the references and reservations it takes (SHM_ACQUIRE,
 SHM_ALLOC); when it closes, for any reason, they are released in
 ``finally`` so a crashed client never pins memory for good.
 
+A write (PUT, SHM_COMMIT) is acknowledged only once the node's master shard
+has applied its STORED event (:mod:`kvstore.store.events`): the reply waits
+in the connection's reply queue, in order, while the rest of a pipelined
+batch is read; before the queue is sent, the session delivers the pending
+events (one report for the batch, and for concurrent connections) and fails
+a write its master refused (NOT_FOUND: the put was revoked or timed out) or
+could not confirm within ``ack_timeout_s`` (UNAVAILABLE; the event stays
+queued, so the object may still become visible, or be refused and dropped).
+
 A frame may block its connection's thread for a bounded time: a put or a
 read of an object that is only on a slower tier waits for the node's mover
 to make room in DRAM (backpressure; see ``node.py``). A TCP GET whose object
@@ -27,6 +36,7 @@ import time
 
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.errors import Internal, InvalidArgument, KVStoreError, NotFound, Unavailable
+from kvstore.store.events import Ticket
 from kvstore.store.node import StoredObject, StoreNode
 from kvstore.store.tiers.base import TierIOError
 from kvstore.transfer.protocol import (REQUEST, RESPONSE, FrameReader, Op, send_gathered,
@@ -59,15 +69,18 @@ class DataServer:
             (its DRAM segment registered): connections may then ask for a
             queue pair with RDMA_CONNECT and move bytes one-sided. None: that
             op answers UNAVAILABLE.
+        ack_timeout_s: how long a write waits for its master to apply its
+            STORED event before it fails with UNAVAILABLE.
 
     Raises:
         OSError: an address is taken.
     """
 
     def __init__(self, node: StoreNode, host: str = "127.0.0.1", port: int = 0,
-                 local_address: str | None = None, rdma=None):
+                 local_address: str | None = None, rdma=None, ack_timeout_s: float = 2.0):
         self.node = node
         self.rdma = rdma
+        self.ack_timeout_s = ack_timeout_s
         self._listeners = [socket.create_server((host, port), backlog=128)]
         self.host = host
         self.port = self._listeners[0].getsockname()[1]
@@ -130,7 +143,7 @@ class DataServer:
             t.start()
 
     def _serve(self, conn: socket.socket) -> None:
-        session = _Session(self.node, conn, self.rdma, self._pollers)
+        session = _Session(self.node, conn, self.rdma, self._pollers, self.ack_timeout_s)
         try:
             session.run()
         except Unavailable:
@@ -165,12 +178,28 @@ class _Pollers:
             self._active -= 1
 
 
+class _Ack:
+    """A write's reply slot in a session's reply queue, filled once its STORED event
+    is resolved (see the module docstring)."""
+
+    __slots__ = ("ticket", "key", "object_id", "size_bytes", "checksum", "reply")
+
+    def __init__(self, ticket: Ticket, key: str, object_id: int, size_bytes: int, checksum: int):
+        self.ticket = ticket
+        self.key = key
+        self.object_id = object_id
+        self.size_bytes = size_bytes
+        self.checksum = checksum
+        self.reply = b""
+
+
 class _Session:
     """One client connection: its frame loop and what it holds."""
 
     def __init__(self, node: StoreNode, conn: socket.socket, rdma=None,
-                 pollers: "_Pollers | None" = None):
+                 pollers: "_Pollers | None" = None, ack_timeout_s: float = 2.0):
         self.node = node
+        self.ack_timeout_s = ack_timeout_s
         self.pollers = pollers or _Pollers(1)
         self.conn = conn
         self.rdma = rdma
@@ -182,8 +211,9 @@ class _Session:
         self.parent: str | None = None   # parent key of the frame being handled
         self.staging = bytearray()       # GET of an object DRAM had no room for
         self.out = bytearray()           # reply headers not sent yet (see _reply)
-        self.parts: list = []            # ... before them: headers and values, in order
+        self.parts: list = []            # ... before them: headers, values, _Acks, in order
         self.parts_bytes = 0
+        self.acks: list[_Ack] = []       # writes in parts waiting for their STORED event
         self.sending: list[StoredObject] = []   # referenced until their values are sent
         self.closing = False             # the stream cannot be trusted: answer, then close
         self.eager = False               # poll for the next request after answering
@@ -196,7 +226,8 @@ class _Session:
                     Op.PREFETCH: self._prefetch, Op.STATS: self._stats,
                     OP_RDMA_CONNECT: self._rdma_connect}
         while True:
-            if (self.out or self.parts) and self.reader.buffered() < REQUEST.size:
+            if (self.out or self.parts) and self.reader.buffered() < REQUEST.size and not (
+                    self.acks and self._more_requests()):
                 self._flush()   # no further request at hand: answer before blocking
                 if self.eager and self.pollers.take():
                     try:
@@ -251,15 +282,50 @@ class _Session:
         if self.parts_bytes >= _MAX_GATHER_BYTES or len(self.parts) >= _MAX_GATHER_PARTS:
             self._flush()
 
+    def _reply_stored(self, ticket: Ticket, obj: StoredObject) -> None:
+        """Queue a write's OK reply, sent once the master applied its STORED event."""
+        if self.out:
+            self.parts.append(bytes(self.out))
+            self.out = bytearray()
+        ack = _Ack(ticket, obj.key, obj.object_id, obj.size_bytes, obj.checksum)
+        self.parts.append(ack)
+        self.acks.append(ack)
+        if len(self.parts) >= _MAX_GATHER_PARTS:
+            self._flush()
+
+    def _more_requests(self) -> bool:
+        """Whether the next request of a pipelined batch is at hand already (no wait):
+        its write joins the same report to the master."""
+        self.reader.poll(REQUEST.size, 0.0)
+        return self.reader.buffered() >= REQUEST.size
+
+    def _settle_acks(self) -> None:
+        """Deliver the queued writes' events and turn each _Ack into its reply."""
+        acks, self.acks = self.acks, []
+        delivered = self.node.events.wait([a.ticket for a in acks], self.ack_timeout_s)
+        for ack in acks:
+            if ack.ticket.done and ack.ticket.error is None:
+                ack.reply = RESPONSE.pack(pb.OK, 0, 0, 0, ack.object_id, ack.size_bytes,
+                                          ack.checksum, 0, 0)
+                continue
+            err = ack.ticket.error or Unavailable(
+                f"the master did not confirm the write within {self.ack_timeout_s} s"
+                + ("" if delivered else " (unreachable)"), key=ack.key)
+            msg = str(err.message).encode()[:1024]
+            ack.reply = RESPONSE.pack(err.code, 0, len(msg), 0, 0, 0, 0, 0, 0) + msg
+
     def _reply_error(self, err: KVStoreError) -> None:
         msg = str(err.message).encode()[:1024]
         self.out += RESPONSE.pack(err.code, 0, len(msg), 0, 0, 0, 0, 0, 0) + msg
 
     def _flush(self) -> None:
+        if self.acks:
+            self._settle_acks()
         parts, self.parts, self.parts_bytes = self.parts, [], 0
         if self.out:
             parts.append(bytes(self.out))
             self.out = bytearray()
+        parts = [p.reply if type(p) is _Ack else p for p in parts]
         try:
             send_gathered(self.conn, parts)
         except OSError as exc:        # the client went away: not a node failure
@@ -289,8 +355,7 @@ class _Session:
         except BaseException:
             self.node.abort_write(obj)
             raise
-        self.node.commit_write(obj)
-        self._reply(object_id=object_id, size=size, checksum=checksum)
+        self._reply_stored(self.node.commit_write(obj), obj)
 
     def _get(self, key: str, object_id: int, _size: int, _checksum: int) -> None:
         # An object only on SSD (or GPU) is promoted to DRAM first; when DRAM has
@@ -333,8 +398,7 @@ class _Session:
         obj = self.writing.pop((key, object_id), None)
         if obj is None:
             raise NotFound("no reservation for this key on this connection", key=key)
-        self.node.commit_write(obj, checksum or None)
-        self._reply(object_id=object_id, size=obj.size_bytes, checksum=obj.checksum)
+        self._reply_stored(self.node.commit_write(obj, checksum or None), obj)
 
     def _shm_abort(self, key: str, object_id: int, _size: int, _checksum: int) -> None:
         obj = self.writing.pop((key, object_id), None)

@@ -40,9 +40,11 @@ An existence check never reaches the node: nothing is pinned or refreshed.
 When eviction cannot free what a tier needs, :meth:`StoreNode.stats` and the
 log say why (``eviction_blocked``), and a write gets NoSpace with the reason.
 
-Every change to what get can read from the node (demoted, promoted,
-evicted) is queued as an event for the master (:meth:`take_events`), and
-``events_ready`` is set so the node's agent reports it at once.
+Every change to what the node holds (stored, demoted, promoted, evicted) is
+appended to its event log (``events``, :mod:`kvstore.store.events`), which
+the node's agent delivers to the master in order; a commit returns the
+STORED event's ticket, and the data server acknowledges the write once the
+master applied it.
 
 Thread safety: every public method takes the node's lock (a Condition that
 waiters for room wait on); the data server calls them from one thread per
@@ -61,6 +63,7 @@ from typing import Sequence
 from kvstore.errors import ChecksumMismatch, InvalidArgument, NoSpace, NotFound, TooLarge
 from kvstore.keys import value_checksum
 from kvstore.store.eviction import make_policy
+from kvstore.store.events import EventLog, Ticket
 from kvstore.types import EventKind, NodeEvent
 from kvstore.store.mover import TierMover
 from kvstore.store.objects import ObjectState, StoredObject
@@ -116,8 +119,7 @@ class StoreNode(Tiering):
         self._doomed: set[StoredObject] = set()
         self._protected: dict[str, StoredObject] = {}     # prefetch lookahead in force
         self._prefetch_queue: dict[str, StoredObject] = {}  # to promote to DRAM, FIFO
-        self._events: list[NodeEvent] = []
-        self.events_ready = threading.Event()
+        self.events = EventLog()
         self.counters: dict[str, int] = dict.fromkeys((   # see kvstore/store/stats.py
             "puts", "gets", "drops", "checksum_errors", "evictions", "demotions",
             "demotion_failures", "evicted_no_room", "promotions", "promotion_failures",
@@ -192,13 +194,17 @@ class StoreNode(Tiering):
         """Where the writer puts the value (valid while ``obj`` is WRITING)."""
         return self.tier.view(obj.copies[0])
 
-    def commit_write(self, obj: StoredObject, checksum: int | None = None) -> None:
-        """Verify the checksum and make the object readable.
+    def commit_write(self, obj: StoredObject, checksum: int | None = None) -> Ticket:
+        """Verify the checksum and make the object readable here.
 
         Args:
             checksum: the value's checksum when it was not known at
                 :meth:`begin_write` (a value written part by part); None: the
                 one announced there.
+
+        Returns:
+            The ticket of the object's STORED event: the write is acknowledged
+            once it is resolved (the master made the object visible).
 
         Raises:
             ChecksumMismatch: the bytes are not what the writer announced;
@@ -225,7 +231,10 @@ class StoreNode(Tiering):
             obj.last_access_s = time.monotonic()
             self.levels[0].policy.on_insert(obj.key, obj.copies[0].reserved_bytes,
                                             obj.last_access_s, obj.parent)
+            # Before anything that may follow it (an inline eviction): events are ordered.
+            ticket = self._emit(EventKind.STORED, obj, TierKind.DRAM)
             self._after_growth_locked(0)
+            return ticket
 
     def abort_write(self, obj: StoredObject) -> None:
         """Give back the space of an unfinished write."""
@@ -372,11 +381,8 @@ class StoreNode(Tiering):
             return True
 
     def take_events(self) -> list[NodeEvent]:
-        """Changes not yet reported to the master, in order (see ``events``)."""
-        with self._cond:
-            events, self._events = self._events, []
-            self.events_ready.clear()
-            return events
+        """Changes not yet handed to a delivering agent, in order (see ``events``)."""
+        return [t.event for t in self.events.take()]
 
     def inventory(self) -> list[tuple[str, int, int, int]]:
         """(key, object_id, size_bytes, checksum) of every complete object."""
@@ -501,9 +507,9 @@ class StoreNode(Tiering):
         self.counters["evictions"] += 1
         self._emit(EventKind.EVICTED, obj, None)
 
-    def _emit(self, kind: EventKind, obj: StoredObject, tier: TierKind | None) -> None:
-        self._events.append(NodeEvent(kind, obj.key, obj.object_id, tier))
-        self.events_ready.set()
+    def _emit(self, kind: EventKind, obj: StoredObject, tier: TierKind | None) -> Ticket:
+        return self.events.append(NodeEvent(kind, obj.key, obj.object_id, tier, obj.size_bytes,
+                                            obj.checksum))
 
     def _release_locked(self, obj: StoredObject) -> None:
         if obj.refs <= 0:

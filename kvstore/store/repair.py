@@ -5,7 +5,8 @@ object has fewer live replicas than its put asked for. The node holding a
 live replica reads its own copy (holding a read reference while it copies,
 so the bytes cannot be evicted underneath) and writes it to the target over
 the ordinary TCP data plane, as a client put would; the result goes back to
-the master in the next heartbeat, which then adds the target as a replica.
+the master in the next heartbeat. The target reports the copy STORED like any
+put, which is what makes it a replica.
 
 Thread safety: orders are queued from the heartbeat thread and run on one
 copier thread; results are taken by the heartbeat thread under a lock.
@@ -17,11 +18,11 @@ import logging
 import queue
 import threading
 
-from kvstore._proto import kvstore_pb2 as pb
-from kvstore.errors import KVStoreError, to_status
+from kvstore.errors import KVStoreError
 from kvstore.store.node import StoreNode
 from kvstore.transfer.base import WriteItem
 from kvstore.transfer.tcp import NodeConnection, TcpTransport
+from kvstore.types import CopyOrder, CopyResult
 
 log = logging.getLogger(__name__)
 
@@ -37,16 +38,16 @@ class Copier:
     def __init__(self, node: StoreNode, timeout_s: float = 5.0):
         self.node = node
         self.timeout_s = timeout_s
-        self._orders: queue.Queue[pb.CopyOrder | None] = queue.Queue()
-        self._done: list[pb.CopyResult] = []
+        self._orders: queue.Queue[CopyOrder | None] = queue.Queue()
+        self._done: list[CopyResult] = []
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="copier", daemon=True)
         self._thread.start()
 
-    def submit(self, order: pb.CopyOrder) -> None:
+    def submit(self, order: CopyOrder) -> None:
         self._orders.put(order)
 
-    def take_results(self) -> list[pb.CopyResult]:
+    def take_results(self) -> list[CopyResult]:
         with self._lock:
             done, self._done = self._done, []
             return done
@@ -60,19 +61,18 @@ class Copier:
             order = self._orders.get()
             if order is None:
                 return
-            status = pb.Status(code=pb.OK)
+            error = ""
             try:
                 self.copy(order)
             except KVStoreError as err:
-                status = to_status(err)
+                error = f"{type(err).__name__}: {err}"
             except OSError as exc:
-                status = pb.Status(code=pb.UNAVAILABLE, message=str(exc))
+                error = f"unreachable: {exc}"
             with self._lock:
-                self._done.append(pb.CopyResult(key=order.key, object_id=order.object_id,
-                                                target_node_id=order.target.node_id,
-                                                status=status))
+                self._done.append(CopyResult(order.key, order.object_id, order.target.node_id,
+                                             error))
 
-    def copy(self, order: pb.CopyOrder) -> None:
+    def copy(self, order: CopyOrder) -> None:
         """Copy (key, object_id) to ``order.target``.
 
         Raises:

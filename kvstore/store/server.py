@@ -29,7 +29,6 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from kvstore._proto import kvstore_pb2 as pb
 from kvstore.errors import Unavailable
 from kvstore.process import announce_ready
 from kvstore.store.agent import make_agent
@@ -41,6 +40,7 @@ from kvstore.types import TierKind
 from kvstore.store.tiers.dram import DramTier
 from kvstore.transfer.protocol import local_address
 from kvstore.transfer.shm import host_id
+from kvstore.types import NodeAddress, NodeId
 
 log = logging.getLogger(__name__)
 
@@ -154,8 +154,7 @@ def run_node(cfg: NodeConfig) -> None:
             raise SystemExit(f"kvstore node: --rdma-device {cfg.rdma_device}: "
                              f"{exc.message}") from None
     server = DataServer(node, cfg.host, cfg.port, local_address(dram.name), rdma).start()
-    address = pb.NodeAddress(node_id=node_id, host=cfg.host, data_port=server.port,
-                             shm_name=dram.name, host_id=host_id())
+    address = NodeAddress(NodeId(node_id), cfg.host, server.port, dram.name, host_id())
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

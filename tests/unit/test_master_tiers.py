@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from kvstore._proto import kvstore_pb2 as pb
+from kvstore.errors import NotFound
 from kvstore.master.index import ObjectIndex
-from kvstore.master.membership import Membership
+from kvstore.master.membership import Membership, NodeHeartbeat
 from kvstore.shardmap import ShardMap
-from test_master_index import T0, all_drops, end, lookup_code, put, register, start
+from kvstore.types import EventKind, InventoryItem, NodeEvent, TierKind, TierStats
+from test_master_index import T0, all_drops, lookup_error, put, register, start, stored
 
 
 @pytest.fixture
@@ -22,44 +23,43 @@ def index() -> ObjectIndex:
     return ObjectIndex(membership, ShardMap.single("127.0.0.1:1"))
 
 
-def event(kind: int, key: str, object_id: int, tier: int = pb.TIER_UNSPECIFIED) -> pb.ReplicaEvent:
-    return pb.ReplicaEvent(kind=kind, key=key, object_id=object_id, tier=tier)
+def event(kind: EventKind, key: str, object_id: int, tier: TierKind | None = None) -> NodeEvent:
+    return NodeEvent(kind, key, object_id, tier)
 
 
-def tiers(index, key: str) -> dict[str, int]:
-    (res,) = index.lookup([key], T0).results
-    return {r.node.node_id: r.tier for r in res.meta.replicas}
+def tiers(index, key: str) -> dict[str, TierKind]:
+    (meta,) = index.lookup([key], T0)
+    return {r.node.node_id: r.tier for r in meta.replicas}
 
 
-def item(key: str, object_id: int, tier: int = pb.SSD, size: int = 100,
-         checksum: int = 7) -> pb.InventoryItem:
-    return pb.InventoryItem(key=key, object_id=object_id, size_bytes=size, checksum=checksum,
-                            tier=tier)
+def item(key: str, object_id: int, tier: TierKind = TierKind.SSD, size: int = 100,
+         checksum: int = 7) -> InventoryItem:
+    return InventoryItem(key, object_id, size, checksum, tier)
 
 
 def test_events_move_the_replica_tier(index):
     r = put(index, "k")
     node = r.targets[0].node_id
-    assert tiers(index, "k") == {node: pb.DRAM}
-    index.node_event(node, event(pb.DEMOTED, "k", r.object_id, pb.SSD))
-    assert tiers(index, "k") == {node: pb.SSD}
-    assert index.list("", "", 10).objects[0].replicas[0].tier == pb.SSD
-    index.node_event(node, event(pb.PROMOTED, "k", r.object_id, pb.DRAM))
-    assert tiers(index, "k") == {node: pb.DRAM}
-    index.node_event(node, event(pb.DEMOTED, "k", r.object_id + 1, pb.SSD))   # another version
-    assert tiers(index, "k") == {node: pb.DRAM}
-    index.node_event(node, event(pb.EVICTED, "k", r.object_id))
-    assert lookup_code(index, "k") == pb.NOT_FOUND and index.exists(["k"]) == [False]
+    assert tiers(index, "k") == {node: TierKind.DRAM}
+    index.node_event(node, event(EventKind.DEMOTED, "k", r.object_id, TierKind.SSD))
+    assert tiers(index, "k") == {node: TierKind.SSD}
+    assert index.list("", "", 10)[0][0].replicas[0].tier is TierKind.SSD
+    index.node_event(node, event(EventKind.PROMOTED, "k", r.object_id, TierKind.DRAM))
+    assert tiers(index, "k") == {node: TierKind.DRAM}
+    index.node_event(node, event(EventKind.DEMOTED, "k", r.object_id + 1, TierKind.SSD))  # another version
+    assert tiers(index, "k") == {node: TierKind.DRAM}
+    index.node_event(node, event(EventKind.EVICTED, "k", r.object_id))
+    assert lookup_error(index, "k") is NotFound and index.exists(["k"]) == [False]
     assert (index.counters["replicas_demoted"], index.counters["replicas_promoted"],
             index.counters["replicas_evicted"]) == (1, 1, 1)
 
 
-def test_a_demotion_that_overtakes_put_end_is_kept(index):
+def test_a_demotion_right_after_the_store_is_kept(index):
     r = start(index, "k")
     node = r.targets[0].node_id
-    index.node_event(node, event(pb.DEMOTED, "k", r.object_id, pb.SSD))
-    assert end(index, "k", r).code == pb.OK
-    assert tiers(index, "k") == {node: pb.SSD}
+    assert stored(index, "k", r) == [None]
+    index.node_event(node, event(EventKind.DEMOTED, "k", r.object_id, TierKind.SSD))
+    assert tiers(index, "k") == {node: TierKind.SSD}
 
 
 def test_inventory_forgets_dram_and_keeps_ssd(index):
@@ -68,23 +68,42 @@ def test_inventory_forgets_dram_and_keeps_ssd(index):
     # n0 restarts: only "a" survived (on its SSD); "c" was only in DRAM.
     lost, indexed = index.sync_node_inventory("n0", [item("a", a.object_id)], T0)
     assert (lost, indexed) == (1, 0)
-    assert tiers(index, "a") == {"n0": pb.SSD}
-    assert lookup_code(index, "c") == pb.NOT_FOUND and index.exists(["a", "b", "c"]) == [
+    assert tiers(index, "a") == {"n0": TierKind.SSD}
+    assert lookup_error(index, "c") is NotFound and index.exists(["a", "b", "c"]) == [
         True, True, False]
     assert index.sync_node_inventory("n0", [], T0) == (1, 0)      # and now nothing at all
-    assert lookup_code(index, "a") == pb.NOT_FOUND
+    assert lookup_error(index, "a") is NotFound
 
 
 def test_inventory_indexes_unknown_objects_and_bumps_ids(index):
-    lost, indexed = index.sync_node_inventory("n0", [item("x", 500), item("y", 7, pb.DRAM)], T0)
+    lost, indexed = index.sync_node_inventory(
+        "n0", [item("x", 500), item("y", 7, TierKind.DRAM)], T0)
     assert (lost, indexed) == (0, 2) and index.counters["reindexed"] == 2
-    assert tiers(index, "x") == {"n0": pb.SSD} and tiers(index, "y") == {"n0": pb.DRAM}
-    (res,) = index.lookup(["x"], T0).results
-    assert (res.meta.object_id, res.meta.size_bytes, res.meta.checksum) == (500, 100, 7)
+    assert tiers(index, "x") == {"n0": TierKind.SSD} and tiers(index, "y") == {"n0": TierKind.DRAM}
+    (meta,) = index.lookup(["x"], T0)
+    assert (meta.object_id, meta.size_bytes, meta.checksum) == (500, 100, 7)
     assert put(index, "z").object_id > 500                 # never reuses an announced id
     # The same object announced by a second node: one more replica.
     index.sync_node_inventory("n1", [item("x", 500)], T0)
-    assert tiers(index, "x") == {"n0": pb.SSD, "n1": pb.SSD}
+    assert tiers(index, "x") == {"n0": TierKind.SSD, "n1": TierKind.SSD}
+
+
+def test_inventory_completes_a_put_whose_report_it_replaces(index):
+    r = start(index, "k")
+    node = r.targets[0].node_id
+    # The node re-registers before its STORED event was delivered: the inventory has it.
+    index.sync_node_inventory(node, [item("k", r.object_id, TierKind.DRAM)], T0)
+    assert tiers(index, "k") == {node: TierKind.DRAM}
+    assert index.stat().pending_puts == 0 and index.counters["puts"] == 1
+    assert stored(index, "k", r) == [None]                 # the replayed event: a no-op
+
+
+def test_inventory_without_a_pending_put_gives_its_target_up(index):
+    r = start(index, "k")
+    node = r.targets[0].node_id
+    index.sync_node_inventory(node, [], T0)               # lost in a restart
+    assert "k" not in index.entries                       # no target left: the put is gone
+    assert all(n.reserved_bytes == 0 for n in index.membership.nodes.values())
 
 
 def test_inventory_of_a_replaced_or_removed_version_is_dropped(index):
@@ -97,20 +116,18 @@ def test_inventory_of_a_replaced_or_removed_version_is_dropped(index):
     # Removed while its node was away: the drop order stands, the object stays gone.
     r = put(index, "gone")
     node = r.targets[0].node_id
-    assert index.remove(["gone"], "remove").statuses[0].code == pb.OK
+    assert index.remove(["gone"]) == [None]
     register(index.membership, node)                       # the node comes back ...
     index.sync_node_inventory(node, [item("gone", r.object_id)], T0)   # ... with it on SSD
-    assert lookup_code(index, "gone") == pb.NOT_FOUND
+    assert lookup_error(index, "gone") is NotFound
     assert ("gone", r.object_id) in all_drops(index)[node]
 
 
 def test_stat_carries_tiers_and_node_counters(index):
-    index.membership.heartbeat(pb.HeartbeatRequest(
-        node_id="n0", used_bytes=5, tiers=[pb.TierStat(tier=pb.DRAM, capacity_bytes=10,
-                                                       used_bytes=5, free_bytes=5),
-                                           pb.TierStat(tier=pb.SSD, capacity_bytes=40,
-                                                       used_bytes=0, free_bytes=40)],
+    index.membership.heartbeat(NodeHeartbeat(
+        "n0", used_bytes=5, num_objects=0,
+        tiers=(TierStats(TierKind.DRAM, 10, 5, 5), TierStats(TierKind.SSD, 40, 0, 40)),
         counters={"demotions": 3}), T0)
     by_id = {n.address.node_id: n for n in index.stat().nodes}
-    assert [t.tier for t in by_id["n0"].tiers] == [pb.DRAM, pb.SSD]
+    assert [t.kind for t in by_id["n0"].tiers] == [TierKind.DRAM, TierKind.SSD]
     assert by_id["n0"].counters["demotions"] == 3

@@ -8,6 +8,7 @@ from kvstore.errors import NoSpace
 from kvstore.keys import value_checksum
 from kvstore.store.node import StoreNode
 from kvstore.store.tiers.dram import DramTier
+from kvstore.types import EventKind
 
 KiB = 1024
 CAPACITY = 64 * KiB
@@ -20,6 +21,11 @@ def node(request):
         yield StoreNode(tier, policy=request.param, high_watermark=0.9, low_watermark=0.5)
     finally:
         tier.close()
+
+
+def evictions(node) -> list:
+    """The node's EVICTED events since the last take (every write also reports STORED)."""
+    return [e for e in node.take_events() if e.kind is EventKind.EVICTED]
 
 
 def write(node, key, data, object_id, parent=None):
@@ -36,6 +42,8 @@ def test_full_node_evicts_and_reports_events(node):
         assert st.used_bytes + st.free_bytes == CAPACITY
         assert st.used_bytes <= 0.9 * CAPACITY
     events = node.take_events()
+    assert [e.key for e in events if e.kind is EventKind.STORED] == [f"k{i}" for i in range(40)]
+    events = [e for e in events if e.kind is EventKind.EVICTED]
     assert len(events) == 40 - node.stats().num_objects
     assert node.stats().evictions == len(events)
     resident = {k for k, *_ in node.inventory()}
@@ -50,7 +58,7 @@ def test_object_being_read_is_never_evicted(node):
     for i in range(30):
         write(node, f"k{i}", bytes([i]) * (8 * KiB), object_id=i + 2)
     assert bytes(node.read_view(reader)) == b"h" * (8 * KiB)
-    assert "held" not in {e.key for e in node.take_events()}
+    assert "held" not in {e.key for e in evictions(node)}
     node.release(reader)
     assert held.refs == 0
 
@@ -79,7 +87,7 @@ def test_default_policy_evicts_a_chain_tail_before_its_head():
         for i in range(8):                       # the request reads head to tail
             node.release(node.acquire(f"c{i}"))
         write(node, "other", b"o" * (8 * KiB), object_id=100)
-        (evicted,) = [e.key for e in node.take_events()]
+        (evicted,) = [e.key for e in evictions(node)]
         assert evicted == "c7"                   # the tail, not the head
     finally:
         tier.close()

@@ -1,0 +1,75 @@
+"""Re-replication: bringing objects back to the number of replicas their put asked for.
+
+When a node dies, the objects it held have fewer live replicas. Each
+maintenance round the master orders, for each such object, one copy from
+a node holding a live replica to a live node holding none (most free space
+first, not quarantined); the order travels in the source's next heartbeat
+reply, the source copies over the data plane (kvstore/store/repair.py), the
+target reports the copy STORED like any put (which makes it a replica), and
+the source reports the order done. At most one
+copy per object is in flight; one unanswered within ``timeout_ms`` is
+given up and planned again.
+
+Thread safety: owned by the master's event loop, like the index.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from kvstore.master.counters import MasterCounter as C
+from kvstore.master.index import ObjectIndex
+from kvstore.types import CopyOrder, CopyResult
+
+log = logging.getLogger(__name__)
+
+
+class RepairPlanner:
+    """Plans repair copies over one shard's index and membership.
+
+    Args:
+        index: the shard's index (its membership is the index's).
+        timeout_ms: a copy unanswered this long is given up.
+        max_orders: copies ordered per round at most.
+    """
+
+    def __init__(self, index: ObjectIndex, timeout_ms: int = 10_000, max_orders: int = 64):
+        self.index = index
+        self.timeout_ms = timeout_ms
+        self.max_orders = max_orders
+
+    def plan(self, now_ms: int) -> int:
+        """Order copies for under-replicated objects; returns the number ordered."""
+        membership = self.index.membership
+        ordered = 0
+        for entry, live in self.index.under_replicated(now_ms):
+            if ordered >= self.max_orders:
+                break
+            held = set(entry.replicas)
+            targets = [n for n in membership.healthy_nodes(now_ms)
+                       if n.node_id not in held and n.max_object_bytes >= entry.size_bytes
+                       and n.free_bytes >= entry.size_bytes]
+            if not targets:
+                continue
+            target = max(targets, key=lambda n: (n.free_bytes, n.node_id))
+            membership.order_copy(live[0], CopyOrder(entry.key, entry.object_id, target.address))
+            membership.reserve(target.node_id, entry.size_bytes)
+            entry.repair_target = target.node_id
+            entry.repair_deadline_ms = now_ms + self.timeout_ms
+            self.index.counters[C.REPAIRS_ORDERED] += 1
+            ordered += 1
+        return ordered
+
+    def done(self, result: CopyResult) -> None:
+        """A node reports a repair copy done (its target's STORED made it a replica) or failed."""
+        index, membership = self.index, self.index.membership
+        entry = index.entries.get(result.key)
+        membership.unreserve(result.target_node_id, entry.size_bytes if entry is not None else 0)
+        if entry is None or entry.object_id != result.object_id:
+            return                    # removed or replaced meanwhile; the target refused it
+        if entry.repair_target == result.target_node_id:
+            entry.repair_target = None
+        if result.error:
+            index.counters[C.REPAIR_FAILURES] += 1
+            log.warning("repair copy of %s to %s failed: %s", result.key,
+                        result.target_node_id, result.error)

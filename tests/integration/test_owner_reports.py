@@ -1,0 +1,95 @@
+"""The node that holds the bytes makes an object visible (issue: the owner of the bytes reports).
+
+A node acknowledges a write only once its master shard applied the node's
+STORED event, so a returned put is visible to every reader at once; a write
+the master never placed is refused and dropped; a write whose master does
+not answer fails with Unavailable and its event stays queued.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import grpc
+import pytest
+
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.client import KVClient, NotFound
+from kvstore.keys import value_checksum
+from kvstore.transfer.protocol import Op
+from kvstore.transfer.tcp import NodeConnection
+from kvtest import cluster_running, wait_for
+
+
+@pytest.fixture(scope="module")
+def owner(tmp_path_factory):
+    with cluster_running(str(tmp_path_factory.mktemp("owner-logs")), num_nodes=1) as running:
+        yield running
+
+
+def node_conn(cluster) -> NodeConnection:
+    host, port = cluster.nodes["n0"].address.rsplit(":", 1)
+    return NodeConnection(host, int(port), timeout_s=10)
+
+
+def put_start(master: str, key: str, value: bytes) -> int:
+    with grpc.insecure_channel(master) as ch:
+        (r,) = pb_grpc.MasterStub(ch).PutStart(pb.PutStartRequest(items=[pb.PutStartItem(
+            key=key, size_bytes=len(value), checksum=value_checksum(value))]), timeout=5).results
+    assert r.status.code == pb.OK
+    return r.object_id
+
+
+def test_a_returned_put_is_visible_to_every_other_reader(owner, transport):
+    with KVClient(owner.master, prefer_shm=transport == "shm") as writer, \
+            KVClient(owner.master, meta_cache_entries=0) as reader:
+        keys = [f"vis-{transport}/{i}" for i in range(40)]
+        for i, k in enumerate(keys):
+            assert writer.put(k, b"v%d" % i) is True
+            assert reader.batch_exists([k]) == [True]         # no wait, no retry
+            assert reader.get(k) == b"v%d" % i
+        assert writer.batch_put([k + "/b" for k in keys], [b"x"] * len(keys)) == [None] * len(keys)
+        assert all(reader.batch_exists([k + "/b" for k in keys]))
+
+
+def test_a_write_the_master_never_placed_is_refused_and_dropped(owner):
+    conn = node_conn(owner)
+    try:
+        value = b"forged"
+        conn.send(Op.PUT, "forged/k", 999_999_999, len(value), value_checksum(value),
+                  memoryview(value))
+        code, *_rest, msg = conn.recv_header()
+        assert code == pb.NOT_FOUND, msg
+        conn.send(Op.GET, "forged/k", 999_999_999)
+        code, *_ = conn.recv_header()
+        assert code == pb.NOT_FOUND                        # the node dropped it
+    finally:
+        conn.close()
+    with KVClient(owner.master) as kv:
+        assert kv.batch_exists(["forged/k"]) == [False]
+        with pytest.raises(NotFound):
+            kv.get("forged/k")
+
+
+def test_a_write_whose_master_is_stopped_fails_then_lands_when_it_returns(owner):
+    value = b"late" * 100
+    oid = put_start(owner.master, "late/k", value)
+    master = owner.procs.child("master0").proc
+    conn = node_conn(owner)
+    os.kill(master.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        conn.send(Op.PUT, "late/k", oid, len(value), value_checksum(value), memoryview(value))
+        code, *_rest, msg = conn.recv_header()
+        assert code == pb.UNAVAILABLE, msg
+        assert time.monotonic() - t0 < 6                   # bounded: the node's ack timeout
+    finally:
+        os.kill(master.pid, signal.SIGCONT)
+        conn.close()
+    # The STORED event stayed queued (at least once): the put lands after all.
+    with KVClient(owner.master, meta_cache_entries=0) as kv:
+        wait_for(lambda: kv.batch_exists(["late/k"]) == [True], timeout_s=10)
+        assert kv.get("late/k") == value
