@@ -64,7 +64,7 @@ from kvstore.store.eviction import make_policy
 from kvstore.types import EventKind, NodeEvent
 from kvstore.store.mover import TierMover
 from kvstore.store.objects import ObjectState, StoredObject
-from kvstore.store.stats import NodeStats, TierStats
+from kvstore.store.stats import NodeCounter, NodeStats, TierStats, counters_by_name
 from kvstore.store.tiering import DEFAULT_WATERMARKS, Tiering, TierLevel
 from kvstore.store.tiers.base import ObjectRecord, Tier
 from kvstore.types import TierKind
@@ -118,11 +118,8 @@ class StoreNode(Tiering):
         self._prefetch_queue: dict[str, StoredObject] = {}  # to promote to DRAM, FIFO
         self._events: list[NodeEvent] = []
         self.events_ready = threading.Event()
-        self.counters: dict[str, int] = dict.fromkeys((   # see kvstore/store/stats.py
-            "puts", "gets", "drops", "checksum_errors", "evictions", "demotions",
-            "demotion_failures", "evicted_no_room", "promotions", "promotion_failures",
-            "prefetch_requests", "prefetches", "prefetch_used", "prefetch_wasted", "pins",
-            "unpins", "recovered"), 0)
+        # Keyed by NodeCounter (str-valued: ``counters["puts"]`` reads it too).
+        self.counters: dict[NodeCounter, int] = dict.fromkeys(NodeCounter, 0)
         self._recover()
         self.mover: TierMover | None = None
         if len(self.levels) > 1:
@@ -210,7 +207,7 @@ class StoreNode(Tiering):
             if checksum is not None and obj.state is ObjectState.WRITING:
                 obj.checksum = checksum
             if actual != obj.checksum:
-                self.counters["checksum_errors"] += 1
+                self.counters[NodeCounter.CHECKSUM_ERRORS] += 1
                 self._retire(obj)
                 self._release_locked(obj)
                 raise ChecksumMismatch(f"checksum {actual:#x} != announced {obj.checksum:#x}",
@@ -221,7 +218,7 @@ class StoreNode(Tiering):
                 raise NotFound("object was dropped while being written", key=obj.key)
             obj.state = ObjectState.COMPLETE
             self._release_locked(obj)
-            self.counters["puts"] += 1
+            self.counters[NodeCounter.PUTS] += 1
             obj.last_access_s = time.monotonic()
             self.levels[0].policy.on_insert(obj.key, obj.copies[0].reserved_bytes,
                                             obj.last_access_s, obj.parent)
@@ -305,7 +302,7 @@ class StoreNode(Tiering):
                 obj.soft_pin_until_s = max(obj.soft_pin_until_s, time.monotonic() + ttl_ms / 1000)
             else:
                 obj.hard_pins += 1
-            self.counters["pins"] += 1
+            self.counters[NodeCounter.PINS] += 1
 
     def unpin(self, key: str, object_id: int = 0, soft: bool = False) -> bool:
         """Drop one hard pin, or (``soft``) the soft pin. Returns whether one was held.
@@ -321,7 +318,7 @@ class StoreNode(Tiering):
             else:
                 held = obj.hard_pins > 0
                 obj.hard_pins = max(0, obj.hard_pins - 1)
-            self.counters["unpins"] += held
+            self.counters[NodeCounter.UNPINS] += held
             self._after_growth_locked(0)
             return held
 
@@ -341,9 +338,9 @@ class StoreNode(Tiering):
         with self._cond:
             obj = self._complete_locked(key, object_id)
             now = time.monotonic()
-            self.counters["prefetch_requests"] += 1
+            self.counters[NodeCounter.PREFETCH_REQUESTS] += 1
             if key not in self._protected:
-                self.counters["prefetches"] += 1
+                self.counters[NodeCounter.PREFETCHES] += 1
                 self._protected[key] = obj
             obj.protect_until_s = max(obj.protect_until_s, now + deadline_ms / 1000)
             for level, extent in enumerate(obj.copies):
@@ -368,7 +365,7 @@ class StoreNode(Tiering):
             if obj is None or (object_id and obj.object_id != object_id):
                 return False
             self._retire(obj)
-            self.counters["drops"] += 1
+            self.counters[NodeCounter.DROPS] += 1
             return True
 
     def take_events(self) -> list[NodeEvent]:
@@ -408,9 +405,9 @@ class StoreNode(Tiering):
                 num_referenced=sum(o.refs > 0 and o.state is ObjectState.COMPLETE for o in objs),
                 num_doomed=len(self._doomed),
                 num_evictable=sum(self._can_give_up(0, o, True, now) for o in objs),
-                evictions=self.counters["evictions"],
+                evictions=self.counters[NodeCounter.EVICTIONS],
                 tiers=tiers,
-                counters=dict(self.counters),
+                counters=counters_by_name(self.counters),
             )
 
     def refresh_usage(self, stats: NodeStats) -> NodeStats:
@@ -425,8 +422,8 @@ class StoreNode(Tiering):
                 num_objects=len(lv.policy)) for t, lv in zip(stats.tiers, self.levels))
             return dataclasses.replace(
                 stats, used_bytes=self.tier.used_bytes, free_bytes=self.tier.free_bytes,
-                num_objects=len(self._objects), evictions=self.counters["evictions"],
-                tiers=tiers, counters=dict(self.counters))
+                num_objects=len(self._objects), evictions=self.counters[NodeCounter.EVICTIONS],
+                tiers=tiers, counters=counters_by_name(self.counters))
 
     def _tier_stats_locked(self, level: int, objs: list[StoredObject], now: float) -> TierStats:
         lv = self.levels[level]
@@ -486,7 +483,7 @@ class StoreNode(Tiering):
         for level, extent in enumerate(obj.copies):
             if extent is not None:
                 self.levels[level].policy.on_access(obj.key, obj.last_access_s)
-        self.counters["gets"] += 1
+        self.counters[NodeCounter.GETS] += 1
         if obj.key in self._protected and self._protected[obj.key] is obj:
             self._end_protection_locked(obj, used=True)
 
@@ -494,11 +491,11 @@ class StoreNode(Tiering):
         self._protected.pop(obj.key, None)
         self._prefetch_queue.pop(obj.key, None)
         obj.protect_until_s = 0.0
-        self.counters["prefetch_used" if used else "prefetch_wasted"] += 1
+        self.counters[NodeCounter.PREFETCH_USED if used else NodeCounter.PREFETCH_WASTED] += 1
 
     def _evict_locked(self, obj: StoredObject) -> None:
         self._retire(obj)
-        self.counters["evictions"] += 1
+        self.counters[NodeCounter.EVICTIONS] += 1
         self._emit(EventKind.EVICTED, obj, None)
 
     def _emit(self, kind: EventKind, obj: StoredObject, tier: TierKind | None) -> None:
@@ -556,7 +553,7 @@ class StoreNode(Tiering):
                 self._objects[record.key] = obj
                 lv.policy.on_insert(record.key, extent.reserved_bytes, obj.last_access_s,
                                     record.parent)
-                self.counters["recovered"] += 1
-            if self.counters["recovered"]:
-                log.info("recovered %d object(s) from %s", self.counters["recovered"],
+                self.counters[NodeCounter.RECOVERED] += 1
+            if self.counters[NodeCounter.RECOVERED]:
+                log.info("recovered %d object(s) from %s", self.counters[NodeCounter.RECOVERED],
                          lv.tier.kind.name)

@@ -41,6 +41,7 @@ from kvstore.store.eviction import EvictionPolicy
 from kvstore.types import EventKind
 from kvstore.store.mover import run_moves
 from kvstore.store.objects import Move, ObjectState, StoredObject
+from kvstore.store.stats import NodeCounter
 from kvstore.store.tiers.base import Extent, ObjectRecord, Tier
 from kvstore.types import TierKind
 
@@ -228,7 +229,7 @@ class Tiering:
                 else:
                     target = self._place_below_locked(obj, level)
                     if target is None:
-                        self.counters["evicted_no_room"] += 1
+                        self.counters[NodeCounter.EVICTED_NO_ROOM] += 1
                         self._evict_locked(obj)
                     else:
                         obj.refs += 1
@@ -322,7 +323,7 @@ class Tiering:
             if alloc is None and wait_s > 0:
                 alloc = self._wait_for_room_locked(0, obj.record, wait_s)
             if alloc is None:
-                self.counters["promotion_failures"] += 1
+                self.counters[NodeCounter.PROMOTION_FAILURES] += 1
                 raise NoSpace(self._no_space_message(0, obj.size_bytes), key=obj.key)
             move = Move(obj, obj.best_level(), 0, alloc)
             with self._unlocked():
@@ -341,7 +342,7 @@ class Tiering:
         if obj.doomed or not move.ok:
             self.tier.free(move.dst_extent)
             if not obj.doomed:
-                self.counters["promotion_failures"] += 1
+                self.counters[NodeCounter.PROMOTION_FAILURES] += 1
                 log.error("promotion of %s from %s failed: %s; object evicted", obj.key,
                           self.levels[move.src_level].tier.kind.name, move.error)
                 self._evict_locked(obj)
@@ -349,7 +350,7 @@ class Tiering:
             obj.copies[0] = move.dst_extent
             self.levels[0].policy.on_insert(obj.key, move.dst_extent.reserved_bytes,
                                             max(obj.last_access_s, time.monotonic()), obj.parent)
-            self.counters["promotions"] += 1
+            self.counters[NodeCounter.PROMOTIONS] += 1
             self._emit(EventKind.PROMOTED, obj, TierKind.DRAM)
         self._release_locked(obj)
 
@@ -361,7 +362,7 @@ class Tiering:
             dst.tier.free(move.dst_extent)
             if not move.ok and not obj.doomed:
                 # Not durable below: the object is evicted, not offloaded.
-                self.counters["demotion_failures"] += 1
+                self.counters[NodeCounter.DEMOTION_FAILURES] += 1
                 log.warning("demotion of %s to %s failed (%s): evicted", obj.key,
                             dst.tier.kind.name, move.error)
                 if obj.refs == 1:
@@ -370,7 +371,7 @@ class Tiering:
             obj.copies[move.dst_level] = move.dst_extent
             dst.policy.on_insert(obj.key, move.dst_extent.reserved_bytes, obj.last_access_s,
                                  obj.parent)
-            self.counters["demotions"] += 1
+            self.counters[NodeCounter.DEMOTIONS] += 1
             # Someone may have started reading, pinned or prefetched it meanwhile:
             # then the faster copy stays too, and a later round drops it for free.
             if (obj.refs == 1 and obj.hard_pins == 0
