@@ -24,8 +24,9 @@ from kvstore import rpc, wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.shardmap import ShardMap
-from kvstore.store.node import NodeStats, StoreNode
+from kvstore.store.node import StoreNode
 from kvstore.store.repair import Copier
+from kvstore.store.stats import NodeStats
 
 log = logging.getLogger(__name__)
 
