@@ -2,7 +2,7 @@
 
 The node owns its memory. Objects are written once and then immutable; a
 reader holds a reference for as long as it reads, and memory with a
-reference is never freed or reused (the references: ``table.py``)::
+reference is never freed or reused (the reference rules: ``table.py``)::
 
     begin_write --> WRITING --commit_write (checksum ok)--> COMPLETE --drop / evict--> doomed
          |                                                     |                          |
@@ -40,13 +40,11 @@ which is the node's backpressure. A node without slower tiers evicts inline,
 under the lock, as there is nothing to copy.
 
 Eviction never takes, at any tier, what
-:meth:`~kvstore.store.objects.StoredObject.can_give_up` refuses: objects
-being read, written or moved, hard-pinned objects, objects protected by
-queue lookahead (``prefetch``) until their first read or their deadline;
-soft pins (with a TTL) go last. An existence check never reaches the node:
-nothing is pinned or refreshed. When eviction cannot free what a tier needs,
-:meth:`StoreNode.stats` and the log say why (``eviction_blocked``), and a
-write gets NoSpace with the reason.
+:meth:`~kvstore.store.objects.StoredObject.can_give_up` refuses (a
+reference, a hard pin, queue lookahead); soft pins (with a TTL) go last.
+An existence check never reaches the node: nothing is pinned or refreshed.
+When eviction cannot free what a tier needs, :meth:`StoreNode.stats` and the
+log say why (``eviction_blocked``), and a write gets NoSpace with the reason.
 
 Every change to what get can read from the node (demoted, promoted,
 evicted) is queued as an event for the master (:meth:`StoreNode.take_events`),
@@ -249,10 +247,7 @@ class StoreNode:
             NoSpace: ``require_dram`` and no room in DRAM for the promotion.
         """
         with self._table.cond:
-            obj = self._table.objects.get(key)
-            if obj is None or obj.state is not ObjectState.COMPLETE or (
-                    object_id and obj.object_id != object_id):
-                raise NotFound("not on this node", key=key)
+            obj = self._complete_locked(key, object_id)
             obj.refs += 1
             self._note_read_locked(obj)
             if obj.copies[0] is not None:

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Iterator
+from typing import Generator
 
 from kvstore.errors import NoSpace, NotFound
 from kvstore.store.mover import TierMover, run_moves
@@ -299,7 +299,7 @@ class Tiering:
                 f"largest {tier.largest_free_bytes()} B) and {why}")
 
     # ================================================================ internals (lock held)
-    def _victims(self, level: int, now: float) -> Iterator[StoredObject]:
+    def _victims(self, level: int, now: float) -> Generator[StoredObject, None, None]:
         """Candidate objects at ``level`` in eviction order: unpinned first, then soft-pinned.
 
         Lazy: the caller drops each yielded copy (or plans its move) before
