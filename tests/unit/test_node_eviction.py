@@ -35,7 +35,9 @@ def test_full_node_evicts_and_reports_events(node):
         st = node.stats()
         assert st.used_bytes + st.free_bytes == CAPACITY
         assert st.used_bytes <= 0.9 * CAPACITY
+    assert node.events_ready.is_set()
     events = node.take_events()
+    assert not node.events_ready.is_set()
     assert len(events) == 40 - node.stats().num_objects
     assert node.stats().evictions == len(events)
     resident = {k for k, *_ in node.inventory()}
