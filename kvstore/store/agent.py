@@ -39,8 +39,9 @@ from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.errors import error_for_code
 from kvstore.shardmap import ShardMap
 from kvstore.store.events import EventLog, Ticket
-from kvstore.store.node import NodeStats, StoreNode
+from kvstore.store.node import StoreNode
 from kvstore.store.repair import Copier
+from kvstore.store.stats import NodeStats
 from kvstore.types import EventKind, InventoryItem, NodeAddress
 
 log = logging.getLogger(__name__)

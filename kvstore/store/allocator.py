@@ -126,11 +126,6 @@ class OffsetAllocator:
         return self._capacity_bytes
 
     @property
-    def alignment(self) -> int:
-        """Offset alignment and size granularity, in bytes."""
-        return self._alignment
-
-    @property
     def used_bytes(self) -> int:
         """Bytes reserved by live allocations (sum of ``reserved_bytes``)."""
         return self._used_bytes

@@ -37,7 +37,8 @@ import time
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.errors import Internal, InvalidArgument, KVStoreError, NotFound, Unavailable
 from kvstore.store.events import Ticket
-from kvstore.store.node import StoredObject, StoreNode
+from kvstore.store.node import StoreNode
+from kvstore.store.objects import StoredObject
 from kvstore.store.tiers.base import TierIOError
 from kvstore.transfer.protocol import (REQUEST, RESPONSE, FrameReader, Op, send_gathered,
                                        tune_socket)

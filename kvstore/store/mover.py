@@ -15,9 +15,13 @@ round::
 It runs when woken (a tier passed its high watermark, a writer waits for
 room, a prefetch was queued) and every ``interval_s`` otherwise.
 
-Thread safety: the mover owns no table state; it calls the node's public
-mover-side methods, which take the node's lock, and touches extents only
-through :class:`~kvstore.store.objects.Move`s, whose objects hold a reference.
+The mover drives the node's tier movement (:class:`MoverWork`, which
+:class:`~kvstore.store.tiering.Tiering` is); it knows nothing else of the node.
+
+Thread safety: the mover owns no table state; the :class:`MoverWork`
+methods it calls take the node's lock themselves, and it touches extents
+only through :class:`~kvstore.store.objects.Move`s, whose objects hold a
+reference.
 """
 
 from __future__ import annotations
@@ -25,32 +29,51 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from typing import Protocol, Sequence
 
 from kvstore.keys import value_checksum
 from kvstore.store.objects import Move
-from kvstore.store.tiers.base import TierIOError, copy_between
-
-if TYPE_CHECKING:
-    from kvstore.store.node import StoreNode
+from kvstore.store.tiers.base import Tier, TierIOError, copy_between
 
 log = logging.getLogger(__name__)
 
 
-def run_moves(node: "StoreNode", moves: list[Move]) -> None:
+class MoverWork(Protocol):
+    """What one mover round calls (see the module docstring); each method takes the
+    node's lock itself, the mover calls it holding none."""
+
+    #: The node's tier chain, fastest first (a move's levels index it).
+    tiers: Sequence[Tier]
+
+    def flush_tiers(self) -> None: ...
+
+    def plan_reclaim(self) -> list[Move]: ...
+
+    def plan_prefetch(self) -> list[Move]: ...
+
+    def finish_moves(self, moves: list[Move]) -> None: ...
+
+    def sweep_protection(self) -> None: ...
+
+
+def run_moves(tiers: Sequence[Tier], moves: list[Move]) -> None:
     """Copy each move's bytes off the node's lock and set ``ok`` / ``error``.
 
     Demotions into one tier share one ``write_many`` (one SSD commit);
     promotions are verified against the object's checksum once in DRAM.
+
+    Args:
+        tiers: the node's tier chain, indexed by the moves' levels.
+        moves: planned moves; each object holds a reference while it runs.
     """
     by_dst: dict[int, list[Move]] = defaultdict(list)
     for move in moves:
         by_dst[move.dst_level].append(move)
     for dst_level, group in by_dst.items():
-        dst = node.levels[dst_level].tier
+        dst = tiers[dst_level]
         if dst.view(group[0].dst_extent) is not None:     # into DRAM: promotions
             for move in group:
-                src = node.levels[move.src_level].tier
+                src = tiers[move.src_level]
                 try:
                     copy_between(src, move.obj.copies[move.src_level], dst, move.dst_extent)
                     actual = value_checksum(dst.view(move.dst_extent))
@@ -63,7 +86,7 @@ def run_moves(node: "StoreNode", moves: list[Move]) -> None:
         items = []
         try:
             for move in group:
-                src = node.levels[move.src_level].tier
+                src = tiers[move.src_level]
                 extent = move.obj.copies[move.src_level]
                 view = src.view(extent)
                 if view is None:                          # e.g. GPU -> SSD: stage in host memory
@@ -83,12 +106,16 @@ class TierMover:
     """The background thread that moves a node's objects between its tiers.
 
     Args:
-        node: the node whose tiers it serves.
+        work: the node's tier movement, which plans and finishes the moves.
         interval_s: how often it looks for work when nobody wakes it.
+
+    Thread safety: :meth:`wake` and :attr:`running` from any thread;
+    :meth:`run_once` and :meth:`settle` from one thread at a time (the
+    mover's own, or a test's while the thread is not started).
     """
 
-    def __init__(self, node: "StoreNode", interval_s: float = 0.05):
-        self.node = node
+    def __init__(self, work: MoverWork, interval_s: float = 0.05):
+        self.work = work
         self.interval_s = interval_s
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -113,21 +140,21 @@ class TierMover:
 
     def run_once(self) -> bool:
         """One round (see the module docstring); True when it moved something."""
-        node = self.node
-        node.flush_tiers()
-        moves = node.plan_reclaim()
+        work = self.work
+        work.flush_tiers()
+        moves = work.plan_reclaim()
         if moves:
             try:
-                run_moves(node, moves)
+                run_moves(work.tiers, moves)
             finally:            # even after a bug: give back references and extents
-                node.finish_moves(moves)
-        promotions = node.plan_prefetch()
+                work.finish_moves(moves)
+        promotions = work.plan_prefetch()
         if promotions:
             try:
-                run_moves(node, promotions)
+                run_moves(work.tiers, promotions)
             finally:
-                node.finish_moves(promotions)
-        node.sweep_protection()
+                work.finish_moves(promotions)
+        work.sweep_protection()
         return bool(moves or promotions)
 
     def settle(self, max_rounds: int = 1000) -> None:

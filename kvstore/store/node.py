@@ -1,8 +1,8 @@
-"""A store node's object table over its chain of tiers: what it holds, who reads it, what to free.
+"""A store node: the operations on its object table, over its chain of tiers.
 
 The node owns its memory. Objects are written once and then immutable; a
 reader holds a reference for as long as it reads, and memory with a
-reference is never freed or reused (no time-based lease decides that)::
+reference is never freed or reused (the reference rules: ``table.py``)::
 
     begin_write --> WRITING --commit_write (checksum ok)--> COMPLETE --drop / evict--> doomed
          |                                                     |                          |
@@ -11,10 +11,17 @@ reference is never freed or reused (no time-based lease decides that)::
 Each object is named by (key, object_id): the master issues a fresh
 object_id per put, so a drop order for an old version never frees a newer one.
 
+Parts. The node holds its parts; only the node knows them all::
+
+    StoreNode        node.py       writes, reads, pins, prefetch, drop, events, stats, recovery
+     +-- ObjectTable table.py      objects, doomed, lookahead, levels, counters, events, the lock
+     +-- Tiering     tiering.py    reclaim, demotion, promotion: works on the same table
+          +-- TierMover mover.py   the thread that runs Tiering's moves off the lock
+
 Tiers. The node keeps a chain of tiers, DRAM first (``DRAM [-> GPU] [-> SSD]``,
-see ``tiers/``). Puts land in DRAM, the only tier the transports address;
-every tier has its own eviction policy and its own watermarks (the moves
-themselves are in ``tiering.py``)::
+see ``tiers/`` and ``levels.py``). Puts land in DRAM, the only tier the
+transports address; every tier has its own eviction policy and its own
+watermarks (the moves themselves are in ``tiering.py``)::
 
     DRAM  over high watermark --victims--> copy down (demote) --> GPU / SSD  (mover thread)
           a victim with a slower copy already: drop the DRAM copy (no I/O, inline)
@@ -32,10 +39,9 @@ promotion that finds DRAM full waits (bounded) for the mover to make room,
 which is the node's backpressure. A node without slower tiers evicts inline,
 under the lock, as there is nothing to copy.
 
-What eviction never takes, at any tier: objects being read, written or
-moved (a reference), hard-pinned objects, objects protected by queue
-lookahead (``prefetch``) until their first read or their deadline. Soft
-pins (with a TTL) go last: victims come first from the unpinned objects.
+Eviction never takes, at any tier, what
+:meth:`~kvstore.store.objects.StoredObject.can_give_up` refuses (a
+reference, a hard pin, queue lookahead); soft pins (with a TTL) go last.
 An existence check never reaches the node: nothing is pinned or refreshed.
 When eviction cannot free what a tier needs, :meth:`StoreNode.stats` and the
 log say why (``eviction_blocked``), and a write gets NoSpace with the reason.
@@ -46,37 +52,37 @@ the node's agent delivers to the master in order; a commit returns the
 STORED event's ticket, and the data server acknowledges the write once the
 master applied it.
 
-Thread safety: every public method takes the node's lock (a Condition that
-waiters for room wait on); the data server calls them from one thread per
-connection and the mover from its own. Value bytes are copied outside the
-lock (a reference, a WRITING state or a move keeps the memory in place).
+Thread safety: every public method takes the node's lock (the table's
+Condition, which waiters for room wait on); the data server calls them from
+one thread per connection, and the mover thread calls the Tiering part,
+which takes the same lock. Value bytes are copied outside the lock (a
+reference, a WRITING state or a move keeps the memory in place).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 from typing import Sequence
 
 from kvstore.errors import ChecksumMismatch, InvalidArgument, NoSpace, NotFound, TooLarge
 from kvstore.keys import value_checksum
-from kvstore.store.eviction import make_policy
+from kvstore.store.levels import DEFAULT_WATERMARKS, TierLevel, build_levels
 from kvstore.store.events import EventLog, Ticket
-from kvstore.types import EventKind, NodeEvent
 from kvstore.store.mover import TierMover
 from kvstore.store.objects import ObjectState, StoredObject
-from kvstore.store.stats import NodeStats, TierStats
-from kvstore.store.tiering import DEFAULT_WATERMARKS, Tiering, TierLevel
+from kvstore.store.stats import NodeCounter, NodeStats, counters_by_name
+from kvstore.store.table import ObjectTable
+from kvstore.store.tiering import Tiering
 from kvstore.store.tiers.base import ObjectRecord, Tier
-from kvstore.types import TierKind
+from kvstore.types import EventKind, NodeEvent, TierKind, TierStats
 
 log = logging.getLogger(__name__)
 
 
-class StoreNode(Tiering):
-    """The object table of one node over its tiers (moves between tiers: :class:`Tiering`).
+class StoreNode:
+    """The object table of one node over its tiers, and the operations on it.
 
     Args:
         tiers: the DRAM tier, or the chain ``[DramTier, (GpuTier,) (SsdTier)]``,
@@ -90,8 +96,18 @@ class StoreNode(Tiering):
             make room before NoSpace.
         start_mover: start the mover thread now (nodes with slower tiers).
 
+    Attributes:
+        levels: the tier chain, fastest first, one :class:`TierLevel` each.
+        tier: the DRAM tier, where puts land and reads are served.
+        counters: the node's counters since start, live (``kvstore.store.stats``;
+            str-valued keys, so ``counters["puts"]`` reads one too).
+        events: the node's event log (every change to what it holds, for the master).
+        mover: the tier mover thread; None for a node with DRAM only.
+
     Raises:
         ValueError: bad watermarks or chain.
+
+    Thread safety: see the module docstring.
     """
 
     def __init__(self, tiers: Tier | Sequence[Tier], policy: str = "default",
@@ -99,38 +115,17 @@ class StoreNode(Tiering):
                  ssd_watermarks: tuple[float, float] = DEFAULT_WATERMARKS[TierKind.SSD],
                  room_wait_s: float = 5.0, start_mover: bool = True):
         chain = [tiers] if isinstance(tiers, Tier) else list(tiers)
-        if not chain or chain[0].kind is not TierKind.DRAM:
-            raise ValueError("a node's tier chain must start with its DRAM tier")
-        self.levels: list[TierLevel] = []
-        for tier in chain:
-            high, low = ssd_watermarks if tier.kind is TierKind.SSD else (high_watermark,
-                                                                            low_watermark)
-            if not 0 < low <= high <= 1:
-                raise ValueError(f"{tier.kind.name}: need 0 < low ({low}) <= high ({high}) <= 1")
-            self.levels.append(TierLevel(tier, make_policy(policy), high, low))
-        self.tier = chain[0]                       # DRAM: where puts land and reads are served
-        self.policy = self.levels[0].policy        # DRAM's policy
-        self.high_watermark = high_watermark
-        self.low_watermark = low_watermark
-        self.room_wait_s = room_wait_s
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self._objects: dict[str, StoredObject] = {}
-        self._doomed: set[StoredObject] = set()
-        self._protected: dict[str, StoredObject] = {}     # prefetch lookahead in force
-        self._prefetch_queue: dict[str, StoredObject] = {}  # to promote to DRAM, FIFO
-        self.events = EventLog()
-        self.counters: dict[str, int] = dict.fromkeys((   # see kvstore/store/stats.py
-            "puts", "gets", "drops", "checksum_errors", "evictions", "demotions",
-            "demotion_failures", "evicted_no_room", "promotions", "promotion_failures",
-            "prefetch_requests", "prefetches", "prefetch_used", "prefetch_wasted", "pins",
-            "unpins", "recovered"), 0)
+        self._table = ObjectTable(build_levels(chain, policy, high_watermark, low_watermark,
+                                               ssd_watermarks))
+        self._tiering = Tiering(self._table, room_wait_s)
+        self.levels: list[TierLevel] = self._table.levels
+        self.tier: Tier = chain[0]
+        self.counters: dict[NodeCounter, int] = self._table.counters
+        self.events: EventLog = self._table.events
         self._recover()
-        self.mover: TierMover | None = None
-        if len(self.levels) > 1:
-            self.mover = TierMover(self)
-            if start_mover:
-                self.mover.start()
+        self.mover: TierMover | None = self._tiering.mover
+        if self.mover is not None and start_mover:
+            self.mover.start()
 
     # ================================================================ write
     def begin_write(self, key: str, object_id: int, size_bytes: int, checksum: int,
@@ -153,15 +148,15 @@ class StoreNode(Tiering):
             raise TooLarge(f"{size_bytes} B exceeds the node's capacity of "
                            f"{self.tier.capacity_bytes} B", key=key)
         record = ObjectRecord(key, object_id, size_bytes, checksum, parent)
-        with self._cond:
+        with self._table.cond:
             present = self._present_locked(key, object_id, checksum)
             if present is not None:
                 return present, True
-            alloc = self._allocate_locked(0, record)
+            alloc = self._tiering.allocate_locked(0, record)
             if alloc is None:
-                alloc = self._wait_for_room_locked(0, record, self.room_wait_s)
+                alloc = self._tiering.wait_for_room_locked(0, record, self._tiering.room_wait_s)
             if alloc is None:
-                raise NoSpace(self._no_space_message(0, size_bytes), key=key)
+                raise NoSpace(self._tiering.no_space_message_locked(0, size_bytes), key=key)
             try:
                 # The lock may have been released while waiting: look again.
                 present = self._present_locked(key, object_id, checksum)
@@ -171,18 +166,18 @@ class StoreNode(Tiering):
             if present is not None:
                 self.tier.free(alloc)
                 return present, True
-            old = self._objects.get(key)
+            old = self._table.objects.get(key)
             if old is not None:
-                self._retire(old)
+                self._table.retire(old)
             # The writer holds a reference until commit or abort, so a drop
             # during the write never frees memory that is still being filled.
             obj = StoredObject(key, object_id, size_bytes, checksum, parent,
                                copies=[alloc] + [None] * (len(self.levels) - 1), refs=1)
-            self._objects[key] = obj
+            self._table.objects[key] = obj
             return obj, False
 
     def _present_locked(self, key: str, object_id: int, checksum: int) -> StoredObject | None:
-        old = self._objects.get(key)
+        old = self._table.objects.get(key)
         if old is not None and old.object_id == object_id:
             if old.state is ObjectState.COMPLETE and old.checksum == checksum:
                 return old
@@ -212,36 +207,36 @@ class StoreNode(Tiering):
             NotFound: the object was dropped while being written.
         """
         actual = value_checksum(self.tier.view(obj.copies[0]))
-        with self._cond:
+        with self._table.cond:
             if checksum is not None and obj.state is ObjectState.WRITING:
                 obj.checksum = checksum
             if actual != obj.checksum:
-                self.counters["checksum_errors"] += 1
-                self._retire(obj)
-                self._release_locked(obj)
+                self.counters[NodeCounter.CHECKSUM_ERRORS] += 1
+                self._table.retire(obj)
+                self._table.release(obj)
                 raise ChecksumMismatch(f"checksum {actual:#x} != announced {obj.checksum:#x}",
                                        key=obj.key)
             if obj.doomed:
                 # Dropped while being written: the writer loses, memory goes back.
-                self._release_locked(obj)
+                self._table.release(obj)
                 raise NotFound("object was dropped while being written", key=obj.key)
             obj.state = ObjectState.COMPLETE
-            self._release_locked(obj)
-            self.counters["puts"] += 1
+            self._table.release(obj)
+            self.counters[NodeCounter.PUTS] += 1
             obj.last_access_s = time.monotonic()
             self.levels[0].policy.on_insert(obj.key, obj.copies[0].reserved_bytes,
                                             obj.last_access_s, obj.parent)
             # Before anything that may follow it (an inline eviction): events are ordered.
-            ticket = self._emit(EventKind.STORED, obj, TierKind.DRAM)
-            self._after_growth_locked(0)
+            ticket = self._table.emit(EventKind.STORED, obj, TierKind.DRAM)
+            self._tiering.after_growth_locked(0)
             return ticket
 
     def abort_write(self, obj: StoredObject) -> None:
         """Give back the space of an unfinished write."""
-        with self._cond:
+        with self._table.cond:
             if obj.state is ObjectState.WRITING:
-                self._retire(obj)
-                self._release_locked(obj)
+                self._table.retire(obj)
+                self._table.release(obj)
 
     # ================================================================ read
     def acquire(self, key: str, object_id: int = 0, *, require_dram: bool = True) -> StoredObject:
@@ -261,24 +256,21 @@ class StoreNode(Tiering):
                 only copy turned out corrupt.
             NoSpace: ``require_dram`` and no room in DRAM for the promotion.
         """
-        with self._cond:
-            obj = self._objects.get(key)
-            if obj is None or obj.state is not ObjectState.COMPLETE or (
-                    object_id and obj.object_id != object_id):
-                raise NotFound("not on this node", key=key)
+        with self._table.cond:
+            obj = self._complete_locked(key, object_id)
             obj.refs += 1
             self._note_read_locked(obj)
             if obj.copies[0] is not None:
                 return obj
+            wait_s = self._tiering.room_wait_s
             try:
-                self._promote_locked(obj, self.room_wait_s if require_dram else
-                                     min(self.room_wait_s, 0.25))
+                self._tiering.promote_locked(obj, wait_s if require_dram else min(wait_s, 0.25))
             except NoSpace:
                 if require_dram:
-                    self._release_locked(obj)
+                    self._table.release(obj)
                     raise
             except BaseException:
-                self._release_locked(obj)
+                self._table.release(obj)
                 raise
             return obj
 
@@ -297,8 +289,8 @@ class StoreNode(Tiering):
 
     def release(self, obj: StoredObject) -> None:
         """Drop a read reference taken by :meth:`acquire`."""
-        with self._cond:
-            self._release_locked(obj)
+        with self._table.cond:
+            self._table.release(obj)
 
     # ================================================================ pins, lookahead
     def pin(self, key: str, object_id: int = 0, ttl_ms: int = 0) -> None:
@@ -308,13 +300,13 @@ class StoreNode(Tiering):
         Raises:
             NotFound: no such complete object.
         """
-        with self._cond:
+        with self._table.cond:
             obj = self._complete_locked(key, object_id)
             if ttl_ms:
                 obj.soft_pin_until_s = max(obj.soft_pin_until_s, time.monotonic() + ttl_ms / 1000)
             else:
                 obj.hard_pins += 1
-            self.counters["pins"] += 1
+            self.counters[NodeCounter.PINS] += 1
 
     def unpin(self, key: str, object_id: int = 0, soft: bool = False) -> bool:
         """Drop one hard pin, or (``soft``) the soft pin. Returns whether one was held.
@@ -322,7 +314,7 @@ class StoreNode(Tiering):
         Raises:
             NotFound: no such complete object.
         """
-        with self._cond:
+        with self._table.cond:
             obj = self._complete_locked(key, object_id)
             if soft:
                 held = obj.soft_pin_until_s > time.monotonic()
@@ -330,8 +322,8 @@ class StoreNode(Tiering):
             else:
                 held = obj.hard_pins > 0
                 obj.hard_pins = max(0, obj.hard_pins - 1)
-            self.counters["unpins"] += held
-            self._after_growth_locked(0)
+            self.counters[NodeCounter.UNPINS] += held
+            self._tiering.after_growth_locked(0)
             return held
 
     def prefetch(self, key: str, object_id: int = 0, deadline_ms: int = 0) -> bool:
@@ -347,20 +339,20 @@ class StoreNode(Tiering):
         """
         if deadline_ms <= 0:
             raise InvalidArgument("prefetch needs a deadline_ms > 0", key=key)
-        with self._cond:
+        with self._table.cond:
             obj = self._complete_locked(key, object_id)
             now = time.monotonic()
-            self.counters["prefetch_requests"] += 1
-            if key not in self._protected:
-                self.counters["prefetches"] += 1
-                self._protected[key] = obj
+            self.counters[NodeCounter.PREFETCH_REQUESTS] += 1
+            if key not in self._table.protected:
+                self.counters[NodeCounter.PREFETCHES] += 1
+                self._table.protected[key] = obj
             obj.protect_until_s = max(obj.protect_until_s, now + deadline_ms / 1000)
             for level, extent in enumerate(obj.copies):
                 if extent is not None:
                     self.levels[level].policy.on_prefetch(key, now)
             if obj.copies[0] is not None:
                 return True
-            self._prefetch_queue[key] = obj
+            self._table.prefetch_queue[key] = obj
             if self.mover is not None:
                 self.mover.wake()
             return False
@@ -372,37 +364,37 @@ class StoreNode(Tiering):
         Memory under a reader is freed when the last reader releases it.
         Returns True when an object was dropped.
         """
-        with self._cond:
-            obj = self._objects.get(key)
+        with self._table.cond:
+            obj = self._table.objects.get(key)
             if obj is None or (object_id and obj.object_id != object_id):
                 return False
-            self._retire(obj)
-            self.counters["drops"] += 1
+            self._table.retire(obj)
+            self.counters[NodeCounter.DROPS] += 1
             return True
 
     def take_events(self) -> list[NodeEvent]:
         """Changes not yet handed to a delivering agent, in order (see ``events``)."""
-        return [t.event for t in self.events.take()]
+        return [ticket.event for ticket in self.events.take()]
 
     def inventory(self) -> list[tuple[str, int, int, int]]:
         """(key, object_id, size_bytes, checksum) of every complete object."""
-        with self._cond:
+        with self._table.cond:
             return [(o.key, o.object_id, o.size_bytes, o.checksum)
-                    for o in self._objects.values() if o.state is ObjectState.COMPLETE]
+                    for o in self._table.objects.values() if o.state is ObjectState.COMPLETE]
 
     def holdings(self) -> list[tuple[str, int, int, int, TierKind]]:
         """(key, object_id, size_bytes, checksum, tier it is served from) of every complete object."""
-        with self._cond:
+        with self._table.cond:
             return [(o.key, o.object_id, o.size_bytes, o.checksum,
                      self.levels[o.best_level()].tier.kind)
-                    for o in self._objects.values() if o.state is ObjectState.COMPLETE]
+                    for o in self._table.objects.values() if o.state is ObjectState.COMPLETE]
 
     # ================================================================ stats
     def stats(self) -> NodeStats:
         """Everything, counted now: O(objects) under the lock (see :meth:`refresh_usage`)."""
-        with self._cond:
+        with self._table.cond:
             now = time.monotonic()
-            objs = list(self._objects.values())
+            objs = list(self._table.objects.values())
             tiers = tuple(self._tier_stats_locked(level, objs, now)
                           for level in range(len(self.levels)))
             return NodeStats(
@@ -412,11 +404,11 @@ class StoreNode(Tiering):
                 num_objects=sum(o.state is ObjectState.COMPLETE for o in objs),
                 num_writing=sum(o.state is ObjectState.WRITING for o in objs),
                 num_referenced=sum(o.refs > 0 and o.state is ObjectState.COMPLETE for o in objs),
-                num_doomed=len(self._doomed),
-                num_evictable=sum(self._can_give_up(0, o, True, now) for o in objs),
-                evictions=self.counters["evictions"],
+                num_doomed=len(self._table.doomed),
+                num_evictable=sum(o.can_give_up(0, True, now) for o in objs),
+                evictions=self.counters[NodeCounter.EVICTIONS],
                 tiers=tiers,
-                counters=dict(self.counters),
+                counters=counters_by_name(self.counters),
             )
 
     def refresh_usage(self, stats: NodeStats) -> NodeStats:
@@ -425,23 +417,24 @@ class StoreNode(Tiering):
         O(tiers): for frequent reports (heartbeats) between full :meth:`stats`
         calls; the per-object counts (evictable, pinned, ...) stay as they were.
         """
-        with self._cond:
+        with self._table.cond:
             tiers = tuple(dataclasses.replace(
                 t, used_bytes=lv.tier.used_bytes, free_bytes=lv.tier.free_bytes,
                 num_objects=len(lv.policy)) for t, lv in zip(stats.tiers, self.levels))
             return dataclasses.replace(
                 stats, used_bytes=self.tier.used_bytes, free_bytes=self.tier.free_bytes,
-                num_objects=len(self._objects), evictions=self.counters["evictions"],
-                tiers=tiers, counters=dict(self.counters))
+                num_objects=len(self._table.objects),
+                evictions=self.counters[NodeCounter.EVICTIONS], tiers=tiers,
+                counters=counters_by_name(self.counters))
 
     def _tier_stats_locked(self, level: int, objs: list[StoredObject], now: float) -> TierStats:
         lv = self.levels[level]
         here = [o for o in objs if o.copies[level] is not None]
         evictable = sum(o.copies[level].reserved_bytes for o in here
-                        if self._can_give_up(level, o, True, now))
-        blocked = lv.blocked if self._need_bytes_locked(level) > 0 else ""
-        if not blocked and lv.tier.used_bytes > lv.high * lv.tier.capacity_bytes and not evictable:
-            blocked = self._blocked_reason_locked(level, now)
+                        if o.can_give_up(level, True, now))
+        blocked = lv.blocked if lv.need_bytes() > 0 else ""
+        if not blocked and lv.above_high() and not evictable:
+            blocked = self._tiering.blocked_reason_locked(level, now)
         return TierStats(
             kind=lv.tier.kind, capacity_bytes=lv.tier.capacity_bytes,
             used_bytes=lv.tier.used_bytes, free_bytes=lv.tier.free_bytes,
@@ -458,19 +451,20 @@ class StoreNode(Tiering):
         Args:
             idle: no move is in flight, so every reserved extent is an installed copy.
         """
-        with self._cond:
+        table = self._table
+        with table.cond:
             for level, lv in enumerate(self.levels):
                 lv.tier.check_invariants()
                 assert lv.tier.used_bytes + lv.tier.free_bytes == lv.tier.capacity_bytes
                 held = sum(o.copies[level].reserved_bytes
-                           for o in list(self._objects.values()) + list(self._doomed)
+                           for o in list(table.objects.values()) + list(table.doomed)
                            if o.copies[level] is not None)
                 # A move in flight has reserved its destination but not installed it.
                 assert held == lv.tier.used_bytes if idle else held <= lv.tier.used_bytes, (
                     lv.tier.kind.name, held, lv.tier.used_bytes)
                 assert len(lv.policy) == sum(o.copies[level] is not None
                                              and o.state is ObjectState.COMPLETE
-                                             for o in self._objects.values()), lv.tier.kind.name
+                                             for o in table.objects.values()), lv.tier.kind.name
 
     def close(self) -> None:
         """Stop the mover and close every tier."""
@@ -481,7 +475,7 @@ class StoreNode(Tiering):
 
     # ================================================================ internals (lock held)
     def _complete_locked(self, key: str, object_id: int) -> StoredObject:
-        obj = self._objects.get(key)
+        obj = self._table.objects.get(key)
         if obj is None or obj.state is not ObjectState.COMPLETE or (
                 object_id and obj.object_id != object_id):
             raise NotFound("not on this node", key=key)
@@ -492,58 +486,9 @@ class StoreNode(Tiering):
         for level, extent in enumerate(obj.copies):
             if extent is not None:
                 self.levels[level].policy.on_access(obj.key, obj.last_access_s)
-        self.counters["gets"] += 1
-        if obj.key in self._protected and self._protected[obj.key] is obj:
-            self._end_protection_locked(obj, used=True)
-
-    def _end_protection_locked(self, obj: StoredObject, used: bool) -> None:
-        self._protected.pop(obj.key, None)
-        self._prefetch_queue.pop(obj.key, None)
-        obj.protect_until_s = 0.0
-        self.counters["prefetch_used" if used else "prefetch_wasted"] += 1
-
-    def _evict_locked(self, obj: StoredObject) -> None:
-        self._retire(obj)
-        self.counters["evictions"] += 1
-        self._emit(EventKind.EVICTED, obj, None)
-
-    def _emit(self, kind: EventKind, obj: StoredObject, tier: TierKind | None) -> Ticket:
-        return self.events.append(NodeEvent(kind, obj.key, obj.object_id, tier, obj.size_bytes,
-                                            obj.checksum))
-
-    def _release_locked(self, obj: StoredObject) -> None:
-        if obj.refs <= 0:
-            raise AssertionError(f"release without a reference on {obj.key}")
-        obj.refs -= 1
-        if obj.refs == 0 and obj.doomed:
-            self._doomed.discard(obj)
-            self._free_copies(obj)
-
-    def _retire(self, obj: StoredObject) -> None:
-        """Take ``obj`` out of service: free now, or at its last release."""
-        if obj.doomed:
-            return
-        if self._objects.get(obj.key) is obj:
-            del self._objects[obj.key]
-        obj.doomed = True
-        if self._protected.get(obj.key) is obj:
-            self._end_protection_locked(obj, used=False)
-        if self._prefetch_queue.get(obj.key) is obj:
-            del self._prefetch_queue[obj.key]
-        if obj.state is ObjectState.COMPLETE:
-            for level, extent in enumerate(obj.copies):
-                if extent is not None:
-                    self.levels[level].policy.on_remove(obj.key)
-        if obj.refs > 0:
-            self._doomed.add(obj)
-        else:
-            self._free_copies(obj)
-
-    def _free_copies(self, obj: StoredObject) -> None:
-        for level, extent in enumerate(obj.copies):
-            if extent is not None:
-                self.levels[level].tier.free(extent)
-                obj.copies[level] = None
+        self.counters[NodeCounter.GETS] += 1
+        if obj.key in self._table.protected and self._table.protected[obj.key] is obj:
+            self._table.end_protection(obj, used=True)
 
     # ================================================================ restart
     def _recover(self) -> None:
@@ -552,17 +497,17 @@ class StoreNode(Tiering):
             if not lv.tier.persistent:
                 continue
             for record, extent in lv.tier.recover():
-                old = self._objects.get(record.key)
+                old = self._table.objects.get(record.key)
                 if old is not None:       # two versions on disk: the later write wins
-                    self._retire(old)
+                    self._table.retire(old)
                 obj = StoredObject(record.key, record.object_id, record.size_bytes,
                                    record.checksum, record.parent,
                                    copies=[None] * len(self.levels), state=ObjectState.COMPLETE)
                 obj.copies[level] = extent
-                self._objects[record.key] = obj
+                self._table.objects[record.key] = obj
                 lv.policy.on_insert(record.key, extent.reserved_bytes, obj.last_access_s,
                                     record.parent)
-                self.counters["recovered"] += 1
-            if self.counters["recovered"]:
-                log.info("recovered %d object(s) from %s", self.counters["recovered"],
+                self.counters[NodeCounter.RECOVERED] += 1
+            if self.counters[NodeCounter.RECOVERED]:
+                log.info("recovered %d object(s) from %s", self.counters[NodeCounter.RECOVERED],
                          lv.tier.kind.name)

@@ -10,7 +10,7 @@ The fastest copy serves reads; a slower copy of an object that also sits
 in DRAM is kept (objects are immutable, so it never goes stale) and makes
 the next demotion of that object free.
 
-Thread safety: owned by the :class:`~kvstore.store.node.StoreNode`'s lock;
+Thread safety: owned by the node's lock (:class:`~kvstore.store.table.ObjectTable`);
 the mover and readers touch a :class:`Move`'s extents off the lock while
 the object's reference keeps them alive.
 """
@@ -62,6 +62,31 @@ class StoredObject:
             if extent is not None:
                 return level
         return None
+
+    def can_give_up(self, level: int, soft_ok: bool, now: float) -> bool:
+        """May the copy at ``level`` be dropped (evicted or demoted) now?
+
+        What eviction never takes, at any tier::
+
+            state WRITING            not readable yet
+            refs > 0                 being read, written or moved (a reference)
+            moving, promoting        a copy between tiers is in flight
+            hard_pins > 0            pinned until as many unpins
+            protect_until_s > now    prefetch lookahead, until its first read or deadline
+            soft_pin_until_s > now   only with ``soft_ok``: soft pins go last, not never
+
+        Args:
+            level: the tier level of the copy.
+            soft_ok: whether soft-pinned objects may go (the second pass).
+            now: ``time.monotonic()`` of the caller's round.
+
+        Returns:
+            False also when there is no copy at ``level``.
+        """
+        return (self.copies[level] is not None
+                and self.state is ObjectState.COMPLETE and self.refs == 0 and not self.moving
+                and not self.promoting and self.hard_pins == 0 and self.protect_until_s <= now
+                and (soft_ok or self.soft_pin_until_s <= now))
 
 
 @dataclass(slots=True, eq=False)

@@ -33,8 +33,8 @@ from kvstore.errors import Unavailable
 from kvstore.process import announce_ready
 from kvstore.store.agent import make_agent
 from kvstore.store.data_server import DataServer
+from kvstore.store.levels import DEFAULT_WATERMARKS
 from kvstore.store.node import StoreNode
-from kvstore.store.tiering import DEFAULT_WATERMARKS
 from kvstore.store.tiers.base import Tier
 from kvstore.types import TierKind
 from kvstore.store.tiers.dram import DramTier

@@ -20,13 +20,53 @@ The node's counters (since start)::
     prefetch_wasted            ... ended by the deadline (or a drop) without a read
     pins, unpins               PIN ops, UNPIN ops that removed a pin
     recovered                  objects adopted from the SSD at start
+
+The node counts with :class:`NodeCounter`; what leaves the node (heartbeat
+``counters``, the STATS JSON, :attr:`NodeStats.counters`) is keyed by the
+counters' plain string names above (:func:`counters_by_name`).
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
+from typing import Mapping
 
 from kvstore.types import TierStats
+
+
+class NodeCounter(str, enum.Enum):
+    """One of the node's counters, valued as its name in reports (see the module docstring)."""
+
+    PUTS = "puts"
+    GETS = "gets"
+    DROPS = "drops"
+    CHECKSUM_ERRORS = "checksum_errors"
+    EVICTIONS = "evictions"
+    DEMOTIONS = "demotions"
+    DEMOTION_FAILURES = "demotion_failures"
+    EVICTED_NO_ROOM = "evicted_no_room"
+    PROMOTIONS = "promotions"
+    PROMOTION_FAILURES = "promotion_failures"
+    PREFETCH_REQUESTS = "prefetch_requests"
+    PREFETCHES = "prefetches"
+    PREFETCH_USED = "prefetch_used"
+    PREFETCH_WASTED = "prefetch_wasted"
+    PINS = "pins"
+    UNPINS = "unpins"
+    RECOVERED = "recovered"
+
+
+def counters_by_name(counters: Mapping[NodeCounter, int]) -> dict[str, int]:
+    """The counters keyed by their plain string names, as they leave the node.
+
+    Args:
+        counters: the node's counters, by :class:`NodeCounter`.
+
+    Returns:
+        A new dict, in the same order, with ``str`` keys (``"puts"``, ...).
+    """
+    return {counter.value: n for counter, n in counters.items()}
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kvstore.errors import ChecksumMismatch, InvalidArgument, NoSpace, NotFound, TooLarge
 from kvstore.keys import value_checksum
 from kvstore.store.node import ObjectState, StoreNode
+from kvstore.store.stats import NodeCounter
 from kvstore.store.tiers.dram import DramTier
 
 KiB = 1024
@@ -189,6 +192,17 @@ def test_drop_of_missing_key_or_other_version(node):
     assert node.drop("k", object_id=4)
     assert not node.drop("k", object_id=4)
     assert node.counters["drops"] == 1
+
+
+def test_counters_leave_the_node_by_plain_name(node):
+    write(node, "k", b"x")
+    node.release(node.acquire("k"))
+    assert node.counters[NodeCounter.PUTS] == node.counters["puts"] == 1
+    for counters in (node.stats().counters, node.refresh_usage(node.stats()).counters):
+        assert all(type(name) is str for name in counters)       # the wire's keys, not the enum
+        assert list(counters) == [c.value for c in NodeCounter]
+        assert (counters["puts"], counters["gets"]) == (1, 1)
+    assert json.loads(json.dumps(node.stats().to_dict()))["counters"] == node.stats().counters
 
 
 def test_no_space_and_too_large(node):

@@ -68,7 +68,6 @@ class PolicyEntry:
     size_bytes: int  # bytes freed by evicting it
     parent: "PolicyEntry | None"  # previous block of its prefix chain, if tracked at insert
     num_children: int = 0  # tracked keys whose parent is this entry
-    inserted_at: float = 0.0  # caller's clock at on_insert
     last_access: float = 0.0  # caller's clock at the last on_insert / on_access / on_prefetch
     seq: int = 0  # the policy's event counter at the last touch; breaks clock ties
     freq: int = 1  # on_insert counts 1, each on_access adds 1
@@ -121,7 +120,7 @@ class EvictionPolicy(ABC):
         parent_entry = self._entries.get(parent) if parent is not None else None
         self._seq += 1
         entry = PolicyEntry(key=key, size_bytes=size_bytes, parent=parent_entry,
-                            inserted_at=now, last_access=now, seq=self._seq)
+                            last_access=now, seq=self._seq)
         self._entries[key] = entry
         self._used_bytes += size_bytes
         if parent_entry is not None:

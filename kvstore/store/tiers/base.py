@@ -172,10 +172,9 @@ class OffsetTier(Tier):
     def largest_free_bytes(self) -> int:
         return self.allocator.largest_free_bytes
 
-    def allocate(self, record: ObjectRecord | int) -> Allocation | None:
-        """Reserve an extent (a record, or a bare size in bytes); None when no free extent fits."""
-        size = record if isinstance(record, int) else record.size_bytes
-        return self.allocator.allocate(size)
+    def allocate(self, record: ObjectRecord) -> Allocation | None:
+        """Reserve an extent of ``record.size_bytes``; None when no free extent fits."""
+        return self.allocator.allocate(record.size_bytes)
 
     def free(self, extent: Allocation) -> None:
         self.allocator.free(extent)

@@ -33,7 +33,6 @@ class DramTier(OffsetTier):
     """
 
     kind = TierKind.DRAM
-    tier = TierKind.DRAM   # older name of ``kind``
 
     def __init__(self, capacity_bytes: int, name: str | None = None):
         if name is None:

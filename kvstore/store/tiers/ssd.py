@@ -101,7 +101,6 @@ class SsdTier(Tier):
             raise ValueError(f"SSD map size {map_size_bytes} B is below its capacity "
                              f"{capacity_bytes} B")
         self.path = path
-        self.map_size_bytes = map_size_bytes
         self._capacity_bytes = capacity_bytes
         self._used_bytes = 0
         self._live: dict[bytes, SsdExtent] = {}

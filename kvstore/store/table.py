@@ -1,0 +1,126 @@
+"""A store node's object table: what the node holds, who references it, and the one lock.
+
+The table is the state the node's parts share: its operations
+(:class:`~kvstore.store.node.StoreNode`) and its tier movement
+(:class:`~kvstore.store.tiering.Tiering`) both work on it::
+
+    objects          key -> the version in service (WRITING or COMPLETE)
+    doomed           out of service but still referenced: freed at the last release
+    protected        key -> object under prefetch lookahead
+    prefetch_queue   key -> object the mover is to promote to DRAM, FIFO
+    levels           the tier chain, fastest first          (levels.py)
+    counters         NodeCounter -> count since start        (stats.py)
+    events           every change to what the node holds, for the master (events.py)
+    lock, cond       one lock over all of it; writers and promotions waiting for room wait on cond
+
+References. ``obj.refs`` counts the object's readers, its writer (from
+``begin_write`` to commit or abort) and the moves in flight. Memory with a
+reference is never freed or reused (no time-based lease decides that), so
+bytes can be copied off the lock::
+
+    retire(obj)    out of ``objects`` (a drop, an eviction, a newer version): doomed
+                     refs == 0  ->  every copy is freed now
+                     refs  > 0  ->  kept in ``doomed``; release() of the last reference frees it
+
+Thread safety: not thread-safe by itself. Every attribute and method is used
+with ``lock`` held (callers take ``cond``) and no method takes it;
+:meth:`ObjectTable.unlocked` lets a holder release it around a copy or a wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Iterator
+
+from kvstore.store.events import EventLog, Ticket
+from kvstore.store.levels import TierLevel
+from kvstore.store.objects import ObjectState, StoredObject
+from kvstore.store.stats import NodeCounter
+from kvstore.types import EventKind, NodeEvent, TierKind
+
+
+class ObjectTable:
+    """The shared state of one store node (see the module docstring).
+
+    Args:
+        levels: the node's tier chain (:func:`~kvstore.store.levels.build_levels`).
+
+    Thread safety: every attribute and method is used with ``lock`` held.
+    """
+
+    def __init__(self, levels: list[TierLevel]):
+        self.levels = levels
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+        self.objects: dict[str, StoredObject] = {}
+        self.doomed: set[StoredObject] = set()
+        self.protected: dict[str, StoredObject] = {}       # prefetch lookahead in force
+        self.prefetch_queue: dict[str, StoredObject] = {}  # to promote to DRAM, FIFO
+        self.counters: dict[NodeCounter, int] = dict.fromkeys(NodeCounter, 0)
+        self.events = EventLog()
+
+    def retire(self, obj: StoredObject) -> None:
+        """Take ``obj`` out of service: free now, or at its last release (see the module docstring).
+
+        Ends its lookahead protection (a prefetch wasted) and tells each
+        tier's policy that its copy is gone. Retiring twice does nothing.
+        """
+        if obj.doomed:
+            return
+        if self.objects.get(obj.key) is obj:
+            del self.objects[obj.key]
+        obj.doomed = True
+        if self.protected.get(obj.key) is obj:
+            self.end_protection(obj, used=False)
+        if self.prefetch_queue.get(obj.key) is obj:
+            del self.prefetch_queue[obj.key]
+        if obj.state is ObjectState.COMPLETE:
+            for level, extent in enumerate(obj.copies):
+                if extent is not None:
+                    self.levels[level].policy.on_remove(obj.key)
+        if obj.refs > 0:
+            self.doomed.add(obj)
+        else:
+            self._free_copies(obj)
+
+    def release(self, obj: StoredObject) -> None:
+        """Drop one reference; the last one of a retired object frees its copies.
+
+        Raises:
+            AssertionError: ``obj`` has no reference (a release without an
+                acquire is a bug).
+        """
+        if obj.refs <= 0:
+            raise AssertionError(f"release without a reference on {obj.key}")
+        obj.refs -= 1
+        if obj.refs == 0 and obj.doomed:
+            self.doomed.discard(obj)
+            self._free_copies(obj)
+
+    def end_protection(self, obj: StoredObject, used: bool) -> None:
+        """End the lookahead protection of ``obj``: a prefetch used (by a read) or wasted."""
+        self.protected.pop(obj.key, None)
+        self.prefetch_queue.pop(obj.key, None)
+        obj.protect_until_s = 0.0
+        self.counters[NodeCounter.PREFETCH_USED if used else NodeCounter.PREFETCH_WASTED] += 1
+
+    def emit(self, kind: EventKind, obj: StoredObject, tier: TierKind | None) -> Ticket:
+        """Append the event of a change to what the node holds (``tier``: None for EVICTED)."""
+        return self.events.append(NodeEvent(kind, obj.key, obj.object_id, tier, obj.size_bytes,
+                                            obj.checksum))
+
+    @contextlib.contextmanager
+    def unlocked(self) -> Iterator[None]:
+        """Release the lock for the body of a ``with`` (held before and after it)."""
+        self.lock.release()
+        try:
+            yield
+        finally:
+            self.lock.acquire()
+
+    def _free_copies(self, obj: StoredObject) -> None:
+        for level, extent in enumerate(obj.copies):
+            if extent is not None:
+                self.levels[level].tier.free(extent)
+                obj.copies[level] = None
