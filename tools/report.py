@@ -71,8 +71,10 @@ def output_digest(tokens: Iterable[int] | np.ndarray) -> str:
     return xxhash.xxh64_hexdigest(np.ascontiguousarray(tokens, dtype="<u4").tobytes())
 
 
-def _latency_stats(values_ms: Sequence[float]) -> dict[str, float | None]:
-    """Mean and percentiles (linear interpolation); all None when empty."""
+def latency_stats(values_ms: Sequence[float]) -> dict[str, float | None]:
+    """Mean and PERCENTILES (linear interpolation) of latencies in ms; all None when
+    empty (no request is not a latency of 0). The one percentile helper of the
+    tools: live replays and the simulator report the same way."""
     keys = ["mean"] + [f"p{p}" for p in PERCENTILES]
     if not values_ms:
         return dict.fromkeys(keys, None)
@@ -129,8 +131,8 @@ def summarize(
         "prefill_tokens_saved": sum(r.cached_tokens for r in completed),
         "prompt_tokens": prompt_tokens,
         "output_tokens": output_tokens,
-        "ttft_ms": _latency_stats([r.ttft_ms for r in completed if r.ttft_ms is not None]),
-        "tbt_ms": _latency_stats([r.tbt_ms for r in completed if r.tbt_ms is not None]),
+        "ttft_ms": latency_stats([r.ttft_ms for r in completed if r.ttft_ms is not None]),
+        "tbt_ms": latency_stats([r.tbt_ms for r in completed if r.tbt_ms is not None]),
         "throughput_tokens_per_s": throughput,
         "duration_s": float(duration_s),
         "per_request": [

@@ -53,7 +53,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Collection, Hashable, Optional, Sequence
 
-import numpy as np
 import typer
 
 from kvstore.conductor.cost_model import DEFAULT_COST_MODEL, CostModel, load_cost_model
@@ -61,6 +60,7 @@ from kvstore.conductor.instances import DecodeChoice, DecodeInstance, PrefillCho
 from kvstore.conductor.policies import DEFAULT_SCHEDULING_POLICY, SCHEDULING_POLICIES
 from kvstore.conductor.rejection import DEFAULT_REJECTION_POLICY, REJECTION_POLICIES, Slo
 from kvstore.conductor.scheduler import Scheduler
+from kvstore.tools.report import latency_stats
 from kvstore.tools.sim_cluster import DecodeBatch, LocalPool
 from kvstore.tools.trace import (TRACE_BLOCK_TOKENS, TraceRecord, intern_chains, load_trace,
                          resolve_trace)
@@ -152,10 +152,10 @@ class SimResult:
     rejected: int  # online requests refused (at arrival or late)
     rejected_late: int  # of which refused after their prefill (wasted)
     rejected_by_reason: dict[str, int]
-    ttft_ms: dict[str, float]  # served online requests
-    tbt_ms: dict[str, float]  # served online requests that decoded
+    ttft_ms: dict[str, float | None]  # served online requests (None: none served)
+    tbt_ms: dict[str, float | None]  # served online requests that decoded
     offline_completed: int
-    offline_ttft_ms: dict[str, float]
+    offline_ttft_ms: dict[str, float | None]
     block_hit_rate: float  # reused / all prompt blocks, over prefilled requests
     transferred_blocks: int  # fetched from another instance (replicas made)
     sim_duration_s: float  # simulated time until the last event
@@ -191,16 +191,12 @@ class SimResult:
         return out
 
 
+def _ms(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
 def _num(x: float) -> float | None:
     return None if math.isinf(x) else x
-
-
-def _stats(values: Sequence[float]) -> dict[str, float]:
-    if not len(values):
-        return {"mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0}
-    a = np.asarray(values, dtype=np.float64)
-    return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)),
-            "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99))}
 
 
 class _Simulation:
@@ -475,9 +471,9 @@ def simulate(records: Sequence[TraceRecord], cfg: SimConfig, cost: CostModel | N
     return SimResult(
         config=cfg, cost_model=cost.name, cache_blocks=sim.cache_blocks, requests=len(sim.jobs),
         online=online, rejected=sum(sim.rejected.values()), rejected_late=sim.rejected_late,
-        rejected_by_reason=dict(sorted(sim.rejected.items())), ttft_ms=_stats(sim.ttft),
-        tbt_ms=_stats(sim.tbt), offline_completed=sim.offline_done,
-        offline_ttft_ms=_stats(sim.offline_ttft),
+        rejected_by_reason=dict(sorted(sim.rejected.items())), ttft_ms=latency_stats(sim.ttft),
+        tbt_ms=latency_stats(sim.tbt), offline_completed=sim.offline_done,
+        offline_ttft_ms=latency_stats(sim.offline_ttft),
         block_hit_rate=sim.blocks_reused / sim.blocks_total if sim.blocks_total else 0.0,
         transferred_blocks=sim.transferred, sim_duration_s=end_ms / 1000,
         wall_s=time.perf_counter() - started)
@@ -506,13 +502,13 @@ def result_table(res: SimResult):
     for name in ("ttft_ms", "tbt_ms"):
         d = s[name]
         table.add_row(name.replace("_ms", " (ms)"),
-                      f"mean {d['mean']:,.1f}  p50 {d['p50']:,.1f}  p90 {d['p90']:,.1f}  p99 {d['p99']:,.1f}")
+                      "  ".join(f"{k} {_ms(d[k])}" for k in ("mean", "p50", "p90", "p99")))
     table.add_row("block hit rate", f"{100 * res.block_hit_rate:.2f}%")
     table.add_row("blocks transferred", f"{res.transferred_blocks:,}")
     if "offline" in s:
         off = s["offline"]
         table.add_row("offline", f"{off['completed']:,}/{off['requests']:,} done, "
-                                  f"mean TTFT {off['ttft_ms']['mean']:,.0f} ms")
+                                  f"mean TTFT {_ms(off['ttft_ms']['mean'], 0)} ms")
     table.add_row("simulated / wall", f"{res.sim_duration_s:,.0f} s / {res.wall_s:.1f} s")
     return table
 

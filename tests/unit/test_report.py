@@ -119,3 +119,11 @@ def test_render_comparison_and_mismatches():
     text = _render(render_comparison(cached, nocache, labels=("A", "B")))
     assert "A / B" in text
     assert "1 outputs differ" in text
+
+
+def test_latency_stats_of_nothing_is_none_not_zero():
+    from kvstore.tools.report import latency_stats
+
+    assert latency_stats([]) == {"mean": None, "p50": None, "p90": None, "p99": None}
+    assert latency_stats([10.0, 20.0]) == {"mean": 15.0, "p50": 15.0, "p90": 19.0,
+                                           "p99": 19.9}
