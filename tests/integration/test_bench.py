@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvstore.tools.bench import OPS, PATHS, SYSTEMS, bench_command, check_targets, render, run_bench
-from kvstore.tools.bench_mooncake import master_binary
+from kvstore.tools.bench.mooncake_peer import master_binary
 
 SIZE_BYTES = 64 * 1024
 KEYS = {"system", "path", "op", "size_bytes", "gbps", "ops_per_s"}

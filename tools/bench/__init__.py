@@ -8,7 +8,7 @@ One row per measurement (``--json`` prints them as a JSON array)::
     socket    stream      get, put   values back to back on one connection (a second process)
     redis     tcp         get, put   redis-py GET / SET on a redis-server started here
     mooncake  tcp         get, put   Mooncake Store across processes over its TCP transport
-                                     (when installed; see tools/bench_mooncake.py)
+                                     (when installed; see tools/bench/mooncake_peer.py)
     kvstore   shm         get, put   KVClient through the node's shared-memory segment
     kvstore   tcp         get, put   KVClient over TCP, one key per call
     kvstore   tcp-batch   get, put   batch_get_into / batch_put of 32 keys over TCP
@@ -54,7 +54,7 @@ import typer
 
 from kvstore.tools.processes import terminate
 from kvstore.sizes import format_size, parse_size
-from kvstore.tools.bench_mooncake import master_binary, start_mooncake
+from kvstore.tools.bench.mooncake_peer import master_binary, start_mooncake
 from kvstore.transfer.protocol import recv_exact_into, send_parts, tune_socket
 
 SYSTEMS = ("memcpy", "socket", "redis", "mooncake", "kvstore")
