@@ -1,6 +1,7 @@
 """The harness of ``kvstore bench``: what every measured system shares, and the run.
 
-- the rows (:class:`Row`) and what one timed loop returns (:class:`Timing`);
+- the names (:class:`System`, :class:`DataPath`, :class:`Op`), the rows
+  (:class:`Row`) and what one timed loop returns (:class:`Timing`);
 - timing: :func:`timed` (warm-up, then ``rounds`` rounds, the median one
   reported) and :func:`timed_interleaved` (several loops whose rounds take
   turns);
@@ -26,7 +27,8 @@ import os
 import socket
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
+from enum import Enum
 from typing import Callable, Sequence
 
 import numpy as np
@@ -35,28 +37,70 @@ from kvstore.sizes import parse_size
 
 _log = logging.getLogger(__name__)
 
-SYSTEMS = ("memcpy", "socket", "redis", "mooncake", "kvstore")
-PATHS = ("cold", "reqresp", "stream", "shm", "tcp", "tcp-batch", "concurrent")
-OPS = ("put", "get", "exists")
 MiB = 1 << 20
 
 
-# ---- rows and timings -------------------------------------------------------------------
+# ---- names, rows and timings ------------------------------------------------------------
+
+class _Name(str, Enum):
+    """A name that is its string: ``str()`` and f-strings give the value, as JSON does."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class System(_Name):
+    """The measured systems, in table order: each size's rows follow this order."""
+
+    MEMCPY = "memcpy"
+    SOCKET = "socket"
+    REDIS = "redis"
+    MOONCAKE = "mooncake"
+    KVSTORE = "kvstore"
+
+
+class DataPath(_Name):
+    """How a row's values travel (a row's ``path``)."""
+
+    COLD = "cold"                # memcpy between cold pools
+    REQRESP = "reqresp"          # one request, one value
+    STREAM = "stream"            # values back to back on one connection
+    SHM = "shm"                  # the node's shared-memory segment
+    TCP = "tcp"                  # one key per call over TCP
+    TCP_BATCH = "tcp-batch"      # batch_keys keys per call over TCP
+    CONCURRENT = "concurrent"    # several client processes at once
+
+
+class Op(_Name):
+    """What a row does to its values."""
+
+    PUT = "put"
+    GET = "get"
+    EXISTS = "exists"
+
+
+#: The names' strings, as the rows' dicts and ``--json`` hold them.
+SYSTEMS = tuple(s.value for s in System)
+PATHS = tuple(p.value for p in DataPath)
+OPS = tuple(o.value for o in Op)
+_TABLE_ORDER = {s: i for i, s in enumerate(System)}
+
 
 @dataclass(frozen=True, slots=True)
 class Row:
     """One measurement: a system's path and op at one value size."""
 
-    system: str        # one of SYSTEMS
-    path: str          # one of PATHS
-    op: str            # one of OPS
+    system: System
+    path: DataPath
+    op: Op
     size_bytes: int    # value size; 0 for exists
     gbps: float        # 10^9 bytes per second
     ops_per_s: float   # values (keys for exists) per second
 
     def to_dict(self) -> dict:
-        """The row as ``--json`` prints it: the field names, plain str / int / float values."""
-        return asdict(self)
+        """The row as ``--json`` prints it: these field names, plain str / int / float values."""
+        return {"system": self.system.value, "path": self.path.value, "op": self.op.value,
+                "size_bytes": self.size_bytes, "gbps": self.gbps, "ops_per_s": self.ops_per_s}
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,13 +113,13 @@ class Timing:
     t0: float          # time.perf_counter() when the first round began
 
 
-def rate_row(system: str, path: str, op: str, size_bytes: int, ops: float,
+def rate_row(system: System, path: DataPath, op: Op, size_bytes: int, ops: float,
              seconds: float) -> Row:
     """The row of ``ops`` values of ``size_bytes`` moved in ``seconds``."""
     return Row(system, path, op, size_bytes, ops * size_bytes / seconds / 1e9, ops / seconds)
 
 
-def timed_row(system: str, path: str, op: str, size_bytes: int, t: Timing,
+def timed_row(system: System, path: DataPath, op: Op, size_bytes: int, t: Timing,
               values_per_iter: int = 1) -> Row:
     """The row of a :class:`Timing` whose iterations each moved ``values_per_iter`` values."""
     return rate_row(system, path, op, size_bytes, t.ops * values_per_iter, t.seconds)
@@ -193,7 +237,7 @@ class BenchConfig:
     sizes_bytes: tuple[int, ...]
     duration_s: float = 1.0            # timed budget per measurement
     warmup_s: float = 0.2              # untimed warm-up before it
-    verify: bool | None = None         # kvstore get checksum checks: None = client default (TCP only)
+    verify: bool | None = None         # kvstore gets check checksums; None: client default (TCP)
     batch_keys: int = 32               # keys per tcp-batch call
     clients: int = 4                   # concurrent client processes
     concurrent_shm: bool = False       # concurrent clients use shm instead of TCP
@@ -259,14 +303,14 @@ StartSystem = Callable[[BenchConfig, str], "Peer | None"]
 
 
 def _table_order(row: Row) -> int:
-    return SYSTEMS.index(row.system)
+    return _TABLE_ORDER[row.system]
 
 
 def run_systems(systems: Sequence[StartSystem], sizes: str | list[int], *,
                 log_dir: str | None = None, **options) -> list[dict]:
     """Start ``systems`` in order, measure every size with each in turn, stop them.
 
-    Each size's rows are in :data:`SYSTEMS` order (the limits, the peers,
+    Each size's rows are in :class:`System` order (the limits, the peers,
     then kvstore), each system's rows in its own order; the rows measured
     once per run (:meth:`Peer.bench_once`) come last.
 

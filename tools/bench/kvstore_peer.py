@@ -27,8 +27,12 @@ import uuid
 
 from kvstore.sizes import format_size
 from kvstore.tools.bench import memcpy
-from kvstore.tools.bench.harness import (BenchConfig, Peer, Pool, Row, rate_row, stop_workers,
-                                         timed, timed_interleaved, timed_row)
+from kvstore.tools.bench.harness import (BenchConfig, DataPath, Op, Peer, Pool, Row, System,
+                                         rate_row, stop_workers, timed, timed_interleaved,
+                                         timed_row)
+
+#: The single-client paths, in table order.
+_PATHS = (DataPath.SHM, DataPath.TCP, DataPath.TCP_BATCH)
 
 
 def _check(results: list, what: str) -> None:
@@ -53,7 +57,7 @@ def _client_worker(master: str, prefer_shm: bool, verify: bool | None, pool_byte
             op, size, prefix, num_keys, w, duration_s, warmup_s, max_iters = cmd
             try:
                 pool = Pool(size, pool_bytes, seed=10 + w)
-                if op == "get":
+                if op == Op.GET:
                     keys = [f"{prefix}{(j + w * 7) % num_keys}" for j in range(num_keys)]
                     for j in range(0, num_keys, 1000):   # warm metadata, as the single rows do
                         kv.lookup(keys[j:j + 1000])
@@ -121,10 +125,10 @@ class KvstorePeer(Peer):
     def _put_rows(self, size: int, prefix: str, src: Pool, max_iters: int) -> list[Row]:
         """shm, tcp and tcp-batch puts, a fresh key per value, removed afterwards."""
         cfg, batch, rows = self.cfg, self.cfg.batch_keys, []
-        for path in ("shm", "tcp", "tcp-batch"):
+        for path in _PATHS:
             cfg.progress(f"kvstore {path} put {format_size(size)}")
             p = f"{prefix}put-{path}/"
-            if path == "tcp-batch":
+            if path == DataPath.TCP_BATCH:
                 def step(i: int) -> None:
                     b = range(i * batch, (i + 1) * batch)
                     _check(self.kv_tcp.batch_put([f"{p}{j}" for j in b], [src[j] for j in b]),
@@ -132,11 +136,11 @@ class KvstorePeer(Peer):
                 t = cfg.timed(step, max(2, max_iters // batch))
                 written = t.total * batch
             else:
-                kv = self.kv_shm if path == "shm" else self.kv_tcp
+                kv = self.kv_shm if path == DataPath.SHM else self.kv_tcp
                 t = cfg.timed(lambda i: kv.put(f"{p}{i}", src[i]), max_iters)
                 written = t.total
-            rows.append(timed_row("kvstore", path, "put", size, t,
-                                   batch if path == "tcp-batch" else 1))
+            rows.append(timed_row(System.KVSTORE, path, Op.PUT, size, t,
+                                  batch if path == DataPath.TCP_BATCH else 1))
             self._remove([f"{p}{j}" for j in range(written)])
         return rows
 
@@ -154,26 +158,26 @@ class KvstorePeer(Peer):
         for kv in (self.kv_shm, self.kv_tcp):
             for j in range(0, n, 1000):
                 kv.lookup(keys[j:j + 1000])
-        for path in ("shm", "tcp", "tcp-batch"):
+        for path in _PATHS:
             cfg.progress(f"kvstore {path} get {format_size(size)}")
-            if path == "shm":
+            if path == DataPath.SHM:
                 t_copy, t = timed_interleaved(
                     [memcpy.copy_step(src, dst),
                      lambda i: self.kv_shm.get_into(keys[i % n], dst[i])],
                     cfg.duration_s, cfg.warmup_s, cfg.rounds)
                 rows.insert(0, memcpy.limit_row(size, t_copy))
-            elif path == "tcp-batch":
+            elif path == DataPath.TCP_BATCH:
                 def step(i: int) -> None:
                     b = range(i * batch, (i + 1) * batch)
                     _check(self.kv_tcp.batch_get_into([keys[j % n] for j in b],
                                                       [dst[j] for j in b]), "batch_get_into")
                 t = cfg.timed(step)
             else:
-                kv = self.kv_shm if path == "shm" else self.kv_tcp
+                kv = self.kv_shm if path == DataPath.SHM else self.kv_tcp
                 t = cfg.timed(lambda i: kv.get_into(keys[i % n], dst[i]))
-            rows.append(timed_row("kvstore", path, "get", size, t,
-                                   batch if path == "tcp-batch" else 1))
-            if path == "shm" and not self._shm_mapped():
+            rows.append(timed_row(System.KVSTORE, path, Op.GET, size, t,
+                                  batch if path == DataPath.TCP_BATCH else 1))
+            if path == DataPath.SHM and not self._shm_mapped():
                 cfg.note("kvstore shm rows went over TCP: the node's segment is not mapped here")
         return rows
 
@@ -185,7 +189,7 @@ class KvstorePeer(Peer):
         except OSError:
             return True
 
-    def _concurrent_row(self, op: str, size: int, prefix: str, num_keys: int,
+    def _concurrent_row(self, op: Op, size: int, prefix: str, num_keys: int,
                         max_iters: int) -> Row:
         """All workers at once; throughput over the span from the first start to the last end."""
         cfg = self.cfg
@@ -201,11 +205,12 @@ class KvstorePeer(Peer):
         errors = [a[1] for a in answers if isinstance(a, tuple)]
         if errors:
             raise RuntimeError(f"concurrent {op} failed: {errors[0]}")
-        if op == "put":
+        if op == Op.PUT:
             self._remove([f"{prefix}w{w}/{j}" for w, a in enumerate(answers)
                           for j in range(a.total)])
         span = max(a.t0 + a.seconds for a in answers) - min(a.t0 for a in answers)
-        return rate_row("kvstore", "concurrent", op, size, sum(a.ops for a in answers), span)
+        ops = sum(a.ops for a in answers)
+        return rate_row(System.KVSTORE, DataPath.CONCURRENT, op, size, ops, span)
 
     def bench(self, size_bytes: int) -> list[Row]:
         cfg, batch, size = self.cfg, self.cfg.batch_keys, size_bytes
@@ -221,8 +226,8 @@ class KvstorePeer(Peer):
             _check(self.kv_tcp.batch_put(chunk, [src[k + j] for j in range(len(chunk))]),
                    "batch_put")
         rows += self._get_rows(size, keys, src, dst)
-        rows.append(self._concurrent_row("put", size, f"{prefix}conc/", len(keys), max_iters))
-        rows.append(self._concurrent_row("get", size, f"{prefix}ws/", len(keys), max_iters))
+        rows.append(self._concurrent_row(Op.PUT, size, f"{prefix}conc/", len(keys), max_iters))
+        rows.append(self._concurrent_row(Op.GET, size, f"{prefix}ws/", len(keys), max_iters))
         self._remove(keys)
         return rows
 
@@ -238,7 +243,8 @@ class KvstorePeer(Peer):
                 raise RuntimeError("batch_exists missed keys that were just put")
         t = cfg.timed(step)
         self._remove(keys)
-        return [Row("kvstore", "tcp", "exists", 0, 0.0, t.ops * len(keys) / t.seconds)]
+        keys_per_s = t.ops * len(keys) / t.seconds
+        return [Row(System.KVSTORE, DataPath.TCP, Op.EXISTS, 0, 0.0, keys_per_s)]
 
     def stop(self) -> None:
         stop_workers(self.workers)

@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from kvstore.tools.bench.harness import Pool, Row, Timing, timed_row
+from kvstore.tools.bench.harness import DataPath, Op, Pool, Row, System, Timing, timed_row
 
 
 def copy_step(src: Pool, dst: Pool) -> Callable[[int], None]:
@@ -28,4 +28,4 @@ def copy_step(src: Pool, dst: Pool) -> Callable[[int], None]:
 
 def limit_row(size_bytes: int, t: Timing) -> Row:
     """The ``memcpy cold get`` row of a timed :func:`copy_step`."""
-    return timed_row("memcpy", "cold", "get", size_bytes, t)
+    return timed_row(System.MEMCPY, DataPath.COLD, Op.GET, size_bytes, t)

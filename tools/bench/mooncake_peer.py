@@ -31,8 +31,8 @@ import shutil
 import subprocess
 import time
 
-from kvstore.tools.bench.harness import (BenchConfig, MiB, Peer, Pool, Row, free_port,
-                                         stop_workers, timed, timed_row)
+from kvstore.tools.bench.harness import (BenchConfig, DataPath, MiB, Op, Peer, Pool, Row, System,
+                                         free_port, stop_workers, timed, timed_row)
 from kvstore.tools.processes import terminate
 
 HOST = "127.0.0.1"
@@ -208,8 +208,8 @@ class MooncakePeer(Peer):
         if isinstance(answer[0], str):
             raise RuntimeError(f"mooncake: {answer[1]}")
         put_t, get_t = answer
-        return [timed_row("mooncake", "tcp", "put", size, put_t),
-                timed_row("mooncake", "tcp", "get", size, get_t)]
+        return [timed_row(System.MOONCAKE, DataPath.TCP, Op.PUT, size, put_t),
+                timed_row(System.MOONCAKE, DataPath.TCP, Op.GET, size, get_t)]
 
     def stop(self) -> None:
         stop_workers(self.procs, timeout_s=10)

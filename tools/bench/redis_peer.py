@@ -17,7 +17,8 @@ import subprocess
 import time
 
 from kvstore.sizes import format_size
-from kvstore.tools.bench.harness import BenchConfig, MiB, Peer, Pool, Row, free_port, timed_row
+from kvstore.tools.bench.harness import (BenchConfig, DataPath, MiB, Op, Peer, Pool, Row, System,
+                                         free_port, timed_row)
 from kvstore.tools.processes import terminate
 
 
@@ -54,7 +55,7 @@ class RedisPeer(Peer):
         rows = []
         cfg.progress(f"redis SET {format_size(size)}")
         t = cfg.timed(lambda i: r.set(keys[i % len(keys)], src.views[i % len(keys)]))
-        rows.append(timed_row("redis", "tcp", "put", size, t))
+        rows.append(timed_row(System.REDIS, DataPath.TCP, Op.PUT, size, t))
         cfg.progress(f"redis GET {format_size(size)}")
         for j in range(t.total, len(keys)):   # the SET budget may not have reached every key
             r.set(keys[j], src.views[j])
@@ -63,7 +64,7 @@ class RedisPeer(Peer):
             if len(r.get(keys[i % len(keys)])) != size:
                 raise RuntimeError("redis returned a value of the wrong size")
         _settle_allocator(size)
-        rows.append(timed_row("redis", "tcp", "get", size, cfg.timed(get)))
+        rows.append(timed_row(System.REDIS, DataPath.TCP, Op.GET, size, cfg.timed(get)))
         r.flushall()
         return rows
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvstore.tools.bench.harness import MiB, verify_label
+from kvstore.tools.bench.harness import DataPath, MiB, Op, System, verify_label
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,29 +19,32 @@ class Target:
     """One of issue 4's targets: ``row / baseline >= ratio`` (or ``ops/s >= ratio``)."""
 
     name: str
-    row: tuple[str, str, str]                    # (system, path, op)
-    baseline: tuple[str, str, str] | None        # None: an absolute ops/s floor
+    row: tuple[System, DataPath, Op]
+    baseline: tuple[System, DataPath, Op] | None     # None: an absolute ops/s floor
     ratio: float
     sizes_bytes: tuple[int, ...]
 
 
 TARGETS = (
-    Target("shm get >= 0.6x cold memcpy", ("kvstore", "shm", "get"), ("memcpy", "cold", "get"),
-           0.6, (MiB, 4 * MiB)),
-    Target("tcp get >= 0.6x socket reqresp", ("kvstore", "tcp", "get"),
-           ("socket", "reqresp", "get"), 0.6, (MiB,)),
-    Target("tcp-batch get >= 0.5x socket stream", ("kvstore", "tcp-batch", "get"),
-           ("socket", "stream", "get"), 0.5, (64 * 1024,)),
-    Target("tcp get >= 2x redis GET", ("kvstore", "tcp", "get"), ("redis", "tcp", "get"),
-           2.0, (MiB,)),
-    Target("tcp get >= 1.5x mooncake get", ("kvstore", "tcp", "get"),
-           ("mooncake", "tcp", "get"), 1.5, (MiB,)),
-    Target("batch_exists >= 200k keys/s", ("kvstore", "tcp", "exists"), None, 200_000, (0,)),
+    Target("shm get >= 0.6x cold memcpy", (System.KVSTORE, DataPath.SHM, Op.GET),
+           (System.MEMCPY, DataPath.COLD, Op.GET), 0.6, (MiB, 4 * MiB)),
+    Target("tcp get >= 0.6x socket reqresp", (System.KVSTORE, DataPath.TCP, Op.GET),
+           (System.SOCKET, DataPath.REQRESP, Op.GET), 0.6, (MiB,)),
+    Target("tcp-batch get >= 0.5x socket stream",
+           (System.KVSTORE, DataPath.TCP_BATCH, Op.GET),
+           (System.SOCKET, DataPath.STREAM, Op.GET), 0.5, (64 * 1024,)),
+    Target("tcp get >= 2x redis GET", (System.KVSTORE, DataPath.TCP, Op.GET),
+           (System.REDIS, DataPath.TCP, Op.GET), 2.0, (MiB,)),
+    Target("tcp get >= 1.5x mooncake get", (System.KVSTORE, DataPath.TCP, Op.GET),
+           (System.MOONCAKE, DataPath.TCP, Op.GET), 1.5, (MiB,)),
+    Target("batch_exists >= 200k keys/s", (System.KVSTORE, DataPath.TCP, Op.EXISTS), None,
+           200_000, (0,)),
 )
 
 #: Ratio columns: kvstore (path) -> baseline (system, path); the memcpy row serves both ops.
-_LIMIT_OF = {"shm": ("memcpy", "cold"), "tcp": ("socket", "reqresp"),
-             "tcp-batch": ("socket", "stream")}
+_LIMIT_OF = {DataPath.SHM: (System.MEMCPY, DataPath.COLD),
+             DataPath.TCP: (System.SOCKET, DataPath.REQRESP),
+             DataPath.TCP_BATCH: (System.SOCKET, DataPath.STREAM)}
 
 
 def _short_size(size_bytes: int) -> str:
@@ -52,7 +55,9 @@ def _short_size(size_bytes: int) -> str:
     return f"{size_bytes}B"
 
 
-def _find(rows: list[dict], system: str, path: str, op: str | None, size: int) -> dict | None:
+def _find(rows: list[dict], system: System, path: DataPath, op: Op | str | None,
+          size: int) -> dict | None:
+    """The row dict of ``(system, path, op)`` at ``size`` (any op when ``op`` is None)."""
     for r in rows:
         if (r["system"], r["path"], r["size_bytes"]) == (system, path, size) and (
                 op is None or r["op"] == op):
@@ -104,15 +109,16 @@ def render(rows: list[dict], verify: bool | None):
         table.add_column(name, justify="right", no_wrap=True)
     for r in rows:
         limit = redis = mooncake = ""
-        if r["system"] == "kvstore" and r["path"] in _LIMIT_OF:
-            sys_, path = _LIMIT_OF[r["path"]]
-            base = _find(rows, sys_, path, None if sys_ == "memcpy" else r["op"], r["size_bytes"])
-            x = _ratio(r, base)
+        ours, path = r["system"] == System.KVSTORE, DataPath(r["path"])
+        if ours and path in _LIMIT_OF:
+            sys_, base_path = _LIMIT_OF[path]
+            op = None if sys_ == System.MEMCPY else r["op"]
+            x = _ratio(r, _find(rows, sys_, base_path, op, r["size_bytes"]))
             limit = f"{x:.2f}x" if x is not None else ""
-        if r["system"] == "kvstore" and r["path"] == "tcp":
-            x = _ratio(r, _find(rows, "redis", "tcp", r["op"], r["size_bytes"]))
+        if ours and path == DataPath.TCP:
+            x = _ratio(r, _find(rows, System.REDIS, DataPath.TCP, r["op"], r["size_bytes"]))
             redis = f"{x:.2f}x" if x is not None else ""
-            x = _ratio(r, _find(rows, "mooncake", "tcp", r["op"], r["size_bytes"]))
+            x = _ratio(r, _find(rows, System.MOONCAKE, DataPath.TCP, r["op"], r["size_bytes"]))
             mooncake = f"{x:.2f}x" if x is not None else ""
         table.add_row(r["system"], r["path"], r["op"],
                       _short_size(r["size_bytes"]) if r["size_bytes"] else "-",

@@ -19,7 +19,8 @@ import struct
 from typing import Callable
 
 from kvstore.sizes import format_size
-from kvstore.tools.bench.harness import BenchConfig, MiB, Peer, Pool, Row, timed_row
+from kvstore.tools.bench.harness import (BenchConfig, DataPath, MiB, Op, Peer, Pool, Row, System,
+                                         timed_row)
 from kvstore.transfer.protocol import recv_exact_into, send_parts, tune_socket
 
 #: socket limit request: op (1 = send me values, 2 = take my values), count, size_bytes.
@@ -106,11 +107,11 @@ class SocketPeer(Peer):
                     recv_exact_into(sock, ack)
                 return step
 
-            for path, count in (("reqresp", 1), ("stream", per_stream)):
-                for op, make in (("get", get), ("put", put)):
+            for path, count in ((DataPath.REQRESP, 1), (DataPath.STREAM, per_stream)):
+                for op, make in ((Op.GET, get), (Op.PUT, put)):
                     cfg.progress(f"socket {path} {op} {format_size(size)}")
                     t = cfg.timed(make(count))
-                    rows.append(timed_row("socket", path, op, size, t, count))
+                    rows.append(timed_row(System.SOCKET, path, op, size, t, count))
         return rows
 
     def stop(self) -> None:
