@@ -135,7 +135,7 @@ def chaos(
 
 def _register_tools() -> None:
     """Commands whose code lives in tools/ (imported lazily: they pull heavy modules)."""
-    from kvstore.tools.bench import bench_command
+    from kvstore.tools.bench.command import bench_command
     from kvstore.tools.cache_sim import simulate_cache_command
     from kvstore.tools.profile import profile_command
     from kvstore.tools.simulate import simulate_command

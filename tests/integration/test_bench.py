@@ -1,4 +1,4 @@
-"""``tools/bench.py`` end to end: one tiny run against its own cluster, then its rows and tables.
+"""``kvstore bench`` end to end: one tiny run against its own cluster, then its rows and tables.
 
 The run uses one small size, a 4 MiB rotation pool and 50 ms budgets: it
 checks what the benchmark reports and that it tears down, not the numbers.
@@ -11,8 +11,10 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from kvstore.tools.bench import OPS, PATHS, SYSTEMS, bench_command, check_targets, render, run_bench
-from kvstore.tools.bench_mooncake import master_binary
+from kvstore.tools.bench.command import bench_command, run_bench
+from kvstore.tools.bench.harness import OPS, PATHS, SYSTEMS
+from kvstore.tools.bench.mooncake_peer import master_binary
+from kvstore.tools.bench.report import check_targets, render
 
 SIZE_BYTES = 64 * 1024
 KEYS = {"system", "path", "op", "size_bytes", "gbps", "ops_per_s"}

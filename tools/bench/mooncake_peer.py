@@ -1,4 +1,4 @@
-"""Mooncake Store as a peer of ``kvstore bench`` (optional).
+"""Mooncake Store as a peer of ``kvstore bench`` (optional): rows ``mooncake tcp put / get``.
 
 Measured when its CPU build is installed::
 
@@ -30,19 +30,16 @@ import os
 import shutil
 import subprocess
 import time
-from typing import TYPE_CHECKING
 
+from kvstore.tools.bench.harness import (BenchConfig, DataPath, MiB, Op, Peer, Pool, Row, System,
+                                         free_port, stop_workers, timed, timed_row)
 from kvstore.tools.processes import terminate
 
-if TYPE_CHECKING:
-    from kvstore.tools.bench import BenchConfig, Row
-
 HOST = "127.0.0.1"
-_MiB = 1 << 20
 #: Local buffer of each Mooncake client (staging for get / put of Python buffers).
-LOCAL_BUFFER_BYTES = 64 * _MiB
+LOCAL_BUFFER_BYTES = 64 * MiB
 #: Puts per size are capped here (keys are removed after each size).
-PUT_CAP_BYTES = 256 * _MiB
+PUT_CAP_BYTES = 256 * MiB
 
 
 def master_binary() -> str | None:
@@ -89,8 +86,6 @@ def _holder_main(log_path: str, master: str, segment_bytes: int, pipe) -> None:
 
 def _client_main(log_path: str, master: str, pipe) -> None:
     """Process B: runs ``(size, cfg fields)`` commands, answers (put Timing, get Timing)."""
-    from kvstore.tools.bench import _Pool, _timed
-
     _quiet(log_path)
     try:
         st = _store(master, 0)
@@ -101,8 +96,8 @@ def _client_main(log_path: str, master: str, pipe) -> None:
     while (cmd := pipe.recv()) is not None:
         size, pool_bytes, duration_s, warmup_s, rounds = cmd
         try:
-            src = _Pool(size, pool_bytes, seed=1)
-            dst = _Pool(size, pool_bytes, seed=2)
+            src = Pool(size, pool_bytes, seed=1)
+            dst = Pool(size, pool_bytes, seed=2)
             for pool in (src, dst):
                 if st.register_buffer(pool.buf.ctypes.data, pool.buf.nbytes) != 0:
                     raise RuntimeError("register_buffer failed")
@@ -113,9 +108,9 @@ def _client_main(log_path: str, master: str, pipe) -> None:
                     raise RuntimeError(f"mooncake {what} returned {rc}")
 
             prefix = f"bench/{os.getpid()}/{size}/"
-            put_t = _timed(lambda i: ok(st.put_from(f"{prefix}put/{i}", ptr(src, i), size),
-                                        "put_from"),
-                           duration_s, warmup_s, max(8, PUT_CAP_BYTES // size), rounds=rounds)
+            put_t = timed(lambda i: ok(st.put_from(f"{prefix}put/{i}", ptr(src, i), size),
+                                       "put_from"),
+                          duration_s, warmup_s, max(8, PUT_CAP_BYTES // size), rounds=rounds)
             for i in range(put_t.total):
                 st.remove(f"{prefix}put/{i}", True)
             keys = [f"{prefix}ws/{j}" for j in range(max(2, math.ceil(pool_bytes / size)))]
@@ -130,7 +125,7 @@ def _client_main(log_path: str, master: str, pipe) -> None:
             def get(i: int) -> None:
                 if len(st.get(keys[i % n])) != size:
                     raise RuntimeError("mooncake get returned a wrong size")
-            gets = [_timed(f, duration_s, warmup_s, rounds=rounds) for f in (get_into, get)]
+            gets = [timed(f, duration_s, warmup_s, rounds=rounds) for f in (get_into, get)]
             best = max(gets, key=lambda t: t.ops / t.seconds)
             for k in keys:
                 st.remove(k, True)
@@ -142,19 +137,17 @@ def _client_main(log_path: str, master: str, pipe) -> None:
     st.close()
 
 
-class MooncakePeer:
+class MooncakePeer(Peer):
     """mooncake_master + holder + client, started here; :meth:`stop` ends all three.
 
     Raises:
         RuntimeError: a part did not start (the caller skips Mooncake with a note).
     """
 
-    def __init__(self, exe: str, cfg: "BenchConfig", log_dir: str):
-        from kvstore.tools.bench import _free_port
-
+    def __init__(self, exe: str, cfg: BenchConfig, log_dir: str):
         self.cfg = cfg
         self.procs: list = []
-        rpc_port, metrics_port = _free_port(), _free_port()
+        rpc_port, metrics_port = free_port(), free_port()
         self.master = f"{HOST}:{rpc_port}"
         self._log = open(os.path.join(log_dir, "mooncake_master.log"), "wb")
         self.master_proc = subprocess.Popen(
@@ -205,10 +198,8 @@ class MooncakePeer:
             raise RuntimeError(f"{target.__name__}: {answer[1]}")
         return ours
 
-    def bench(self, size: int) -> list["Row"]:
-        from kvstore.tools.bench import _timed_row
-
-        cfg = self.cfg
+    def bench(self, size_bytes: int) -> list[Row]:
+        cfg, size = self.cfg, size_bytes
         cfg.progress(f"mooncake put/get {size} B")
         self.client_pipe.send((size, cfg.pool_bytes, cfg.duration_s, cfg.warmup_s, cfg.rounds))
         if not self.client_pipe.poll(4 * (cfg.duration_s + cfg.warmup_s) + 120):
@@ -217,18 +208,16 @@ class MooncakePeer:
         if isinstance(answer[0], str):
             raise RuntimeError(f"mooncake: {answer[1]}")
         put_t, get_t = answer
-        return [_timed_row("mooncake", "tcp", "put", size, put_t),
-                _timed_row("mooncake", "tcp", "get", size, get_t)]
+        return [timed_row(System.MOONCAKE, DataPath.TCP, Op.PUT, size, put_t),
+                timed_row(System.MOONCAKE, DataPath.TCP, Op.GET, size, get_t)]
 
     def stop(self) -> None:
-        from kvstore.tools.bench import stop_workers
-
         stop_workers(self.procs, timeout_s=10)
         terminate(self.master_proc, timeout_s=10)
         self._log.close()
 
 
-def start_mooncake(cfg: "BenchConfig", log_dir: str) -> MooncakePeer | None:
+def start(cfg: BenchConfig, log_dir: str) -> MooncakePeer | None:
     """The Mooncake peer, or None (with a note) when it is off, not installed or will not start."""
     if not cfg.use_mooncake:
         return None

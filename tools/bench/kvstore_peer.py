@@ -1,0 +1,259 @@
+"""kvstore itself: a master and one node started here, measured on every client path.
+
+Rows (``kvstore``)::
+
+    shm         get, put   KVClient through the node's shared-memory segment
+    tcp         get, put   KVClient over TCP, one key per call
+    tcp-batch   get, put   batch_get_into / batch_put of ``batch_keys`` keys over TCP
+    concurrent  get, put   ``clients`` client processes at once (TCP unless concurrent_shm)
+    tcp         exists     batch_exists of ``exists_keys`` keys, once per run; ops/s
+                           counts keys, size is 0
+
+Puts write a fresh key per value (at most ``max_put_bytes`` per row) and
+remove them afterwards, waiting until the node has freed them. Gets read a
+working set of >= ``pool_bytes`` of values, written once per size, in
+rotation, into preallocated buffers (``get_into``), after one batched lookup
+has warmed each client's metadata cache. The cold-memcpy limit
+(:mod:`~kvstore.tools.bench.memcpy`) is timed here, its rounds taking turns
+with the shm gets'.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import time
+import uuid
+
+from kvstore.sizes import format_size
+from kvstore.tools.bench import memcpy
+from kvstore.tools.bench.harness import (BenchConfig, DataPath, Op, Peer, Pool, Row, System,
+                                         rate_row, stop_workers, timed, timed_interleaved,
+                                         timed_row)
+
+#: The single-client paths, in table order.
+_PATHS = (DataPath.SHM, DataPath.TCP, DataPath.TCP_BATCH)
+
+
+def _check(results: list, what: str) -> None:
+    bad = [r for r in results if isinstance(r, Exception)]
+    if bad:
+        raise RuntimeError(f"{what}: {len(bad)} of {len(results)} failed, first: {bad[0]!r}")
+
+
+def _client_worker(master: str, prefer_shm: bool, verify: bool | None, pool_bytes: int,
+                   barrier, pipe) -> None:
+    """A concurrent client process: runs get or put loops on command, in step with the others.
+
+    Commands are ``(op, size, key_prefix, num_keys, worker_index, duration_s, warmup_s,
+    max_iters)``; the answer is a :class:`Timing` (``t0`` from ``time.perf_counter``, one
+    clock for every process on Linux) or ``("error", text)``. None stops the worker.
+    """
+    from kvstore.client import KVClient
+
+    with KVClient(master, prefer_shm=prefer_shm, verify_checksum=verify) as kv:
+        pipe.send("ready")
+        while (cmd := pipe.recv()) is not None:
+            op, size, prefix, num_keys, w, duration_s, warmup_s, max_iters = cmd
+            try:
+                pool = Pool(size, pool_bytes, seed=10 + w)
+                if op == Op.GET:
+                    keys = [f"{prefix}{(j + w * 7) % num_keys}" for j in range(num_keys)]
+                    for j in range(0, num_keys, 1000):   # warm metadata, as the single rows do
+                        kv.lookup(keys[j:j + 1000])
+                    step = lambda i: kv.get_into(keys[i % num_keys], pool[i])  # noqa: E731
+                else:
+                    step = lambda i: kv.put(f"{prefix}w{w}/{i}", pool[i])  # noqa: E731
+                pipe.send(timed(step, duration_s, warmup_s, max_iters,
+                                before_timed=lambda: barrier.wait(timeout=60)))
+            except Exception as exc:  # reported to the parent, which fails the run
+                barrier.abort()
+                pipe.send(("error", repr(exc)))
+
+
+class KvstorePeer(Peer):
+    """A master and one node (the launcher's), clients on both paths and the concurrent workers."""
+
+    def __init__(self, cfg: BenchConfig, log_dir: str):
+        from kvstore.client import KVClient
+        from kvstore.tools.launcher import start_store_cluster
+        from kvstore.tools.processes import ProcessGroup
+
+        self.cfg = cfg
+        self.run_id = uuid.uuid4().hex[:8]
+        self.procs = ProcessGroup(log_dir=log_dir)
+        self.workers: list[tuple[mp.Process, object]] = []
+        self.kv_shm = self.kv_tcp = None
+        try:
+            store = start_store_cluster(1, 1, dram=cfg.node_dram, eviction_policy="default",
+                                        node_prefix="bench", procs=self.procs)
+            master = store.master
+            self.shm_name = store.nodes["bench0"].info.get("shm_name", "")
+            ctx = mp.get_context("spawn")
+            barrier = ctx.Barrier(cfg.clients)
+            for _ in range(cfg.clients):
+                ours, theirs = ctx.Pipe()
+                p = ctx.Process(target=_client_worker, daemon=True,
+                                args=(master, cfg.concurrent_shm, cfg.verify, cfg.pool_bytes,
+                                      barrier, theirs))
+                p.start()
+                self.workers.append((p, ours))
+            self.kv_shm = KVClient(master, prefer_shm=True, verify_checksum=cfg.verify)
+            self.kv_tcp = KVClient(master, prefer_shm=False, verify_checksum=cfg.verify)
+            for _, pipe in self.workers:
+                if not pipe.poll(120) or pipe.recv() != "ready":
+                    raise RuntimeError("a concurrent client process did not start")
+        except BaseException:
+            self.stop()
+            raise
+
+    def _remove(self, keys: list[str]) -> None:
+        """Remove ``keys``, then wait until the node has applied it: drops reach it
+        with its next heartbeat and free memory on that thread, which must not
+        overlap the next measurement."""
+        (before,) = self.kv_tcp.node_stats().values()
+        removed = 0
+        for k in range(0, len(keys), 1000):
+            removed += sum(r is None for r in self.kv_tcp.batch_remove(keys[k:k + 1000]))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            (st,) = self.kv_tcp.node_stats().values()
+            if st["num_objects"] <= before["num_objects"] - removed and not st["num_doomed"]:
+                return
+            time.sleep(0.05)
+
+    def _put_rows(self, size: int, prefix: str, src: Pool, max_iters: int) -> list[Row]:
+        """shm, tcp and tcp-batch puts, a fresh key per value, removed afterwards."""
+        cfg, batch, rows = self.cfg, self.cfg.batch_keys, []
+        for path in _PATHS:
+            cfg.progress(f"kvstore {path} put {format_size(size)}")
+            p = f"{prefix}put-{path}/"
+            if path == DataPath.TCP_BATCH:
+                def step(i: int) -> None:
+                    b = range(i * batch, (i + 1) * batch)
+                    _check(self.kv_tcp.batch_put([f"{p}{j}" for j in b], [src[j] for j in b]),
+                           "batch_put")
+                t = cfg.timed(step, max(2, max_iters // batch))
+                written = t.total * batch
+            else:
+                kv = self.kv_shm if path == DataPath.SHM else self.kv_tcp
+                t = cfg.timed(lambda i: kv.put(f"{p}{i}", src[i]), max_iters)
+                written = t.total
+            rows.append(timed_row(System.KVSTORE, path, Op.PUT, size, t,
+                                  batch if path == DataPath.TCP_BATCH else 1))
+            self._remove([f"{p}{j}" for j in range(written)])
+        return rows
+
+    def _get_rows(self, size: int, keys: list[str], src: Pool, dst: Pool) -> list[Row]:
+        """The memcpy limit, then shm, tcp and tcp-batch gets of the working set
+        ``keys``, in rotation.
+
+        Each client's metadata cache is warmed first (one batched lookup), as in
+        a client's steady state: the rows measure the data path, not the first
+        master lookup of each key. The memcpy limit (``src`` -> ``dst``) is
+        measured in rounds taking turns with the shm gets, its ratio's path.
+        """
+        cfg, batch, rows = self.cfg, self.cfg.batch_keys, []
+        n = len(keys)
+        for kv in (self.kv_shm, self.kv_tcp):
+            for j in range(0, n, 1000):
+                kv.lookup(keys[j:j + 1000])
+        for path in _PATHS:
+            cfg.progress(f"kvstore {path} get {format_size(size)}")
+            if path == DataPath.SHM:
+                t_copy, t = timed_interleaved(
+                    [memcpy.copy_step(src, dst),
+                     lambda i: self.kv_shm.get_into(keys[i % n], dst[i])],
+                    cfg.duration_s, cfg.warmup_s, cfg.rounds)
+                rows.insert(0, memcpy.limit_row(size, t_copy))
+            elif path == DataPath.TCP_BATCH:
+                def step(i: int) -> None:
+                    b = range(i * batch, (i + 1) * batch)
+                    _check(self.kv_tcp.batch_get_into([keys[j % n] for j in b],
+                                                      [dst[j] for j in b]), "batch_get_into")
+                t = cfg.timed(step)
+            else:
+                kv = self.kv_shm if path == DataPath.SHM else self.kv_tcp
+                t = cfg.timed(lambda i: kv.get_into(keys[i % n], dst[i]))
+            rows.append(timed_row(System.KVSTORE, path, Op.GET, size, t,
+                                  batch if path == DataPath.TCP_BATCH else 1))
+            if path == DataPath.SHM and not self._shm_mapped():
+                cfg.note("kvstore shm rows went over TCP: the node's segment is not mapped here")
+        return rows
+
+    def _shm_mapped(self) -> bool:
+        """True when this process maps the node's segment (unknown counts as mapped)."""
+        try:
+            with open("/proc/self/maps") as f:
+                return not self.shm_name or f"/dev/shm/{self.shm_name}" in f.read()
+        except OSError:
+            return True
+
+    def _concurrent_row(self, op: Op, size: int, prefix: str, num_keys: int,
+                        max_iters: int) -> Row:
+        """All workers at once; throughput over the span from the first start to the last end."""
+        cfg = self.cfg
+        cfg.progress(f"kvstore {cfg.clients} clients {op} {format_size(size)}")
+        for w, (_, pipe) in enumerate(self.workers):
+            pipe.send((op, size, prefix, num_keys, w, cfg.duration_s, cfg.warmup_s,
+                       max(4, max_iters // cfg.clients)))
+        answers = []
+        for _, pipe in self.workers:
+            if not pipe.poll(cfg.duration_s + cfg.warmup_s + 120):
+                raise RuntimeError("a concurrent client process stopped answering")
+            answers.append(pipe.recv())
+        errors = [a[1] for a in answers if isinstance(a, tuple)]
+        if errors:
+            raise RuntimeError(f"concurrent {op} failed: {errors[0]}")
+        if op == Op.PUT:
+            self._remove([f"{prefix}w{w}/{j}" for w, a in enumerate(answers)
+                          for j in range(a.total)])
+        span = max(a.t0 + a.seconds for a in answers) - min(a.t0 for a in answers)
+        ops = sum(a.ops for a in answers)
+        return rate_row(System.KVSTORE, DataPath.CONCURRENT, op, size, ops, span)
+
+    def bench(self, size_bytes: int) -> list[Row]:
+        cfg, batch, size = self.cfg, self.cfg.batch_keys, size_bytes
+        prefix = f"bench/{self.run_id}/{size}/"
+        src = Pool(size, cfg.pool_bytes, min_slots=batch, seed=1)
+        dst = Pool(size, cfg.pool_bytes, min_slots=batch, seed=2)
+        max_iters = max(8, cfg.max_put_bytes // size)
+        rows = self._put_rows(size, prefix, src, max_iters)
+        # The get working set: >= pool_bytes of values, written once, read in rotation.
+        keys = [f"{prefix}ws/{j}" for j in range(max(batch, math.ceil(cfg.pool_bytes / size)))]
+        for k in range(0, len(keys), batch):
+            chunk = keys[k:k + batch]
+            _check(self.kv_tcp.batch_put(chunk, [src[k + j] for j in range(len(chunk))]),
+                   "batch_put")
+        rows += self._get_rows(size, keys, src, dst)
+        rows.append(self._concurrent_row(Op.PUT, size, f"{prefix}conc/", len(keys), max_iters))
+        rows.append(self._concurrent_row(Op.GET, size, f"{prefix}ws/", len(keys), max_iters))
+        self._remove(keys)
+        return rows
+
+    def bench_once(self) -> list[Row]:
+        """The ``exists`` row: batch_exists of ``exists_keys`` keys just put."""
+        cfg = self.cfg
+        cfg.progress(f"kvstore batch_exists x{cfg.exists_keys}")
+        keys = [f"bench/{self.run_id}/exists/{j}" for j in range(cfg.exists_keys)]
+        _check(self.kv_tcp.batch_put(keys, [b"x" * 16] * len(keys)), "batch_put")
+
+        def step(_i: int) -> None:
+            if not all(self.kv_tcp.batch_exists(keys)):
+                raise RuntimeError("batch_exists missed keys that were just put")
+        t = cfg.timed(step)
+        self._remove(keys)
+        keys_per_s = t.ops * len(keys) / t.seconds
+        return [Row(System.KVSTORE, DataPath.TCP, Op.EXISTS, 0, 0.0, keys_per_s)]
+
+    def stop(self) -> None:
+        stop_workers(self.workers)
+        for kv in (self.kv_shm, self.kv_tcp):
+            if kv is not None:
+                kv.close()
+        self.procs.stop()
+
+
+def start(cfg: BenchConfig, log_dir: str) -> KvstorePeer:
+    """The kvstore cluster and its clients (always measured)."""
+    return KvstorePeer(cfg, log_dir)

@@ -1,0 +1,112 @@
+"""Redis as a peer of ``kvstore bench``: redis-py GET / SET against a redis-server started here.
+
+Rows (``redis``, path ``tcp``): ``put`` (SET of a key per pool slot, in
+rotation) and ``get`` (GET of those keys, each checked for its size). The
+server runs on a free loopback port without persistence; values come from a
+cold pool of ``pool_bytes``. Measured when ``redis-server`` and redis-py
+(``pip install -e '.[bench]'``) are installed, else skipped with a note.
+
+The module is ``redis_peer``, not ``redis``, so that ``import redis`` is the
+client library.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+
+from kvstore.sizes import format_size
+from kvstore.tools.bench.harness import (BenchConfig, DataPath, MiB, Op, Peer, Pool, Row, System,
+                                         free_port, timed_row)
+from kvstore.tools.processes import terminate
+
+
+class RedisPeer(Peer):
+    """A redis-server on a free loopback port (no persistence), stopped by :meth:`stop`."""
+
+    def __init__(self, exe: str, cfg: BenchConfig):
+        import redis
+
+        self.cfg = cfg
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--protected-mode", "no", "--daemonize", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+            start_new_session=True)
+        self.client = redis.Redis(host="127.0.0.1", port=self.port)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.client.ping()
+                return
+            except redis.ConnectionError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"redis-server did not start on port {self.port}")
+                time.sleep(0.05)
+
+    def bench(self, size_bytes: int) -> list[Row]:
+        cfg, size = self.cfg, size_bytes
+        src = Pool(size, cfg.pool_bytes, seed=1)
+        keys = [f"bench:{size}:{j}" for j in range(src.num_slots)]
+        r = self.client
+        rows = []
+        cfg.progress(f"redis SET {format_size(size)}")
+        t = cfg.timed(lambda i: r.set(keys[i % len(keys)], src.views[i % len(keys)]))
+        rows.append(timed_row(System.REDIS, DataPath.TCP, Op.PUT, size, t))
+        cfg.progress(f"redis GET {format_size(size)}")
+        for j in range(t.total, len(keys)):   # the SET budget may not have reached every key
+            r.set(keys[j], src.views[j])
+
+        def get(i: int) -> None:
+            if len(r.get(keys[i % len(keys)])) != size:
+                raise RuntimeError("redis returned a value of the wrong size")
+        _settle_allocator(size)
+        rows.append(timed_row(System.REDIS, DataPath.TCP, Op.GET, size, cfg.timed(get)))
+        r.flushall()
+        return rows
+
+    def stop(self) -> None:
+        self.client.close()
+        terminate(self.proc)
+
+
+def _settle_allocator(size: int) -> None:
+    """Put glibc malloc in the state a long-running process reaches, before Redis GETs.
+
+    redis-py builds every value in growing buffers and returns a new ``bytes``.
+    Until a large block has been freed, glibc serves such blocks with fresh
+    mmaps (a page fault per 4 KiB, every call), and 1 MiB GETs run 2-5x slower
+    than once its dynamic mmap threshold has risen (measured here: 0.4-0.9 vs
+    2.2 GB/s). Which state the benchmark's process happened to be in made the
+    Redis row swing between runs; freeing one large block first measures the
+    peer in its steady, faster state every time.
+    """
+    block = bytearray(min(16 * MiB, 8 * size))   # <= glibc's 32 MiB cap on the threshold
+    del block
+
+
+def start(cfg: BenchConfig, log_dir: str) -> RedisPeer | None:
+    """The Redis peer, or None (with a note) when it is off, not installed or will not start."""
+    exe = shutil.which("redis-server")
+    if not cfg.use_redis:
+        return None
+    if exe is None:
+        cfg.note("redis: skipped (no redis-server binary; apt-get install redis-server)")
+        return None
+    try:
+        import redis
+        from redis.utils import HIREDIS_AVAILABLE
+    except ImportError:
+        cfg.note("redis: skipped (no redis module: pip install -e '.[bench]')")
+        return None
+    try:
+        peer = RedisPeer(exe, cfg)
+    except RuntimeError as exc:
+        cfg.note(f"redis: skipped ({exc})")
+        return None
+    cfg.note(f"redis: redis-py {redis.__version__}, "
+             f"{'hiredis' if HIREDIS_AVAILABLE else 'pure-Python'} parser")
+    return peer
