@@ -42,6 +42,7 @@ from kvstore.transfer.base import ReadItem, Transport, WriteItem
 from kvstore.transfer.shm import ShmSegment, ShmTransport, host_id
 from kvstore.transfer.protocol import Op, local_address
 from kvstore.transfer.tcp import NodeConnection, TcpTransport
+from kvstore.types import TransportKind
 
 if TYPE_CHECKING:
     from kvstore.client.parts import PartsWriter
@@ -615,7 +616,7 @@ class KVClient:
         item = ReadItem(meta.key, meta.object_id, meta.size_bytes, meta.checksum, view)
         try:
             tr = self._transport(node)
-            verify = (tr.name == "tcp") if self.verify_checksum is None else self.verify_checksum
+            verify = (tr.kind is TransportKind.TCP) if self.verify_checksum is None else self.verify_checksum
             (err,) = tr.read_many([item], verify)
         except Unavailable as exc:
             self._drop_transport(node.node_id)
@@ -685,7 +686,7 @@ class KVClient:
                                   metas[i].checksum, views[i]) for i in idxs]
                 try:
                     tr = self._transport(addr[node_id])
-                    verify = (tr.name == "tcp") if self.verify_checksum is None else self.verify_checksum
+                    verify = (tr.kind is TransportKind.TCP) if self.verify_checksum is None else self.verify_checksum
                     res = tr.read_many(items, verify)
                 except Unavailable as err:
                     self._drop_transport(node_id)
