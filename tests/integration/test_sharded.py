@@ -47,7 +47,7 @@ def test_keys_split_over_shards_and_every_node_registers_with_each(sharded):
         # Each shard's index holds only keys of its own slots.
         smap = kv.shard_map
         for r in smap.ranges:
-            for meta in kv._rpc(r.addresses, "List", pb.ListRequest(limit=1000)).objects:
+            for meta in kv._control.call(r.addresses, "List", pb.ListRequest(limit=1000)).objects:
                 assert smap.shard_for_key(meta.key).shard_id == r.shard_id
 
 
