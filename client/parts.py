@@ -195,10 +195,6 @@ class PartsWriter:
         """True while value ``i`` takes parts (it is not stored yet, and has not failed)."""
         return self._open[i]
 
-    def is_complete(self, i: int) -> bool:
-        """True when every byte of value ``i`` has been written."""
-        return self._written[i] == self.sizes[i]
-
     # ---- publish ----
     def commit(self, only: Sequence[int] | None = None) -> list[bool | KVStoreError | None]:
         """Publish the values (all, or those listed in ``only``); returns :attr:`results`.
