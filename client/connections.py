@@ -1,8 +1,8 @@
 """The client's data connections to the store nodes, and the value-less ops it sends them.
 
 Each thread has its own transport per node (a transport is not
-thread-safe), chosen once per node: the node's shared-memory segment when it
-is on this host, else one-sided RDMA when the client has a device and the
+thread-safe), chosen when it connects: the node's shared-memory segment when
+it is on this host, else one-sided RDMA when the client has a device and the
 node serves it, else TCP. A transfer that fails makes its node *suspect*
 (tried last by reads for a while) and is reported to the master
 (``ReportFailure``), which quarantines a node that keeps failing while it

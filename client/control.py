@@ -9,9 +9,9 @@ disowns (a per-key status, or a whole call) are routed again after one
 refresh of the shard map from the seed masters; a second WRONG_SHARD is the
 error of those keys.
 
-Protobuf stops here: the typed calls (Lookup, Exists, Remove, List, Stat,
-ReportFailure) return :mod:`kvstore.types` records, converted by
-:mod:`kvstore.wire`. The put protocol's calls live in
+The typed calls here (Lookup, Exists, Remove, List, Stat, ReportFailure)
+return :mod:`kvstore.types` records, converted by :mod:`kvstore.wire`:
+protobuf goes no further into the SDK. The put protocol's calls live in
 :mod:`kvstore.client.puts`, on top of :meth:`Control.call` and
 :meth:`Control.routed`.
 
@@ -159,6 +159,7 @@ class Control:
         self.shard_map = self._fetch_shard_map()
 
     def shard_for_key(self, key: str) -> ShardRange:
+        """The shard owning ``key``'s slot in the current map."""
         return self.shard_map.shard_for_key(key)
 
     def _group(self, keys: Sequence[str], idxs: list[int]) -> dict[tuple[str, ...], list[int]]:

@@ -36,8 +36,8 @@ class Reads:
     """Reads of values, by key, into new buffers or the caller's.
 
     Args:
-        control: Lookup (and failure reports through ``connections``).
-        connections: the data connections reads go through.
+        control: the client's control plane (Lookup).
+        connections: the data connections reads go through (they report failed nodes).
         meta: the metadata cache, shared with the put protocol.
         verify_checksum: check each value read against its checksum; None:
             only what crossed a socket (TCP).
