@@ -17,11 +17,11 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from kvstore._proto import kvstore_pb2 as pb
+from kvstore.types import ObjectMeta
 
 
 class MetaCache:
-    """A bounded LRU map key -> :class:`pb.ObjectMeta`.
+    """A bounded LRU map key -> :class:`kvstore.types.ObjectMeta`.
 
     Args:
         max_entries: capacity; 0 disables the cache.
@@ -29,17 +29,17 @@ class MetaCache:
 
     def __init__(self, max_entries: int = 65536):
         self.max_entries = max_entries
-        self._entries: OrderedDict[str, pb.ObjectMeta] = OrderedDict()
+        self._entries: OrderedDict[str, ObjectMeta] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: str) -> pb.ObjectMeta | None:
+    def get(self, key: str) -> ObjectMeta | None:
         with self._lock:
             meta = self._entries.get(key)
             if meta is not None:
                 self._entries.move_to_end(key)
             return meta
 
-    def put(self, meta: pb.ObjectMeta) -> None:
+    def put(self, meta: ObjectMeta) -> None:
         if not self.max_entries:
             return
         with self._lock:

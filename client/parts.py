@@ -26,6 +26,9 @@ present" (False) when equal, KeyConflict when not. A
 target the client cannot map (another host) gets the value over TCP at
 commit, from a local buffer: correct, without the overlap.
 
+The master's side of it is the SDK's one put protocol
+(:class:`kvstore.client.puts.PutProtocol`: ``start``, ``stored``, ``revoke``).
+
 Thread safety: a writer belongs to the thread that made it (it uses that
 thread's data connections).
 """
@@ -33,21 +36,23 @@ thread's data connections).
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Callable, Sequence
 
 import xxhash
 
-from kvstore.transfer.buffers import readable_view
 from kvstore._proto import kvstore_pb2 as pb
+from kvstore.client.puts import PutProtocol, Written
 from kvstore.errors import (InvalidArgument, KeyConflict, KVStoreError, Unavailable,
                             error_for_code)
 from kvstore.keys import validate_key
-from kvstore.transfer.base import WriteItem
+from kvstore.transfer.base import Transport, WriteItem
+from kvstore.transfer.buffers import readable_view
 from kvstore.transfer.protocol import Op
 from kvstore.transfer.shm import ShmTransport
+from kvstore.types import NodeAddress, NodeId, ObjectId, ObjectMeta
 
-if TYPE_CHECKING:
-    from kvstore.client.client import KVClient
+#: Metadata per key from the master, or the error: :meth:`kvstore.client.KVClient.lookup`.
+Lookup = Callable[[Sequence[str]], list[ObjectMeta | KVStoreError]]
 
 
 class _Target:
@@ -55,7 +60,7 @@ class _Target:
 
     __slots__ = ("node", "view", "buffer", "transport")
 
-    def __init__(self, node: pb.NodeAddress, transport, view: memoryview | None):
+    def __init__(self, node: NodeAddress, transport: Transport, view: memoryview | None):
         self.node = node
         self.transport = transport
         self.view = view                                   # reserved range in the node's segment
@@ -77,18 +82,21 @@ class PartsWriter:
             (stored), False (already present) or the error.
     """
 
-    def __init__(self, kv: "KVClient", keys: Sequence[str], sizes_bytes: Sequence[int],
-                 parents: Sequence[str | None] | None, replica_num: int):
+    def __init__(self, puts: PutProtocol, lookup: Lookup, keys: Sequence[str],
+                 sizes_bytes: Sequence[int], parents: Sequence[str | None] | None,
+                 replica_num: int):
         if len(keys) != len(sizes_bytes) or (parents is not None and len(parents) != len(keys)):
             raise InvalidArgument(f"{len(keys)} keys, {len(sizes_bytes)} sizes, "
                                   f"{len(parents) if parents is not None else '-'} parents")
-        self.kv = kv
+        self._puts = puts
+        self._connections = puts.connections
+        self._lookup = lookup
         self.keys = list(keys)
         self.sizes = [int(s) for s in sizes_bytes]
         self.parents = [p or "" for p in parents] if parents is not None else [""] * len(keys)
         n = len(self.keys)
         self.results: list[bool | KVStoreError | None] = [None] * n
-        self._oid = [0] * n
+        self._oid: list[ObjectId] = [ObjectId(0)] * n
         self._targets: list[list[_Target]] = [[] for _ in range(n)]
         self._written = [0] * n
         self._hash = [xxhash.xxh3_64() for _ in range(n)]
@@ -108,25 +116,18 @@ class PartsWriter:
         todo = [i for i in range(len(self.keys)) if self.results[i] is None]
         if len(set(self.keys[i] for i in todo)) != len(todo):
             raise InvalidArgument("a key appears twice in one put_parts")
-        config = pb.PutConfig(replica_num=replica_num)
-        size_of = {self.keys[i]: self.sizes[i] for i in todo}
-
-        def start(address: tuple[str, ...], ks: list[str]) -> list[pb.PutStartResult]:
-            items = [pb.PutStartItem(key=k, size_bytes=size_of[k], checksum_at_end=True)
-                     for k in ks]
-            return list(self.kv._rpc(address, "PutStart",
-                                     pb.PutStartRequest(items=items, config=config)).results)
-
-        by_node: dict[str, list[tuple[int, pb.NodeAddress]]] = defaultdict(list)
-        for i, r in zip(todo, self.kv._routed([self.keys[i] for i in todo], start)):
-            if r.status.code != pb.OK:
-                self.results[i] = error_for_code(r.status.code, r.status.message, key=self.keys[i])
-            elif r.already_present:
+        placements = self._puts.start([self.keys[i] for i in todo], [self.sizes[i] for i in todo],
+                                      replica_num)
+        by_node: dict[NodeId, list[tuple[int, NodeAddress]]] = defaultdict(list)
+        for i, p in zip(todo, placements):
+            if isinstance(p, KVStoreError):
+                self.results[i] = p
+            elif p.already_present:
                 self._present[i] = True
             else:
-                self._oid[i] = r.object_id
+                self._oid[i] = p.object_id
                 self._open[i] = True
-                for t in r.targets:
+                for t in p.targets:
                     by_node[t.node_id].append((i, t))
         for lst in by_node.values():
             self._reserve(lst)
@@ -135,10 +136,10 @@ class PartsWriter:
                 self._fail(i, Unavailable("no target node could reserve the value",
                                           key=self.keys[i]))
 
-    def _reserve(self, lst: list[tuple[int, pb.NodeAddress]]) -> None:
+    def _reserve(self, lst: list[tuple[int, NodeAddress]]) -> None:
         node = lst[0][1]
         try:
-            tr = self.kv._transport(node)
+            tr = self._connections.transport(node)
         except Unavailable:
             return
         if not isinstance(tr, ShmTransport):
@@ -149,7 +150,7 @@ class PartsWriter:
             replies = tr.control(Op.SHM_ALLOC, [(self.keys[i], self._oid[i], self.sizes[i], 0)
                                                for i, _ in lst], [self.parents[i] for i, _ in lst])
         except Unavailable:
-            self.kv._drop_transport(node.node_id)
+            self._connections.drop(node.node_id)
             return
         seg = tr.segment.view
         for (i, _), (code, _oid, size, _ck, offset, _msg) in zip(lst, replies):
@@ -195,10 +196,6 @@ class PartsWriter:
         """True while value ``i`` takes parts (it is not stored yet, and has not failed)."""
         return self._open[i]
 
-    def is_complete(self, i: int) -> bool:
-        """True when every byte of value ``i`` has been written."""
-        return self._written[i] == self.sizes[i]
-
     # ---- publish ----
     def commit(self, only: Sequence[int] | None = None) -> list[bool | KVStoreError | None]:
         """Publish the values (all, or those listed in ``only``); returns :attr:`results`.
@@ -215,9 +212,9 @@ class PartsWriter:
                 self._fail(i, InvalidArgument(f"{self._written[i]} of {self.sizes[i]} B written",
                                               key=self.keys[i]))
         checksum = {i: self._hash[i].intdigest() for i in open_ if self._open[i]}
-        written: dict[int, list[pb.NodeAddress]] = defaultdict(list)
+        written: dict[int, list[NodeAddress]] = defaultdict(list)
         errors: dict[int, KVStoreError] = {}
-        by_node: dict[str, list[tuple[int, _Target]]] = defaultdict(list)
+        by_node: dict[NodeId, list[tuple[int, _Target]]] = defaultdict(list)
         for i in checksum:
             for t in self._targets[i]:
                 by_node[t.node.node_id].append((i, t))
@@ -234,7 +231,7 @@ class PartsWriter:
                                                        memoryview(t.buffer), checksum[i],
                                                        self.parents[i]) for i, t in lst])
             except Unavailable as err:
-                self.kv._drop_transport(node_id)
+                self._connections.drop(node_id)
                 outcome = [err] * len(lst)
             for (i, t), err in zip(lst, outcome):
                 t.view = None
@@ -244,20 +241,21 @@ class PartsWriter:
                     errors.setdefault(i, err)
         # Each commit is acknowledged once the node's STORED report (with the
         # checksum hashed here) is applied by the master: the value is visible.
+        ends = [i for i in checksum if written[i]]
+        self._puts.stored([Written(self.keys[i], self._oid[i], self.sizes[i], checksum[i],
+                                   tuple(written[i])) for i in ends])
         partial = []
+        for i in ends:
+            self._open[i] = False
+            self.results[i] = True
+            if len(written[i]) < len(self._targets[i]):
+                partial.append((self.keys[i], self._oid[i]))
         for i in checksum:
-            if written[i]:
-                self._open[i] = False
-                self.results[i] = True
-                self.kv._remember(self.keys[i], self.sizes[i], checksum[i], self._oid[i],
-                                  written[i])
-                if len(written[i]) < len(self._targets[i]):
-                    partial.append((self.keys[i], self._oid[i]))
-            else:
+            if self._open[i]:
                 self._fail(i, errors.get(i) or Unavailable("no target node accepted the value",
                                                            key=self.keys[i]))
         if partial:
-            self.kv._put_revoke(partial)      # give back the targets that failed
+            self._puts.revoke(partial)      # give back the targets that failed
         return self.results
 
     def _check_present(self, chosen: set[int]) -> None:
@@ -265,7 +263,7 @@ class PartsWriter:
         idx = [i for i, p in enumerate(self._present) if p and i in chosen]
         if not idx:
             return
-        for i, meta in zip(idx, self.kv.lookup([self.keys[i] for i in idx])):
+        for i, meta in zip(idx, self._lookup([self.keys[i] for i in idx])):
             self._present[i] = False
             if self._written[i] != self.sizes[i]:
                 self.results[i] = InvalidArgument(f"{self._written[i]} of {self.sizes[i]} B "
@@ -300,7 +298,7 @@ class PartsWriter:
                     pass   # the node drops a closed connection's reservations itself
         self._targets[i] = []
         try:
-            self.kv._put_revoke([(self.keys[i], self._oid[i])])
+            self._puts.revoke([(self.keys[i], self._oid[i])])
         except KVStoreError:
             pass   # the master revokes pending puts at their deadline
 

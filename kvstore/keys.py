@@ -19,17 +19,13 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import NewType, Sequence
+from typing import Sequence
 
 import numpy as np
 import xxhash
 
 from kvstore.errors import InvalidArgument
-
-#: A store key: printable, at most MAX_KEY_BYTES of UTF-8.
-ObjectKey = NewType("ObjectKey", str)
-#: A prefix-block key: the 32-hex-digit xxh3-128 of the chain up to a block.
-BlockHash = NewType("BlockHash", str)
+from kvstore.types import BlockHash, ObjectKey
 
 MAX_KEY_BYTES = 512
 NUM_SLOTS = 16384

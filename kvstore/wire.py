@@ -9,6 +9,8 @@ message). Per-item statuses go through :mod:`kvstore.errors`
 
 from __future__ import annotations
 
+from collections import Counter
+
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.shardmap import ShardMap, ShardRange
 from kvstore.types import (CopyOrder, CopyResult, DropOrder, EventKind, InventoryItem,
@@ -55,10 +57,11 @@ def tier_stats_pb(t: TierStats) -> pb.TierStat:
 
 
 def node_status(msg: pb.NodeStat) -> NodeStatus:
+    # Counters as a Counter: one never reported reads 0, as in the wire map.
     return NodeStatus(address=node_address(msg.address), alive=msg.alive,
                       capacity_bytes=msg.capacity_bytes, used_bytes=msg.used_bytes,
                       num_objects=msg.num_objects, last_heartbeat_ms=msg.last_heartbeat_ms,
-                      tiers=tuple(tier_stats(t) for t in msg.tiers), counters=dict(msg.counters))
+                      tiers=tuple(tier_stats(t) for t in msg.tiers), counters=Counter(msg.counters))
 
 
 def node_status_pb(n: NodeStatus) -> pb.NodeStat:
@@ -72,7 +75,7 @@ def shard_status(msg: pb.StatResponse) -> ShardStatus:
     return ShardStatus(shard_id=msg.shard_id, shard_map_version=msg.shard_map_version,
                        nodes=tuple(node_status(n) for n in msg.nodes),
                        num_objects=msg.num_objects, total_bytes=msg.total_bytes,
-                       pending_puts=msg.pending_puts, counters=dict(msg.counters))
+                       pending_puts=msg.pending_puts, counters=Counter(msg.counters))
 
 
 def shard_status_pb(s: ShardStatus) -> pb.StatResponse:

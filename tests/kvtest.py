@@ -13,9 +13,9 @@ from typing import Iterator
 
 import pytest
 
-from kvstore._proto import kvstore_pb2 as pb
 from kvstore.tools.launcher import StoreCluster, start_store_cluster
 from kvstore.tools.processes import service_args
+from kvstore.types import NodeStatus
 
 #: A started cluster (``procs``, ``master``, ``nodes``: node_id -> Child with its READY info).
 RunningCluster = StoreCluster
@@ -68,6 +68,6 @@ def wait_for(predicate, timeout_s: float = 5.0, interval_s: float = 0.05):
         time.sleep(interval_s)
 
 
-def node_stats(kv) -> dict[str, pb.NodeStat]:
-    """The master's view of each node (node_id -> NodeStat) through a KVClient."""
+def node_stats(kv) -> dict[str, NodeStatus]:
+    """The master's view of each node (node_id -> NodeStatus) through a KVClient."""
     return {n.address.node_id: n for st in kv.stat() for n in st.nodes}

@@ -9,8 +9,9 @@ bytes. Tables show sizes human-readable. A failure prints one line on stderr
 (``kvctl: error: NotFound: ...``) and exits non-zero: 2 for NotFound, 1 for
 anything else; never a traceback.
 
-kvctl only reads through calls that leave access statistics alone (Stat,
-List): inspecting a key does not make it look hot to eviction.
+kvctl only reads through SDK calls that leave access statistics alone
+(``stat``, ``list``, ``inspect``): inspecting a key does not make it look hot
+to eviction.
 """
 
 from __future__ import annotations
@@ -22,18 +23,14 @@ import time
 from dataclasses import dataclass
 from typing import Annotated, Any, Iterator, Optional
 
-import grpc
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from kvstore import rpc
-from kvstore._proto import kvstore_pb2 as pb
-from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.errors import KVStoreError, NotFound, from_rpc_error
+from kvstore.errors import KVStoreError, NotFound
 from kvstore.keys import key_slot, validate_key
 from kvstore.sizes import format_size
-from kvstore.types import ReplicaState
+from kvstore.types import NodeStatus, ObjectMeta, ReplicaState, TierKind, TierStats
 
 EXIT_ERROR = 1
 EXIT_NOT_FOUND = 2
@@ -42,6 +39,9 @@ app = typer.Typer(name="kvctl", help="Inspect and administer a kvstore cluster."
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
+
+#: The tier a node's puts land in, which its flat sizes describe (NodeStatus.capacity_bytes).
+_PUT_TIER = TierKind.DRAM.name
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,12 +96,8 @@ def _fmt_ms(ms: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) if ms else "-"
 
 
-def _tier(tier: int) -> str:
-    return pb.Tier.Name(tier) if tier in pb.Tier.values() else str(tier)
-
-
-def tier_json(t: pb.TierStat) -> dict:
-    return {"tier": _tier(t.tier), "capacity_bytes": t.capacity_bytes,
+def tier_json(t: TierStats) -> dict:
+    return {"tier": t.kind.name, "capacity_bytes": t.capacity_bytes,
             "used_bytes": t.used_bytes, "free_bytes": t.free_bytes,
             "evictable_bytes": t.evictable_bytes, "num_objects": t.num_objects,
             "num_reading": t.num_reading, "num_pinned": t.num_pinned,
@@ -110,22 +106,22 @@ def tier_json(t: pb.TierStat) -> dict:
             "eviction_blocked": t.eviction_blocked}
 
 
-def node_json(n: pb.NodeStat) -> dict:
+def node_json(n: NodeStatus) -> dict:
     """A node as the master last saw it; the flat sizes are its DRAM tier (where puts
     land), ``tiers`` has every tier fastest first, ``counters`` the node's own."""
     a = n.address
     return {"node_id": a.node_id, "host": a.host, "data_port": a.data_port,
-            "shm_name": a.shm_name, "host_id": a.host_id, "alive": n.alive, "tier": _tier(n.tier),
+            "shm_name": a.shm_name, "host_id": a.host_id, "alive": n.alive, "tier": _PUT_TIER,
             "capacity_bytes": n.capacity_bytes, "used_bytes": n.used_bytes,
             "free_bytes": max(0, n.capacity_bytes - n.used_bytes), "num_objects": n.num_objects,
             "last_heartbeat_ms": n.last_heartbeat_ms,
             "tiers": [tier_json(t) for t in n.tiers], "counters": dict(sorted(n.counters.items()))}
 
 
-def _tiers_table(title: str, rows: list[tuple[str, pb.TierStat]]) -> Table:
+def _tiers_table(title: str, rows: list[tuple[str, TierStats]]) -> Table:
     """One row per (node, tier): used / free / evictable; why eviction is blocked
     goes under the table (a sentence does not fit a column)."""
-    blocked = [f"{node_id} {_tier(t.tier)}: eviction blocked: {t.eviction_blocked}"
+    blocked = [f"{node_id} {t.kind.name}: eviction blocked: {t.eviction_blocked}"
                for node_id, t in rows if t.eviction_blocked]
     table = _table(title=title, caption="\n".join(blocked) or None, caption_justify="left")
     for col in ("node", "tier", "used", "free", "evictable", "capacity", "objects", "pinned",
@@ -133,51 +129,31 @@ def _tiers_table(title: str, rows: list[tuple[str, pb.TierStat]]) -> Table:
         table.add_column(col, justify="left" if col in ("node", "tier") else "right",
                          no_wrap=True)
     for node_id, t in rows:
-        table.add_row(node_id, _tier(t.tier), format_size(t.used_bytes), format_size(t.free_bytes),
+        table.add_row(node_id, t.kind.name, format_size(t.used_bytes), format_size(t.free_bytes),
                       format_size(t.evictable_bytes), format_size(t.capacity_bytes),
                       str(t.num_objects), str(t.num_pinned), str(t.num_protected))
     return table
 
 
-def meta_json(m: pb.ObjectMeta) -> dict:
+def meta_json(m: ObjectMeta) -> dict:
     return {"key": m.key, "size_bytes": m.size_bytes, "checksum": f"{m.checksum:016x}",
             "object_id": m.object_id, "created_ms": m.created_ms,
             "access_count": m.access_count, "last_access_ms": m.last_access_ms,
             "replicas": [{"node_id": r.node.node_id, "host": r.node.host,
-                          "data_port": r.node.data_port, "tier": _tier(r.tier),
+                          "data_port": r.node.data_port, "tier": r.tier.name,
                           # the master only ever returns complete replicas
                           "state": ReplicaState.COMPLETE.name} for r in m.replicas]}
 
 
-def _nodes(kv) -> list[pb.NodeStat]:
+def _nodes(kv) -> list[NodeStatus]:
     """Every node any shard knows, once each (by node id)."""
-    seen: dict[str, pb.NodeStat] = {}
+    seen: dict[str, NodeStatus] = {}
     for st in kv.stat():
         for n in st.nodes:
             prev = seen.get(n.address.node_id)
             if prev is None or n.last_heartbeat_ms > prev.last_heartbeat_ms:
                 seen[n.address.node_id] = n
     return sorted(seen.values(), key=lambda n: n.address.node_id)
-
-
-def _object_meta(kv, key: str, timeout_s: float) -> pb.ObjectMeta:
-    """One key's metadata from its shard via List, which leaves access stats alone.
-
-    Raises:
-        InvalidArgument: a bad key. NotFound: no such (visible) key.
-    """
-    validate_key(key)
-    address = kv.shard_map.shard_for_key(key).addresses[0]
-    with rpc.channel(address) as channel:
-        try:
-            resp = pb_grpc.MasterStub(channel).List(pb.ListRequest(prefix=key, limit=1),
-                                                    timeout=timeout_s)
-        except grpc.RpcError as exc:
-            raise from_rpc_error(exc) from None
-    # A key sorts before every longer key it prefixes: if present, it comes first.
-    if not resp.objects or resp.objects[0].key != key:
-        raise NotFound("no such key", key=key)
-    return resp.objects[0]
 
 
 # ---- commands ----
@@ -213,7 +189,7 @@ def nodes(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         pct = 100.0 * n.used_bytes / n.capacity_bytes if n.capacity_bytes else 0.0
         age = f"{(now - n.last_heartbeat_ms) / 1000:.1f} s ago" if n.last_heartbeat_ms else "-"
         table.add_row(n.address.node_id, f"{n.address.host}:{n.address.data_port}",
-                      "yes" if n.alive else "[red]DEAD[/red]", _tier(n.tier),
+                      "yes" if n.alive else "[red]DEAD[/red]", _PUT_TIER,
                       format_size(n.used_bytes), format_size(n.capacity_bytes), f"{pct:.1f}",
                       str(n.num_objects), age)
     console = _console()
@@ -233,7 +209,7 @@ def list_objects(
 ) -> None:
     """Objects in key order, optionally under a key prefix."""
     with _client(ctx) as kv:
-        objects: list[pb.ObjectMeta] = []
+        objects: list[ObjectMeta] = []
         truncated = False
         for meta in kv.list(prefix, page_size=min(limit + 1, 1000)):
             if len(objects) == limit:
@@ -253,7 +229,7 @@ def list_objects(
     table.add_column("created")
     for m in objects:
         table.add_row(m.key, format_size(m.size_bytes),
-                      ",".join(f"{r.node.node_id}:{_tier(r.tier)}" for r in m.replicas),
+                      ",".join(f"{r.node.node_id}:{r.tier.name}" for r in m.replicas),
                       str(m.access_count), _fmt_ms(m.created_ms))
     _console().print(table)
 
@@ -263,7 +239,7 @@ def inspect(ctx: typer.Context, key: Annotated[str, typer.Argument(help="The obj
             as_json: JsonOpt = False) -> None:
     """One object's metadata: size, checksum, replicas, access statistics."""
     with _client(ctx) as kv:
-        meta = _object_meta(kv, key, ctx.obj.timeout_s)
+        meta = kv.inspect(key)
         shard = kv.shard_map.shard_for_key(key)
     slot = key_slot(key)
     if as_json:
@@ -282,7 +258,7 @@ def inspect(ctx: typer.Context, key: Annotated[str, typer.Argument(help="The obj
     table.add_row("last access", _fmt_ms(meta.last_access_ms))
     for r in meta.replicas:
         table.add_row("replica", f"{r.node.node_id} {r.node.host}:{r.node.data_port} "
-                                 f"{_tier(r.tier)}")
+                                 f"{r.tier.name}")
     _console().print(table)
 
 
@@ -324,7 +300,7 @@ def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         node_counters: dict[str, int] = {}
         for n in alive:
             for t in n.tiers:
-                agg = tiers.setdefault(_tier(t.tier), dict.fromkeys(
+                agg = tiers.setdefault(t.kind.name, dict.fromkeys(
                     ("capacity_bytes", "used_bytes", "free_bytes", "evictable_bytes",
                      "num_objects"), 0))
                 for k in agg:
@@ -370,8 +346,7 @@ def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     tiers = _table(title="tiers (live nodes)")
     for col in ("tier", "used", "free", "evictable", "capacity", "objects"):
         tiers.add_column(col, justify="left" if col == "tier" else "right")
-    names = sorted({k for s in out for k in s["tiers"]}, key=lambda n: pb.Tier.Value(n)
-                   if n in pb.Tier.keys() else 99)
+    names = sorted({k for s in out for k in s["tiers"]}, key=lambda n: TierKind[n])
     for name in names:
         agg = {k: sum(s["tiers"].get(name, {}).get(k, 0) for s in out)
                for k in ("used_bytes", "free_bytes", "evictable_bytes", "capacity_bytes",

@@ -13,6 +13,7 @@ import abc
 from dataclasses import dataclass
 
 from kvstore.errors import KVStoreError
+from kvstore.types import TransportKind
 
 
 @dataclass(slots=True)
@@ -34,9 +35,13 @@ class ReadItem:
 
 
 class Transport(abc.ABC):
-    """Moves values to and from one node. Not thread-safe: one per thread."""
+    """Moves values to and from one node. Not thread-safe: one per thread.
 
-    name: str = "base"
+    Attributes:
+        kind: how it moves the bytes (each subclass names its own).
+    """
+
+    kind: TransportKind
 
     @abc.abstractmethod
     def write_many(self, items: list[WriteItem]) -> list[KVStoreError | None]:

@@ -79,6 +79,7 @@ from kvstore.transfer.rdma_wire import (MAX_CONNECT_BYTES, OP_RDMA_CONNECT, MrDe
                                         decode_connect_reply, encode_connect_reply, plan_rounds)
 from kvstore.transfer.tcp import Location, NodeConnection, read_by_reference
 from kvstore.transfer.verbs import RcQueuePair, RdmaDevice, close_quietly
+from kvstore.types import TransportKind
 
 __all__ = ["MAX_CONNECT_BYTES", "OP_RDMA_CONNECT", "RdmaNodeEndpoint", "RdmaTransport"]
 
@@ -168,7 +169,7 @@ class RdmaTransport(Transport):
             (``conn`` is closed then: use a new one to fall back to TCP or shm).
     """
 
-    name = "rdma"
+    kind = TransportKind.RDMA
 
     def __init__(self, conn: NodeConnection, device: str, *, port: int = 1,
                  gid_index: int | None = None, staging_bytes: int = 32 * 1024 * 1024,

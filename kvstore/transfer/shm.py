@@ -26,6 +26,7 @@ from kvstore.errors import KVStoreError, error_for_code
 from kvstore.transfer.base import ReadItem, Transport, WriteItem
 from kvstore.transfer.protocol import Op
 from kvstore.transfer.tcp import Location, NodeConnection, read_by_reference
+from kvstore.types import TransportKind
 
 SHM_DIR = "/dev/shm"
 
@@ -112,7 +113,7 @@ class ShmTransport(Transport):
         locations: how many object locations to remember (0: never guess).
     """
 
-    name = "shm"
+    kind = TransportKind.SHM
 
     def __init__(self, conn: NodeConnection, segment: ShmSegment, locations: int = 4096):
         self.conn = conn

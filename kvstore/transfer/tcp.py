@@ -27,6 +27,7 @@ from kvstore.errors import (ChecksumMismatch, InvalidArgument, KVStoreError, Una
 from kvstore.keys import value_checksum
 from kvstore.transfer.base import ReadItem, Transport, WriteItem
 from kvstore.transfer.protocol import REQUEST, RESPONSE, FrameReader, Op, send_parts, tune_socket
+from kvstore.types import TransportKind
 
 _READ_AHEAD_BYTES = 8 * 1024
 #: Longest time a deferred frame (SHM_RELEASE) waits for the next request, in seconds.
@@ -322,7 +323,7 @@ def read_by_reference(conn: NodeConnection, items: list[ReadItem], verify: bool,
 class TcpTransport(Transport):
     """Values inline in TCP frames."""
 
-    name = "tcp"
+    kind = TransportKind.TCP
 
     def __init__(self, conn: NodeConnection):
         self.conn = conn

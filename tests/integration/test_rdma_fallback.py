@@ -49,7 +49,8 @@ def test_client_with_an_unusable_device_uses_tcp(cluster):
     with KVClient(cluster.master, prefer_shm=False, rdma_device="no-such-dev0") as kv:
         kv.put("r2", b"x" * 4096)
         assert bytes(kv.get("r2")) == b"x" * 4096
-        assert all(isinstance(tr, TcpTransport) for tr in kv._local.transports.map.values())
+        assert all(isinstance(tr, TcpTransport)
+                   for tr in kv._connections._local.transports.map.values())
 
 
 def test_node_with_an_unusable_device_stops_with_one_line(cluster):

@@ -82,8 +82,8 @@ def test_hung_node_reads_bounded_and_quarantine(three):
         # A node that heartbeats but keeps failing transfers is quarantined:
         # reports from clients keep new puts off it.
         for _ in range(5):
-            kv._rpc(kv.shard_map.ranges[0].addresses, "ReportFailure",
-                    pb.ReportFailureRequest(node_ids=["n2"], reason="test"))
+            kv._control.call(kv.shard_map.ranges[0].addresses, "ReportFailure",
+                             pb.ReportFailureRequest(node_ids=["n2"], reason="test"))
         assert kv.stat()[0].counters["quarantined"] >= 1
         for i in range(10):
             kv.put(f"q-{i}", b"q", replica_num=2)

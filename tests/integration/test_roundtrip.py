@@ -27,7 +27,7 @@ def random_bytes(size_bytes: int, seed: int = 0) -> bytes:
 def test_client_uses_the_requested_transport(kv, key_prefix, transport):
     kv.put(key_prefix + "k", b"x")
     (meta,) = kv.lookup([key_prefix + "k"])
-    tr = kv._transport(meta.replicas[0].node)
+    tr = kv._connections.transport(meta.replicas[0].node)
     assert isinstance(tr, ShmTransport if transport == "shm" else TcpTransport)
 
 
@@ -315,7 +315,7 @@ def test_short_lived_threads_leave_no_connections_behind(master, key_prefix, tra
             t.start()
             t.join()
         gc.collect()
-        assert len(kv._holders) == 1                  # the main thread's only
+        assert len(kv._connections._holders) == 1                  # the main thread's only
         assert len(os.listdir("/proc/self/fd")) <= fds + 2
         assert bytes(kv.get(f"{key_prefix}t")) == b"v" * 4096
 

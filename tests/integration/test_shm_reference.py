@@ -54,7 +54,7 @@ def offset_of(conn: NodeConnection, key: str) -> int:
 
 
 def num_objects_reported(kv: KVClient, n: int):
-    """Wait until the node's heartbeat reports ``n`` objects; returns its NodeStat.
+    """Wait until the node's heartbeat reports ``n`` objects; returns its NodeStatus.
 
     (Removal reaches the node with a heartbeat reply; only a heartbeat
     reporting the new count shows that the node has applied it.)
@@ -124,7 +124,7 @@ def test_reader_connection_closing_releases_its_references(kv):
 
 
 def shm_transport(kv: KVClient) -> ShmTransport:
-    (tr,) = kv._local.transports.map.values()      # this thread's one transport to n0
+    (tr,) = kv._connections._local.transports.map.values()   # this thread's one transport to n0
     assert isinstance(tr, ShmTransport)
     return tr
 

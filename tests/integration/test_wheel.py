@@ -69,7 +69,8 @@ import kvstore, kvstore.client, kvstore.engines, kvstore.conductor, kvstore.tool
 assert kvstore.__file__.startswith(sys.argv[1]), kvstore.__file__
 for name in ("client", "tools", "engines", "conductor"):
     assert importlib.util.find_spec(name) is None, name
-mods = [m.name for m in pkgutil.walk_packages(kvstore.__path__, "kvstore.")]
+mods = [m.name for m in pkgutil.walk_packages(kvstore.__path__, "kvstore.")
+        if not m.name.endswith(".__main__")]       # scripts: they run when imported
 for m in mods:
     importlib.import_module(m)
 for name in ("client", "tools", "engines", "conductor"):

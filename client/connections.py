@@ -1,0 +1,227 @@
+"""The client's data connections to the store nodes, and the value-less ops it sends them.
+
+Each thread has its own transport per node (a transport is not
+thread-safe), chosen when it connects: the node's shared-memory segment when
+it is on this host, else one-sided RDMA when the client has a device and the
+node serves it, else TCP. A transfer that fails makes its node *suspect*
+(tried last by reads for a while) and is reported to the master
+(``ReportFailure``), which quarantines a node that keeps failing while it
+heartbeats.
+
+Thread safety: a Connections may be shared by threads; each thread only
+ever sees its own transports. When a thread ends, its transports are
+closed (sockets, segment mappings), so short-lived threads do not pile up
+connections.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import weakref
+from collections import defaultdict
+from typing import Callable, Iterable
+
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore.client.control import Control
+from kvstore.errors import KVStoreError, Unavailable, error_for_code
+from kvstore.transfer.base import Transport
+from kvstore.transfer.protocol import Op, local_address
+from kvstore.transfer.shm import ShmSegment, ShmTransport, host_id
+from kvstore.transfer.tcp import NodeConnection, TcpTransport
+from kvstore.types import NodeAddress, NodeId, ObjectMeta
+
+log = logging.getLogger(__name__)
+
+
+class _ThreadTransports:
+    """One thread's data connections (node id -> Transport).
+
+    Held in thread-local storage: when the thread ends, its storage goes and
+    the finalizer closes the transports.
+    """
+
+    def __init__(self):
+        self.map: dict[NodeId, Transport] = {}
+        weakref.finalize(self, _close_transports, self.map)
+
+    def close_all(self) -> None:
+        _close_transports(self.map)
+
+
+def _close_transports(transports: dict[NodeId, Transport]) -> None:
+    for tr in list(transports.values()):
+        tr.close()
+    transports.clear()
+
+
+class Connections:
+    """Per-thread transports to the store nodes, suspects, failure reports, node ops.
+
+    Args:
+        control: the client's control plane (failure reports; a closed client).
+        prefer_shm: use shared memory with nodes on this host.
+        read_timeout_s: data-plane socket timeout (connect and each operation).
+        rdma: ``(device, port, gid_index)`` to use RDMA with nodes that shared
+            memory cannot reach, or None.
+        suspect_s: how long a node that failed a transfer stays suspect.
+
+    Attributes:
+        host_id: this machine's id (equal to a node's: shared memory can reach it).
+        suspect_until: node id -> monotonic time it stops being suspect.
+    """
+
+    def __init__(self, control: Control, *, prefer_shm: bool, read_timeout_s: float,
+                 rdma: tuple[str, int, int | None] | None, suspect_s: float = 5.0):
+        self._control = control
+        self.prefer_shm = prefer_shm
+        self.read_timeout_s = read_timeout_s
+        self.rdma = rdma
+        self.suspect_s = suspect_s
+        self.host_id = host_id()
+        self.suspect_until: dict[NodeId, float] = {}
+        self._local = threading.local()
+        # Each thread's transports; weak, so that a finished thread's go away with it.
+        self._holders: weakref.WeakSet[_ThreadTransports] = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    def transport(self, node: NodeAddress) -> Transport:
+        """This thread's transport to ``node``, connected on first use (or after it broke).
+
+        Raises:
+            Unavailable: the node cannot be reached, or the client is closed.
+        """
+        self._control.check_open()
+        holder: _ThreadTransports | None = getattr(self._local, "transports", None)
+        if holder is None:
+            holder = self._local.transports = _ThreadTransports()
+            with self._lock:
+                self._holders.add(holder)
+        cache = holder.map
+        tr = cache.get(node.node_id)
+        if tr is not None and not getattr(tr, "conn").broken:
+            return tr
+        if tr is not None:
+            tr.close()
+        tr = None
+        if self.prefer_shm and node.shm_name and node.host_id == self.host_id:
+            # Same host: map the node's segment, and send the control frames over
+            # its Unix socket when it has one (a cheaper round trip than TCP).
+            try:
+                segment = ShmSegment(node.shm_name)
+            except OSError as exc:
+                log.info("shared memory %s not usable (%s); using TCP", node.shm_name, exc)
+            else:
+                try:
+                    conn = NodeConnection(node.host, node.data_port, self.read_timeout_s,
+                                          unix_address=local_address(node.shm_name))
+                except Unavailable:
+                    try:
+                        conn = NodeConnection(node.host, node.data_port, self.read_timeout_s)
+                    except Unavailable:
+                        segment.close()
+                        raise
+                tr = ShmTransport(conn, segment)
+        if tr is None and self.rdma is not None:
+            tr = self._rdma_transport(node)
+        if tr is None:
+            tr = TcpTransport(NodeConnection(node.host, node.data_port, self.read_timeout_s))
+        cache[node.node_id] = tr
+        return tr
+
+    def _rdma_transport(self, node: NodeAddress) -> Transport | None:
+        """An RDMA transport to ``node``, or None (logged) when either side cannot do it."""
+        from kvstore.transfer.rdma import RdmaTransport
+
+        device, port, gid_index = self.rdma
+        conn = NodeConnection(node.host, node.data_port, self.read_timeout_s)
+        try:
+            return RdmaTransport(conn, device, port=port, gid_index=gid_index,
+                                 timeout_s=self.read_timeout_s)
+        except Unavailable as exc:     # RdmaTransport closed the connection
+            log.info("RDMA to node %s not usable (%s); using TCP", node.node_id, exc.message)
+            return None
+
+    def drop(self, node_id: NodeId) -> None:
+        """Close this thread's transport to ``node_id`` (it failed); the next use reconnects."""
+        holder = getattr(self._local, "transports", None)
+        tr = holder.map.pop(node_id, None) if holder is not None else None
+        if tr is not None:
+            tr.close()
+
+    def node_failed(self, node: NodeAddress, key: str, err: KVStoreError) -> None:
+        """A transfer of ``key`` with ``node`` failed (down, hung, broken): try the
+        node last for ``suspect_s``, and report it to the master shard of ``key``."""
+        self.suspect_until[node.node_id] = time.monotonic() + self.suspect_s
+        try:
+            self._control.report_failure(key, node.node_id, str(err)[:200])
+        except KVStoreError as exc:
+            log.debug("could not report failure of %s: %s", node.node_id, exc)
+
+    # ---- value-less ops ----
+    def send_ops(self, op: Op, size: int, metas: list[ObjectMeta | KVStoreError],
+                 nodes_of: Callable[[ObjectMeta], Iterable[NodeAddress]]
+                 ) -> list[KVStoreError | None]:
+        """Send one value-less ``op`` frame (with ``size``) per found key and node of
+        ``nodes_of(meta)``, pipelined per node.
+
+        Returns:
+            Per key None, its lookup error, or the first error one of its nodes answered.
+        """
+        out: list[KVStoreError | None] = [m if isinstance(m, KVStoreError) else None
+                                          for m in metas]
+        by_node: dict[NodeId, list[tuple[int, NodeAddress, ObjectMeta]]] = defaultdict(list)
+        for i, m in enumerate(metas):
+            if not isinstance(m, KVStoreError):
+                for node in nodes_of(m):
+                    by_node[node.node_id].append((i, node, m))
+        for node_id, lst in by_node.items():
+            try:
+                conn = self.transport(lst[0][1]).conn
+                for _i, _node, m in lst:
+                    conn.send(op, m.key, m.object_id, size)
+                replies = [conn.recv_header() for _ in lst]
+            except Unavailable as err:
+                self.drop(node_id)
+                replies = [(err,)] * len(lst)
+            for (i, _node, m), reply in zip(lst, replies):
+                if isinstance(reply[0], KVStoreError):
+                    err = reply[0]
+                elif reply[0] != pb.OK:
+                    err = error_for_code(reply[0], reply[-1], key=m.key)
+                else:
+                    continue
+                out[i] = out[i] or err
+        return out
+
+    def node_stats(self, nodes: Iterable[NodeAddress]) -> dict[str, dict]:
+        """Each node's own stats (STATS op), once per node id: node_id -> the node's dict.
+
+        Raises:
+            Unavailable: a node cannot be reached.
+        """
+        out: dict[str, dict] = {}
+        for node in nodes:
+            if node.node_id in out:
+                continue
+            try:
+                conn = self.transport(node).conn
+                conn.send(Op.STATS, "")
+                code, _oid, size, _ck, _off, msg = conn.recv_header()
+                if code != pb.OK:
+                    raise error_for_code(code, msg)
+                buf = bytearray(size)
+                conn.recv_value_into(size, memoryview(buf))
+            except Unavailable:
+                self.drop(node.node_id)
+                raise
+            out[node.node_id] = json.loads(buf)
+        return out
+
+    def close(self) -> None:
+        """Close every thread's transports."""
+        with self._lock:
+            for holder in list(self._holders):
+                holder.close_all()

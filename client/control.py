@@ -1,0 +1,287 @@
+"""The client's control plane: master channels, HA failover, the shard map, routing.
+
+Every master call of the SDK goes through :class:`Control`. A shard is served
+by one or more masters (a leader and standbys): a call goes to the one that
+answered last and moves on to the next on UNAVAILABLE. Calls about keys are
+routed by each key's hash slot (:meth:`Control.routed`), and WRONG_SHARD is
+handled there, once, the same way for every routed call: the keys a master
+disowns (a per-key status, or a whole call) are routed again after one
+refresh of the shard map from the seed masters; a second WRONG_SHARD is the
+error of those keys.
+
+The typed calls here (Lookup, Exists, Remove, List, Stat, ReportFailure)
+return :mod:`kvstore.types` records, converted by :mod:`kvstore.wire`:
+protobuf goes no further into the SDK. The put protocol's calls live in
+:mod:`kvstore.client.puts`, on top of :meth:`Control.call` and
+:meth:`Control.routed`.
+
+Thread safety: a Control may be shared by threads. gRPC stubs are
+thread-safe; the stub table is guarded by a lock; the shard map and the
+last-leader table are replaced or updated whole (one assignment each).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from typing import Callable, Iterator, Sequence, TypeVar
+
+import grpc
+
+from kvstore import rpc, wire
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.errors import (RETRYABLE, InvalidArgument, KVStoreError, NotFound, Unavailable,
+                            WrongShard, error_for_code, from_rpc_error)
+from kvstore.keys import validate_key
+from kvstore.shardmap import ShardMap, ShardRange
+from kvstore.types import NodeId, ObjectMeta, RemoveReason, ShardStatus
+
+log = logging.getLogger(__name__)
+
+#: Master RPC attempts on UNAVAILABLE (the only retryable error) with a one-master shard.
+_MASTER_ATTEMPTS = 3
+
+R = TypeVar("R")
+
+
+def _as_is(err: KVStoreError) -> KVStoreError:
+    return err
+
+
+class Control:
+    """Channels to the masters, and the routing of calls to them.
+
+    Args:
+        seeds: one shard's masters (``"a|b"`` split), asked for the shard map
+            at start and whenever a master answers WRONG_SHARD.
+        timeout_s: deadline of each master RPC.
+        failover_wait_s: with a shard of several masters, how long a call
+            keeps trying them while a new leader is elected.
+
+    Attributes:
+        shard_map: the map calls are routed by (replaced whole on refresh).
+
+    Raises:
+        Unavailable: no seed master answers.
+    """
+
+    def __init__(self, seeds: tuple[str, ...], *, timeout_s: float, failover_wait_s: float):
+        self.seeds = seeds
+        self.timeout_s = timeout_s
+        self.failover_wait_s = failover_wait_s
+        self.closed = False
+        self._channels: dict[str, grpc.Channel] = {}
+        self._stubs: dict[str, pb_grpc.MasterStub] = {}
+        self._leader: dict[tuple[str, ...], int] = {}   # a shard's masters -> the last leader
+        self._lock = threading.Lock()
+        self.shard_map: ShardMap = self._fetch_shard_map()
+
+    def check_open(self) -> None:
+        """Raises: Unavailable: the client was closed."""
+        if self.closed:
+            raise Unavailable("this KVClient is closed")
+
+    def close(self) -> None:
+        """Close every master channel; later calls raise Unavailable."""
+        self.closed = True
+        with self._lock:
+            for ch in self._channels.values():
+                ch.close()
+
+    # ---- calls ----
+    def call(self, addresses: tuple[str, ...], method: str, request):
+        """Call the master RPC ``method`` of the shard served by ``addresses``.
+
+        Only UNAVAILABLE is retried (:data:`kvstore.errors.RETRYABLE`). With
+        several masters the call goes to the one that answered last, and on
+        UNAVAILABLE (down, not the leader, a new leader warming up) moves on
+        to the next, for up to ``failover_wait_s``; with one, it is tried
+        ``_MASTER_ATTEMPTS`` times with a short backoff.
+
+        Returns:
+            The response message.
+
+        Raises:
+            KVStoreError: the call's error (Unavailable once the retries are spent).
+        """
+        if len(addresses) > 1:
+            return self._call_ha(addresses, method, request)
+        return self._call_one(addresses[0], method, request)
+
+    def _stub(self, address: str) -> pb_grpc.MasterStub:
+        self.check_open()
+        with self._lock:
+            stub = self._stubs.get(address)
+            if stub is None:
+                ch = rpc.channel(address)
+                self._channels[address] = ch
+                stub = self._stubs[address] = pb_grpc.MasterStub(ch)
+            return stub
+
+    def _call_ha(self, addresses: tuple[str, ...], method: str, request):
+        start = self._leader.get(addresses, 0)
+        deadline = time.monotonic() + self.failover_wait_s
+        attempt = 0
+        while True:
+            at = (start + attempt) % len(addresses)
+            try:
+                resp = getattr(self._stub(addresses[at]), method)(request, timeout=self.timeout_s)
+                self._leader[addresses] = at
+                return resp
+            except grpc.RpcError as exc:
+                err = from_rpc_error(exc)
+                if not isinstance(err, RETRYABLE) or time.monotonic() > deadline:
+                    raise err from None
+            attempt += 1
+            if attempt % len(addresses) == 0:
+                time.sleep(0.1)
+
+    def _call_one(self, address: str, method: str, request):
+        for attempt in range(_MASTER_ATTEMPTS):
+            try:
+                return getattr(self._stub(address), method)(request, timeout=self.timeout_s)
+            except grpc.RpcError as exc:
+                err = from_rpc_error(exc)
+                if not isinstance(err, RETRYABLE) or attempt == _MASTER_ATTEMPTS - 1:
+                    raise err from None
+                time.sleep(0.05 * 2 ** attempt)
+        raise AssertionError("unreachable")
+
+    # ---- the shard map and routing ----
+    def _fetch_shard_map(self) -> ShardMap:
+        return wire.shard_map(self.call(self.seeds, "GetShardMap", pb.GetShardMapRequest()))
+
+    def refresh_shard_map(self) -> None:
+        """Fetch the shard map from the seed masters again (after a WRONG_SHARD)."""
+        self.shard_map = self._fetch_shard_map()
+
+    def shard_for_key(self, key: str) -> ShardRange:
+        """The shard owning ``key``'s slot in the current map."""
+        return self.shard_map.shard_for_key(key)
+
+    def _group(self, keys: Sequence[str], idxs: list[int]) -> dict[tuple[str, ...], list[int]]:
+        """``idxs`` (of ``str`` keys) by the masters of the shard owning each key."""
+        ranges = self.shard_map.ranges
+        if len(ranges) == 1:     # one shard: no per-key hashing
+            return {ranges[0].addresses: idxs}
+        groups: dict[tuple[str, ...], list[int]] = defaultdict(list)
+        for i in idxs:
+            groups[self.shard_map.shard_for_key(keys[i]).addresses].append(i)
+        return groups
+
+    def routed(self, keys: Sequence[str],
+               call: Callable[[tuple[str, ...], list[str]], list[R | KVStoreError]],
+               invalid: Callable[[KVStoreError], R | KVStoreError] = _as_is
+               ) -> list[R | KVStoreError]:
+        """Run ``call(addresses, sub_keys)`` once per shard; results in input order.
+
+        ``call`` returns one result per sub-key: a value, or the key's error.
+        WRONG_SHARD, as a :class:`WrongShard` result or raised for the whole
+        call, sends those keys round once more after one refresh of the shard
+        map; a second WRONG_SHARD is their result. Any other error raised by
+        ``call`` propagates.
+
+        A key that is not a ``str`` cannot be routed: its result is
+        ``invalid(InvalidArgument)`` and no master sees it (the masters check
+        every other rule of :func:`kvstore.keys.validate_key`).
+        """
+        out: list = [None if isinstance(k, str) else
+                     invalid(InvalidArgument(f"key must be str, got {type(k).__name__}"))
+                     for k in keys]
+        todo = [i for i, k in enumerate(keys) if isinstance(k, str)]
+        for attempt in range(2):
+            moved: list[int] = []
+            for addresses, idxs in self._group(keys, todo).items():
+                sub_keys = [keys[i] for i in idxs]
+                try:
+                    results = call(addresses, sub_keys)
+                except WrongShard as err:
+                    results = [WrongShard(err.message, key=k, redirect=err.redirect)
+                               for k in sub_keys]
+                for i, r in zip(idxs, results):
+                    out[i] = r
+                    if isinstance(r, WrongShard):
+                        moved.append(i)
+            if not moved or attempt:
+                break
+            log.info("WRONG_SHARD for %d key(s) on shard map v%d: refreshing it",
+                     len(moved), self.shard_map.version)
+            self.refresh_shard_map()
+            todo = moved
+        return out
+
+    # ---- typed calls ----
+    def lookup(self, keys: Sequence[str]) -> list[ObjectMeta | KVStoreError]:
+        """Lookup (counts an access): per key its metadata or the error (NotFound)."""
+        def call(addresses: tuple[str, ...], ks: list[str]) -> list[ObjectMeta | KVStoreError]:
+            resp = self.call(addresses, "Lookup", pb.LookupRequest(keys=ks))
+            return [wire.object_meta(r.meta) if r.status.code == pb.OK else
+                    error_for_code(r.status.code, r.status.message, key=k,
+                                   redirect=r.status.redirect)
+                    for k, r in zip(ks, resp.results)]
+        return self.routed(keys, call)
+
+    def exists(self, keys: Sequence[str]) -> list[bool | KVStoreError]:
+        """Exists: per key its visibility, False for a non-``str`` key, or the error
+        (WrongShard when no shard owns it after the refresh)."""
+        def call(addresses: tuple[str, ...], ks: list[str]) -> list[bool | KVStoreError]:
+            resp = self.call(addresses, "Exists", pb.ExistsRequest(keys=ks))
+            out: list[bool | KVStoreError] = list(resp.exists)
+            for j, st in enumerate(resp.statuses):
+                if st.code == pb.WRONG_SHARD:
+                    out[j] = WrongShard(st.message, key=ks[j], redirect=st.redirect)
+            return out
+        return self.routed(keys, call, invalid=lambda err: False)
+
+    def remove(self, keys: Sequence[str], reason: RemoveReason) -> list[KVStoreError | None]:
+        """Remove: per key None or the error (NotFound)."""
+        def call(addresses: tuple[str, ...], ks: list[str]) -> list[KVStoreError | None]:
+            resp = self.call(addresses, "Remove", pb.RemoveRequest(keys=ks, reason=reason.value))
+            return [None if s.code == pb.OK else
+                    error_for_code(s.code, s.message, key=k, redirect=s.redirect)
+                    for k, s in zip(ks, resp.statuses)]
+        return self.routed(keys, call)
+
+    def list(self, prefix: str, page_size: int) -> Iterator[ObjectMeta]:
+        """List every shard in turn, ``page_size`` objects per call (no access counted)."""
+        for r in self.shard_map.ranges:
+            cursor = ""
+            while True:
+                resp = self.call(r.addresses, "List", pb.ListRequest(
+                    prefix=prefix, start_after=cursor, limit=page_size))
+                for m in resp.objects:
+                    yield wire.object_meta(m)
+                if not resp.next_cursor:
+                    break
+                cursor = resp.next_cursor
+
+    def inspect(self, key: str) -> ObjectMeta:
+        """One key's metadata through List on its shard, which counts no access.
+
+        Raises:
+            InvalidArgument: a bad key. NotFound: no such (visible) key.
+        """
+        validate_key(key)
+        resp = self.call(self.shard_for_key(key).addresses, "List",
+                         pb.ListRequest(prefix=key, limit=1))
+        # A key sorts before every longer key it prefixes: if present, it comes first.
+        if not resp.objects or resp.objects[0].key != key:
+            raise NotFound("no such key", key=key)
+        return wire.object_meta(resp.objects[0])
+
+    def stat(self) -> list[ShardStatus]:
+        """Stat of every shard, in shard map order."""
+        return [wire.shard_status(self.call(r.addresses, "Stat", pb.StatRequest()))
+                for r in self.shard_map.ranges]
+
+    def report_failure(self, key: str, node_id: NodeId, reason: str) -> None:
+        """Tell the shard of ``key`` that a transfer with ``node_id`` failed.
+
+        Raises:
+            KVStoreError: the report did not go through.
+        """
+        self.call(self.shard_for_key(key).addresses, "ReportFailure",
+                  pb.ReportFailureRequest(node_ids=[node_id], reason=reason))

@@ -1,0 +1,234 @@
+"""The client's read path: metadata, replica order, fallback across replicas.
+
+A read resolves each key's metadata (the metadata cache first, then one
+Lookup per shard for the misses), then reads each object from its replicas
+in order -- nodes that failed lately last, then same host first, then the
+fastest tier -- and falls back to the next replica when one fails. A read
+through a cached entry that misses (removed, evicted, replaced) drops the
+entry and is tried once more with fresh metadata from the master.
+
+The single-key fast path (:meth:`Reads.get_into` on a cached key) skips
+the master and the batch machinery: one read of the first replica.
+
+Thread safety: a Reads may be shared by threads (the cache takes its lock;
+the transports are per thread).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any, Callable, Sequence
+
+from kvstore.client.connections import Connections
+from kvstore.client.control import Control
+from kvstore.client.meta_cache import MetaCache
+from kvstore.errors import InvalidArgument, KVStoreError, Unavailable
+from kvstore.transfer.base import ReadItem
+from kvstore.transfer.buffers import writable_view
+from kvstore.types import TIER_READ_RANK, NodeAddress, NodeId, ObjectMeta, Replica, TransportKind
+
+#: Where a read puts index ``i``'s value: a view, or a KVStoreError raised (a bad destination).
+ViewFor = Callable[[int, ObjectMeta], memoryview]
+
+
+class Reads:
+    """Reads of values, by key, into new buffers or the caller's.
+
+    Args:
+        control: the client's control plane (Lookup).
+        connections: the data connections reads go through (they report failed nodes).
+        meta: the metadata cache, shared with the put protocol.
+        verify_checksum: check each value read against its checksum; None:
+            only what crossed a socket (TCP).
+    """
+
+    def __init__(self, control: Control, connections: Connections, meta: MetaCache,
+                 verify_checksum: bool | None):
+        self._control = control
+        self._connections = connections
+        self._meta = meta
+        self._suspect = connections.suspect_until
+        self._host_id = connections.host_id
+        self.verify_checksum = verify_checksum
+
+    # ---- metadata ----
+    def lookup(self, keys: Sequence[str]) -> list[ObjectMeta | KVStoreError]:
+        """Metadata per key from the master (counts an access), or the error.
+
+        What it finds goes into the metadata cache.
+        """
+        out = self._control.lookup(keys)
+        for r in out:
+            if isinstance(r, ObjectMeta):
+                self._meta.put(r)
+        return out
+
+    def _resolve(self, keys: Sequence[str]) -> tuple[list, list[bool]]:
+        """Metadata per key from the cache, asking the master only for misses.
+
+        Returns:
+            (metas or errors, from_cache flags), in input order.
+        """
+        metas: list = [self._meta.get(k) if isinstance(k, str) else None for k in keys]
+        cached = [m is not None for m in metas]
+        miss = [i for i, m in enumerate(metas) if m is None]
+        if miss:
+            for i, r in zip(miss, self.lookup([keys[i] for i in miss])):
+                metas[i] = r
+        return metas, cached
+
+    def read_order(self, meta: ObjectMeta) -> list[Replica]:
+        """Replicas in the order reads try them: nodes that failed lately last,
+        then same host first, then by tier speed."""
+        now = time.monotonic()
+        suspect, here = self._suspect, self._host_id
+        return sorted(meta.replicas, key=lambda r: (suspect.get(r.node.node_id, 0.0) > now,
+                                                    r.node.host_id != here,
+                                                    TIER_READ_RANK.get(r.tier, len(TIER_READ_RANK))))
+
+    # ---- reads ----
+    def get_many(self, keys: Sequence[str]) -> list[bytearray | KVStoreError]:
+        """Values (new bytearrays) or errors per key, in input order."""
+        bufs: list[bytearray | None] = [None] * len(keys)
+
+        def view_for(i: int, meta: ObjectMeta) -> memoryview:
+            bufs[i] = bytearray(meta.size_bytes)
+            return memoryview(bufs[i])
+
+        _metas, res = self._read_resolved(keys, view_for)
+        return [r if isinstance(r, KVStoreError) else bufs[i] for i, r in enumerate(res)]
+
+    def get_into(self, key: str, view: memoryview) -> int:
+        """Read ``key`` into ``view``; the fast path when its metadata is cached.
+
+        Returns:
+            The value's size in bytes.
+
+        Raises:
+            NotFound, InvalidArgument (``view`` too small), ChecksumMismatch, Unavailable.
+        """
+        meta = self._meta.get(key) if type(key) is str else None
+        if meta is not None:
+            size = self._read_cached(meta, view)
+            if size is not None:
+                return size
+        (res,) = self.get_many_into([key], [view])
+        if isinstance(res, KVStoreError):
+            raise res
+        return res
+
+    def get_many_into(self, keys: Sequence[str], dests: Sequence[Any]) -> list[int | KVStoreError]:
+        """Read each key into its destination; per key the size in bytes or the error."""
+        if len(keys) != len(dests):
+            raise InvalidArgument(f"{len(keys)} keys but {len(dests)} destinations")
+        metas, res = self._read_resolved(keys, lambda i, meta: writable_view(dests[i]))
+        return [r if isinstance(r, KVStoreError) else metas[i].size_bytes
+                for i, r in enumerate(res)]
+
+    def _read_cached(self, meta: ObjectMeta, view: memoryview) -> int | None:
+        """The single-key fast path: one read of the first replica named by a
+        cached entry. Returns the size, or None when anything goes wrong (the
+        entry is dropped and the caller takes the general path, which looks the
+        key up again and falls back across replicas).
+
+        Raises:
+            InvalidArgument: ``view`` is too small (the same everywhere).
+        """
+        reps = meta.replicas
+        if not reps:
+            return None
+        node = (reps[0].node if len(reps) == 1 and not self._suspect
+                else self.read_order(meta)[0].node)
+        item = ReadItem(meta.key, meta.object_id, meta.size_bytes, meta.checksum, view)
+        try:
+            tr = self._connections.transport(node)
+            verify = (tr.kind is TransportKind.TCP if self.verify_checksum is None
+                      else self.verify_checksum)
+            (err,) = tr.read_many([item], verify)
+        except Unavailable as exc:
+            self._connections.drop(node.node_id)
+            self._connections.node_failed(node, meta.key, exc)
+            err = exc
+        if err is None:
+            return meta.size_bytes
+        if isinstance(err, InvalidArgument):
+            raise err
+        self._meta.drop(meta.key)
+        return None
+
+    def _read_resolved(self, keys: Sequence[str], view_for: ViewFor) -> tuple[list, list]:
+        """Resolve metadata, then read each object into ``view_for(i, meta)``.
+
+        A read through a cached entry that misses is tried once more with fresh
+        metadata from the master (the entry is dropped).
+
+        Returns:
+            (metas or errors, per-index read error or None).
+        """
+        metas, cached = self._resolve(keys)
+        idx = list(range(len(keys)))
+        res: list = [None] * len(keys)
+        for attempt in range(2):
+            views: list[memoryview | None] = []
+            for i in idx:
+                views.append(None)
+                if isinstance(metas[i], ObjectMeta):
+                    try:
+                        views[-1] = view_for(i, metas[i])
+                    except KVStoreError as err:
+                        metas[i] = err
+            for i, r in zip(idx, self._read([metas[i] for i in idx], views)):
+                res[i] = r
+            idx = [i for i in idx if cached[i] and res[i] is not None
+                   and not isinstance(res[i], InvalidArgument)]
+            if attempt or not idx:
+                break
+            for i in idx:
+                self._meta.drop(keys[i])
+                cached[i] = False
+            for i, m in zip(idx, self.lookup([keys[i] for i in idx])):
+                metas[i] = m
+        return metas, res
+
+    def _read(self, metas: list, views: list[memoryview | None]) -> list[KVStoreError | None]:
+        """Read found objects into views, falling back across replicas."""
+        out: list[KVStoreError | None] = [m if isinstance(m, KVStoreError) else None
+                                          for m in metas]
+        # Candidate replicas per index, in read order.
+        cands: dict[int, list[NodeAddress]] = {}
+        for i, m in enumerate(metas):
+            if isinstance(m, KVStoreError):
+                continue
+            cands[i] = [r.node for r in self.read_order(m)]
+        while cands:
+            by_node: dict[NodeId, list[int]] = defaultdict(list)
+            addr: dict[NodeId, NodeAddress] = {}
+            for i, nodes in cands.items():
+                if not nodes:
+                    out[i] = out[i] or Unavailable("no replica could be read", key=metas[i].key)
+                    continue
+                by_node[nodes[0].node_id].append(i)
+                addr[nodes[0].node_id] = nodes[0]
+            nxt: dict[int, list[NodeAddress]] = {}
+            for node_id, idxs in by_node.items():
+                items = [ReadItem(metas[i].key, metas[i].object_id, metas[i].size_bytes,
+                                  metas[i].checksum, views[i]) for i in idxs]
+                try:
+                    tr = self._connections.transport(addr[node_id])
+                    verify = (tr.kind is TransportKind.TCP if self.verify_checksum is None
+                              else self.verify_checksum)
+                    res = tr.read_many(items, verify)
+                except Unavailable as err:
+                    self._connections.drop(node_id)
+                    self._connections.node_failed(addr[node_id], metas[idxs[0]].key, err)
+                    res = [err] * len(items)
+                for i, err in zip(idxs, res):
+                    out[i] = err
+                    # A bad destination fails the same way everywhere; anything else
+                    # (node gone, object dropped, bad bytes) tries the next replica.
+                    if (err is not None and not isinstance(err, InvalidArgument)
+                            and len(cands[i]) > 1):
+                        nxt[i] = cands[i][1:]
+            cands = nxt
+        return out
