@@ -110,7 +110,9 @@ class KVClient:
                 lets the nodes' eviction drop a chain's tail before its head.
 
         Returns:
-            True if written, False if equal bytes were already stored.
+            True if written, False if equal bytes were already stored. Either
+            way the value is visible to every reader once this returns: a node
+            acknowledges a write only after its master shard indexed it.
 
         Raises:
             KeyConflict: the key holds different bytes.

@@ -73,11 +73,6 @@ class ModelConfig:
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
 
-    @property
-    def q_per_kv(self) -> int:
-        """Query heads sharing one KV head."""
-        return self.num_heads // self.num_kv_heads
-
     def kv_bytes_per_token(self, dtype_bytes: int = 4) -> int:
         """Bytes of KV one token occupies across all layers (K and V)."""
         return self.num_layers * 2 * self.num_kv_heads * self.head_dim * dtype_bytes

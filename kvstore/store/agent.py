@@ -230,7 +230,7 @@ class NodeAgent:
             return
         for order in resp.copies:
             self.copier.submit(wire.copy_order(order))
-        for d in resp.drops:
+        for d in map(wire.drop_order, resp.drops):
             self.node.drop(d.key, d.object_id)
 
     def start(self) -> None:

@@ -373,7 +373,11 @@ class StoreNode:
             return True
 
     def take_events(self) -> list[NodeEvent]:
-        """Changes not yet handed to a delivering agent, in order (see ``events``)."""
+        """Changes not yet handed to a delivering agent, in order (see ``events``).
+
+        For a node without an agent (tests, tools): with an agent, its router
+        takes them, and events taken here never reach the master.
+        """
         return [ticket.event for ticket in self.events.take()]
 
     def inventory(self) -> list[tuple[str, int, int, int]]:
