@@ -1,1 +1,2 @@
-"""Data-plane transports: TCP frames and same-host shared memory (RDMA later)."""
+"""Data-plane transports behind one interface (``base.Transport``): TCP frames, same-host
+shared memory, one-sided RDMA."""
