@@ -280,8 +280,9 @@ class ObjectIndex:
         if entry is None or entry.object_id != event.object_id:
             raise NotFound("no put of this object_id (revoked, timed out or replaced)",
                            key=event.key)
-        if entry.state is ReplicaState.PENDING and entry.checksum_at_end:
-            entry.checksum = event.checksum
+        if entry.state is ReplicaState.PENDING and entry.checksum_at_end \
+                and event.size_bytes == entry.size_bytes:
+            entry.checksum = event.checksum     # the first complete copy decides it
         if event.checksum != entry.checksum or event.size_bytes != entry.size_bytes:
             raise KeyConflict(f"stored {event.size_bytes} B with checksum {event.checksum:#x}; "
                               f"the put announced {entry.size_bytes} B, {entry.checksum:#x}",

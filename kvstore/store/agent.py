@@ -198,6 +198,11 @@ class NodeAgent:
                 log.warning("master %s does not know this node: registering again", self.master)
                 self.register()
                 resp = self.stub.ReportEvents(req, timeout=self.rpc_timeout_s)
+            if not resp.known or len(resp.statuses) != len(batch):
+                # Not applied: the events stay queued for the next delivery.
+                log.warning("master %s did not apply %d event(s) (known=%s, %d statuses)",
+                            self.master, len(batch), resp.known, len(resp.statuses))
+                return
             del self._queue[:len(batch)]
             results = []
             for ticket, status in zip(batch, resp.statuses):
@@ -314,7 +319,8 @@ class Agents:
                 log.debug("event delivery to %s failed: %s", agent.master, exc.code())
 
     def stop(self) -> None:
-        self.node.events.set_delivery(None)
+        # A write still waiting now is not acknowledged (its master was not told).
+        self.node.events.set_delivery(lambda: None)
         for agent in self.agents:
             agent.stop()
 

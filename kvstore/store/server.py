@@ -172,9 +172,9 @@ def run_node(cfg: NodeConfig) -> None:
                  ", ".join(f"{t.kind.name} {t.capacity_bytes} B" for t in tiers))
         stop.wait()
     finally:
+        server.stop()          # no write in flight after this; every connection's queue pairs closed
         if agent is not None:
             agent.stop()
-        server.stop()          # closes every connection's queue pairs first
         if rdma is not None:
             rdma.close()
         node.close()
