@@ -174,15 +174,18 @@ class Control:
 
     def routed(self, keys: Sequence[str],
                call: Callable[[tuple[str, ...], list[str]], list[R | KVStoreError]],
-               invalid: Callable[[KVStoreError], R | KVStoreError] = _as_is
-               ) -> list[R | KVStoreError]:
+               invalid: Callable[[KVStoreError], R | KVStoreError] = _as_is,
+               per_key_errors: bool = True) -> list[R | KVStoreError]:
         """Run ``call(addresses, sub_keys)`` once per shard; results in input order.
 
         ``call`` returns one result per sub-key: a value, or the key's error.
         WRONG_SHARD, as a :class:`WrongShard` result or raised for the whole
         call, sends those keys round once more after one refresh of the shard
-        map; a second WRONG_SHARD is their result. Any other error raised by
-        ``call`` propagates.
+        map; a second WRONG_SHARD is their result. Any other error a shard's
+        call raises (its masters unreachable) becomes the result of that
+        shard's keys, so the other shards' keys are still answered; with
+        ``per_key_errors`` False (results that cannot hold an error: exists)
+        it propagates.
 
         A key that is not a ``str`` cannot be routed: its result is
         ``invalid(InvalidArgument)`` and no master sees it (the masters check
@@ -201,6 +204,10 @@ class Control:
                 except WrongShard as err:
                     results = [WrongShard(err.message, key=k, redirect=err.redirect)
                                for k in sub_keys]
+                except KVStoreError as err:
+                    if not per_key_errors:
+                        raise
+                    results = [type(err)(err.message, key=k) for k in sub_keys]
                 for i, r in zip(idxs, results):
                     out[i] = r
                     if isinstance(r, WrongShard):
@@ -234,7 +241,7 @@ class Control:
                 if st.code == pb.WRONG_SHARD:
                     out[j] = WrongShard(st.message, key=ks[j], redirect=st.redirect)
             return out
-        return self.routed(keys, call, invalid=lambda err: False)
+        return self.routed(keys, call, invalid=lambda err: False, per_key_errors=False)
 
     def remove(self, keys: Sequence[str], reason: RemoveReason) -> list[KVStoreError | None]:
         """Remove: per key None or the error (NotFound)."""

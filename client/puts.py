@@ -49,6 +49,10 @@ from kvstore.types import (NodeAddress, NodeId, ObjectId, ObjectKey, ObjectMeta,
                            TierKind)
 
 
+#: Most replicas one put may ask for.
+MAX_REPLICAS = 16
+
+
 @dataclass(frozen=True, slots=True)
 class Placement:
     """PutStart's answer for one key: write the value under ``object_id`` to
@@ -209,7 +213,12 @@ class PutProtocol:
 
         Returns:
             Per key its placement or the error (KeyConflict, PutInProgress, NoSpace, ...).
+
+        Raises:
+            InvalidArgument: ``replica_num`` outside [1, MAX_REPLICAS].
         """
+        if not 1 <= replica_num <= MAX_REPLICAS:
+            raise InvalidArgument(f"replica_num must be in [1, {MAX_REPLICAS}], got {replica_num}")
         at = {k: j for j, k in enumerate(keys)}
         config = pb.PutConfig(replica_num=replica_num)
 
@@ -239,9 +248,8 @@ class PutProtocol:
     def revoke(self, items: Sequence[tuple[str, int]]) -> None:
         """PutRevoke of ``(key, object_id)`` items: some or all of their targets failed.
 
-        Raises:
-            KVStoreError: the master could not be told (it revokes pending puts
-                and releases silent targets at their deadline).
+        A shard that cannot be told revokes its pending puts and releases silent
+        targets at their deadline (30 s by default) instead.
         """
         if not items:
             return

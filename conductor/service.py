@@ -385,7 +385,7 @@ async def serve(cfg: ConductorConfig) -> None:
     conductor = Conductor(scheduler, kv, namespace, use_cache=cfg.use_cache,
                           deadlines=cfg.deadlines)
     server = rpc.aio_server()
-    port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    port = rpc.listen(server, cfg.host, cfg.port)
     spb_grpc.add_ConductorServicer_to_server(ConductorServicer(conductor), server)
     await server.start()
     conductor.start()

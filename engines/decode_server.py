@@ -156,7 +156,7 @@ async def serve(cfg: EngineConfig) -> None:
     worker = DecodeWorker(model, cache, kv, instance_id)
     worker.start()
     server = rpc.aio_server()
-    port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    port = rpc.listen(server, cfg.host, cfg.port)
     spb_grpc.add_DecodeEngineServicer_to_server(DecodeServicer(worker), server)
     await server.start()
 

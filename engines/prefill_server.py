@@ -253,7 +253,7 @@ async def serve(cfg: EngineConfig) -> None:
                            cfg.save_mode or DEFAULT_SAVE_MODE)
     servicer = PrefillServicer(worker)
     server = rpc.aio_server()
-    port = server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    port = rpc.listen(server, cfg.host, cfg.port)
     spb_grpc.add_PrefillEngineServicer_to_server(servicer, server)
     await server.start()
     await serve_until_signal(server, port, {"role": "prefill", "instance_id": instance_id,

@@ -152,14 +152,19 @@ def validate_key(key: str) -> ObjectKey:
     """Check a user key: a non-empty ``str`` of at most MAX_KEY_BYTES UTF-8 bytes.
 
     Raises:
-        InvalidArgument: empty, not a string, too long, or with NUL / control chars.
+        InvalidArgument: empty, not a string, not encodable as UTF-8, too long, or
+            with NUL / control chars.
     """
     if not isinstance(key, str):
         raise InvalidArgument(f"key must be str, got {type(key).__name__}")
     if not key:
         raise InvalidArgument("key must not be empty")
-    if len(key.encode()) > MAX_KEY_BYTES:
-        raise InvalidArgument(f"key is {len(key.encode())} bytes, max {MAX_KEY_BYTES}", key=key[:64])
+    try:
+        size = len(key.encode())
+    except UnicodeEncodeError:
+        raise InvalidArgument("key is not valid UTF-8 (a lone surrogate)", key=repr(key)) from None
+    if size > MAX_KEY_BYTES:
+        raise InvalidArgument(f"key is {size} bytes, max {MAX_KEY_BYTES}", key=key[:64])
     if any(ord(c) < 0x20 for c in key):
         raise InvalidArgument("key must not contain control characters", key=repr(key))
     return ObjectKey(key)

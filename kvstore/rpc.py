@@ -33,6 +33,18 @@ def aio_server() -> grpc.aio.Server:
     return grpc.aio.server(options=SERVER_OPTIONS)
 
 
+def listen(server: grpc.aio.Server, host: str, port: int) -> int:
+    """Add a plaintext port to ``server``; returns the port bound (``port`` 0: a free one).
+
+    Raises:
+        OSError: the address cannot be bound (taken, or not an address of this host).
+    """
+    try:
+        return server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError as exc:        # grpc's way of saying the address is taken
+        raise OSError(f"cannot listen on {host}:{port}: {exc}") from None
+
+
 def channel(address: str) -> grpc.Channel:
     """A blocking channel to ``address`` (host:port)."""
     return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)

@@ -50,6 +50,12 @@ def demo(
     if out and not os.path.isdir(os.path.dirname(os.path.abspath(out))):
         typer.echo(f"kvstore demo: error: the folder of --out {out} does not exist", err=True)
         raise typer.Exit(2)
+    from kvstore.engines.kv_saver import SAVE_MODES
+
+    if save_mode is not None and save_mode not in SAVE_MODES:
+        typer.echo(f"kvstore demo: error: --save-mode must be one of {sorted(SAVE_MODES)}, "
+                   f"got {save_mode!r}", err=True)
+        raise typer.Exit(2)
     try:
         summary = run_demo(requests=requests, trace=trace, use_cache=not no_cache, out=out,
                            time_scale=time_scale, block_tokens=block_tokens,

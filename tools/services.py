@@ -26,6 +26,14 @@ from kvstore.process import setup_logging
 from kvstore.sizes import parse_size
 
 
+def _port(text: str) -> int:
+    """A TCP port number, 0 (pick a free one) to 65535."""
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text} is not a port (0-65535)")
+    return port
+
+
 def _parser(name: str, description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"kvstore {name}", description=description)
     p.add_argument("--log-level", default="INFO")
@@ -38,7 +46,7 @@ def master_main(argv: list[str]) -> None:
 
     p = _parser("master", "Run a master shard.")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
-    p.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    p.add_argument("--port", type=_port, default=0, help="0 picks a free port")
     p.add_argument("--node-ttl-ms", type=int, default=3000)
     p.add_argument("--shard-id", type=int, default=0, help="this master's shard in --shard-map")
     p.add_argument("--shard-map", default="",
@@ -66,7 +74,7 @@ def node_main(argv: list[str]) -> None:
                    help="master address host:port, or a shard's masters as a|b (any shard: "
                         "the node learns the shard map from it and registers with every shard)")
     p.add_argument("--host", default=d.host, help="bind address (default loopback)")
-    p.add_argument("--port", type=int, default=d.port, help="data port; 0 picks a free port")
+    p.add_argument("--port", type=_port, default=d.port, help="data port; 0 picks a free port")
     p.add_argument("--node-id", default="",
                    help="stable node id (default: the one recorded on --ssd-path, else random)")
     p.add_argument("--dram", default="256MiB", help="DRAM tier capacity, e.g. 512MiB, 4GiB")
@@ -113,7 +121,7 @@ def _engine_parser(name: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--instance-id", default="", help="name in logs and metrics")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--port", type=_port, default=0)
     return p
 
 
@@ -163,8 +171,8 @@ def conductor_main(argv: list[str]) -> None:
     p.add_argument("--block-tokens", type=int, default=16)
     p.add_argument("--no-cache", action="store_true", help="never read the prefix cache")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0)
-    p.add_argument("--http-port", type=int, default=None,
+    p.add_argument("--port", type=_port, default=0)
+    p.add_argument("--http-port", type=_port, default=None,
                    help="also serve the OpenAI-style HTTP front on this port (0: any free port)")
     p.add_argument("--http-host", default="127.0.0.1", help="HTTP front bind address")
     p.add_argument("--served-model-name", default="",
@@ -192,7 +200,7 @@ def http_main(argv: list[str]) -> None:
     p.add_argument("--model", default="tiny", help="'tiny' or a Hugging Face style folder")
     p.add_argument("--served-model-name", default="", help="model id clients use (default: --model)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--port", type=_port, default=0)
     a = p.parse_args(argv)
     setup_logging(a.log_level)
     asyncio.run(serve_front(FrontConfig(conductor=a.conductor, model=a.model,

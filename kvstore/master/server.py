@@ -41,7 +41,7 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
         ``(server, port, index)``; stop with ``await server.stop(grace)``.
     """
     server = rpc.aio_server()
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = rpc.listen(server, host, port)
     membership = Membership(node_ttl_ms=node_ttl_ms, heartbeat_interval_ms=heartbeat_interval_ms)
     if shard_map is None:
         shard_map = ShardMap.single(f"{host}:{bound}")

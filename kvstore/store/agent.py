@@ -36,7 +36,7 @@ import grpc
 from kvstore import rpc, wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.errors import error_for_code
+from kvstore.errors import Unavailable, error_for_code
 from kvstore.shardmap import ShardMap
 from kvstore.store.events import EventLog, Ticket
 from kvstore.store.node import StoreNode
@@ -61,11 +61,15 @@ class EventRouter:
         self._queues: list[list[Ticket]] = [[] for _ in range(num_shards)]
         self._lock = threading.Lock()
 
+    def shard_index(self, key: str) -> int:
+        """The index of the agent whose shard owns ``key``."""
+        return self.shard_of(key) if self.shard_of else 0
+
     def take_for(self, shard: int) -> list[Ticket]:
         """The events of ``shard`` appended since its last take, in order."""
         with self._lock:
             for ticket in self.events.take():
-                self._queues[self.shard_of(ticket.event.key) if self.shard_of else 0].append(ticket)
+                self._queues[self.shard_index(ticket.event.key)].append(ticket)
             taken, self._queues[shard] = self._queues[shard], []
             return taken
 
@@ -177,23 +181,31 @@ class NodeAgent:
             if inventory:
                 log.info("registered with %d object(s) in the inventory", len(inventory))
 
-    def deliver(self) -> None:
+    def deliver(self, timeout_s: float | None = None) -> None:
         """Send this shard's pending events (one ReportEvents) and resolve their tickets.
 
         A STORED event the master refuses (its put was revoked, timed out or
         replaced) is dropped here and its writer fails with the reason.
 
+        Args:
+            timeout_s: give up after about this long (waiting for another
+                delivery to this shard included); None: the agent's RPC timeout.
+
         Raises:
             grpc.RpcError: the master did not answer (the events stay queued).
         """
-        with self._lock:
+        timeout_s = self.rpc_timeout_s if timeout_s is None else min(timeout_s, self.rpc_timeout_s)
+        deadline = time.monotonic() + timeout_s
+        if not self._lock.acquire(timeout=timeout_s):
+            return                    # another delivery to this shard is still in flight
+        try:
             self._queue.extend(self.router.take_for(self.shard))
             if not self._queue:
                 return
             batch = list(self._queue)
             req = pb.ReportEventsRequest(node_id=self.address.node_id,
                                          events=[wire.node_event_pb(t.event) for t in batch])
-            resp = self.stub.ReportEvents(req, timeout=self.rpc_timeout_s)
+            resp = self.stub.ReportEvents(req, timeout=max(0.05, deadline - time.monotonic()))
             if not resp.known:
                 log.warning("master %s does not know this node: registering again", self.master)
                 self.register()
@@ -213,6 +225,8 @@ class NodeAgent:
                         self.node.drop(ticket.event.key, ticket.event.object_id)
                 results.append((ticket, error))
             self.node.events.resolve(results)
+        finally:
+            self._lock.release()
 
     def beat(self) -> None:
         """One heartbeat: report stats and copy results, apply drop orders, run copy orders."""
@@ -310,19 +324,29 @@ class Agents:
         for agent in self.agents:
             agent.start()
 
-    def deliver(self) -> None:
-        """Deliver every shard's pending events now (failures stay queued and are logged)."""
-        for agent in self.agents:
+    def deliver(self, tickets: list[Ticket], timeout_s: float) -> None:
+        """Deliver the pending events of the shards owning ``tickets`` (the writers'
+        waits: a down or hung shard delays no other shard's writes), within about
+        ``timeout_s``; a failure is logged and the events stay queued."""
+        shards = {self.router.shard_index(t.event.key) for t in tickets}
+        deadline = time.monotonic() + timeout_s
+        for i in sorted(shards):
+            agent = self.agents[i]
             try:
-                agent.deliver()
+                agent.deliver(max(0.0, deadline - time.monotonic()))
             except grpc.RpcError as exc:
                 log.debug("event delivery to %s failed: %s", agent.master, exc.code())
 
     def stop(self) -> None:
         # A write still waiting now is not acknowledged (its master was not told).
-        self.node.events.set_delivery(lambda: None)
+        self.node.events.set_delivery(no_master_yet)
         for agent in self.agents:
             agent.stop()
+
+
+def no_master_yet(tickets: list[Ticket], timeout_s: float) -> None:
+    """A node not (or no longer) linked to its masters: writes wait, then fail."""
+    time.sleep(min(timeout_s, 0.05))
 
 
 def make_agent(node: StoreNode, address: NodeAddress, seeds: tuple[str, ...],
@@ -333,7 +357,7 @@ def make_agent(node: StoreNode, address: NodeAddress, seeds: tuple[str, ...],
     ``timeout_s`` for one to come up.
 
     Raises:
-        grpc.RpcError: no seed answered within ``timeout_s``.
+        Unavailable: no seed answered within ``timeout_s``.
     """
     deadline = time.monotonic() + timeout_s
     for i in itertools.count():
@@ -343,9 +367,10 @@ def make_agent(node: StoreNode, address: NodeAddress, seeds: tuple[str, ...],
                     pb.GetShardMapRequest(), timeout=timeout_s if len(seeds) == 1 else 1.0,
                     wait_for_ready=True)
                 break
-            except grpc.RpcError:
+            except grpc.RpcError as exc:
                 if time.monotonic() > deadline:
-                    raise
+                    raise Unavailable(f"no master answered at {'|'.join(seeds)} within "
+                                      f"{timeout_s:.0f} s ({exc.code().name})") from None
     shard_map = wire.shard_map(msg)
     if len(shard_map.ranges) > 1:
         log.info("shard map v%d: %d master shards", shard_map.version, len(shard_map.ranges))

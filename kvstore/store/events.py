@@ -92,9 +92,11 @@ class EventLog:
                 ticket.done, ticket.error = True, error
             self._cond.notify_all()
 
-    def set_delivery(self, deliver: Callable[[], None] | None) -> None:
-        """Who delivers: a call that sends everything pending now (and resolves it),
-        safe from any thread, returning when done or when it failed."""
+    def set_delivery(self, deliver: Callable[[list[Ticket], float], None] | None) -> None:
+        """Who delivers: ``deliver(tickets, timeout_s)`` sends what is pending for the
+        masters of ``tickets`` now (and resolves it), safe from any thread, returning
+        within about ``timeout_s`` when done or when it failed. None: the node has
+        no master (tests, tools), and tickets resolve at once."""
         with self._cond:
             self._deliver = deliver
 
@@ -108,14 +110,15 @@ class EventLog:
         deadline = time.monotonic() + timeout_s
         while True:
             with self._cond:
-                if all(t.done for t in tickets):
+                waiting = [t for t in tickets if not t.done]
+                if not waiting:
                     return True
                 deliver = self._deliver
                 if deliver is None:           # no master to tell: nothing to wait for
-                    for t in tickets:
+                    for t in waiting:
                         t.done = True
                     return True
-            deliver()
+            deliver(waiting, max(0.0, deadline - time.monotonic()))
             with self._cond:
                 if all(t.done for t in tickets):
                     return True

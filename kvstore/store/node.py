@@ -80,6 +80,11 @@ from kvstore.types import EventKind, NodeEvent, TierKind, TierStats
 
 log = logging.getLogger(__name__)
 
+#: Longest soft pin a caller may ask for (a day): what the wire carries is bounded.
+MAX_SOFT_PIN_MS = 24 * 3600 * 1000
+#: Longest queue-lookahead protection (an hour): a queued request reads its blocks well before.
+MAX_PREFETCH_MS = 3600 * 1000
+
 
 class StoreNode:
     """The object table of one node over its tiers, and the operations on it.
@@ -299,7 +304,11 @@ class StoreNode:
 
         Raises:
             NotFound: no such complete object.
+            InvalidArgument: ``ttl_ms`` above MAX_SOFT_PIN_MS.
         """
+        if not 0 <= ttl_ms <= MAX_SOFT_PIN_MS:
+            raise InvalidArgument(f"ttl_ms must be in [0, {MAX_SOFT_PIN_MS}], got {ttl_ms}",
+                                  key=key)
         with self._table.cond:
             obj = self._complete_locked(key, object_id)
             if ttl_ms:
@@ -335,10 +344,11 @@ class StoreNode:
 
         Raises:
             NotFound: no such complete object.
-            InvalidArgument: ``deadline_ms`` is 0.
+            InvalidArgument: ``deadline_ms`` is 0 or above MAX_PREFETCH_MS.
         """
-        if deadline_ms <= 0:
-            raise InvalidArgument("prefetch needs a deadline_ms > 0", key=key)
+        if not 0 < deadline_ms <= MAX_PREFETCH_MS:
+            raise InvalidArgument(f"prefetch needs 0 < deadline_ms <= {MAX_PREFETCH_MS}, "
+                                  f"got {deadline_ms}", key=key)
         with self._table.cond:
             obj = self._complete_locked(key, object_id)
             now = time.monotonic()

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from kvstore.errors import Unavailable
 from kvstore.process import announce_ready
-from kvstore.store.agent import make_agent
+from kvstore.store.agent import make_agent, no_master_yet
 from kvstore.store.data_server import DataServer
 from kvstore.store.levels import DEFAULT_WATERMARKS
 from kvstore.store.node import StoreNode
@@ -141,26 +141,28 @@ def run_node(cfg: NodeConfig) -> None:
     if node.counters["recovered"]:
         log.info("recovered %d object(s) in %.2f s", node.counters["recovered"],
                  time.monotonic() - t0)
+    # Writes wait (and then fail) until the agents link the node to its masters:
+    # nothing is acknowledged that no master was told about.
+    node.events.set_delivery(no_master_yet)
     dram = tiers[0]
-    rdma = None
-    if cfg.rdma_device:
-        from kvstore.transfer.rdma import RdmaNodeEndpoint
-
-        try:
-            rdma = RdmaNodeEndpoint(cfg.rdma_device, dram.segment.view, port=cfg.rdma_port,
-                                    gid_index=cfg.rdma_gid_index)
-        except Unavailable as exc:
-            node.close()
-            raise SystemExit(f"kvstore node: --rdma-device {cfg.rdma_device}: "
-                             f"{exc.message}") from None
-    server = DataServer(node, cfg.host, cfg.port, local_address(dram.name), rdma).start()
-    address = NodeAddress(NodeId(node_id), cfg.host, server.port, dram.name, host_id())
+    rdma = server = agent = None
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    agent = None
     try:
-        # Inside the try: an unreachable master must not leave the shm segment behind.
+        # Inside the try: a busy port or an unreachable master must not leave the
+        # shm segment behind.
+        if cfg.rdma_device:
+            from kvstore.transfer.rdma import RdmaNodeEndpoint
+
+            try:
+                rdma = RdmaNodeEndpoint(cfg.rdma_device, dram.segment.view, port=cfg.rdma_port,
+                                        gid_index=cfg.rdma_gid_index)
+            except Unavailable as exc:
+                raise SystemExit(f"kvstore node: --rdma-device {cfg.rdma_device}: "
+                                 f"{exc.message}") from None
+        server = DataServer(node, cfg.host, cfg.port, local_address(dram.name), rdma).start()
+        address = NodeAddress(NodeId(node_id), cfg.host, server.port, dram.name, host_id())
         agent = make_agent(node, address, cfg.masters)
         agent.register()
         agent.start()
@@ -172,7 +174,8 @@ def run_node(cfg: NodeConfig) -> None:
                  ", ".join(f"{t.kind.name} {t.capacity_bytes} B" for t in tiers))
         stop.wait()
     finally:
-        server.stop()          # no write in flight after this; every connection's queue pairs closed
+        if server is not None:
+            server.stop()      # no write in flight after this; every connection's queue pairs closed
         if agent is not None:
             agent.stop()
         if rdma is not None:

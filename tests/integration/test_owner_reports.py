@@ -93,3 +93,28 @@ def test_a_write_whose_master_is_stopped_fails_then_lands_when_it_returns(owner)
     with KVClient(owner.master, meta_cache_entries=0) as kv:
         wait_for(lambda: kv.batch_exists(["late/k"]) == [True], timeout_s=10)
         assert kv.get("late/k") == value
+
+
+def test_a_node_not_linked_to_a_master_acknowledges_no_write():
+    """Before its agents register and after they stop, a node fails writes as unconfirmed."""
+    from kvstore.store.agent import no_master_yet
+    from kvstore.store.data_server import DataServer
+    from kvstore.store.node import StoreNode
+    from kvstore.store.tiers.dram import DramTier
+
+    tier = DramTier(1 << 20)
+    node = StoreNode(tier)
+    node.events.set_delivery(no_master_yet)
+    server = DataServer(node, ack_timeout_s=0.3).start()
+    conn = NodeConnection("127.0.0.1", server.port, timeout_s=5)
+    try:
+        value = b"unconfirmed"
+        t0 = time.monotonic()
+        conn.send(Op.PUT, "orphan/k", 7, len(value), value_checksum(value), memoryview(value))
+        code, *_rest, msg = conn.recv_header()
+        assert code == pb.UNAVAILABLE and "did not confirm" in msg
+        assert 0.25 < time.monotonic() - t0 < 3
+    finally:
+        conn.close()
+        server.stop()
+        node.close()

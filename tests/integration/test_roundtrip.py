@@ -82,6 +82,15 @@ def test_get_into_numpy_torch_bytearray(kv, key_prefix):
     assert view.tobytes() == data
 
 
+def test_bad_replica_counts_and_keys_are_invalid_argument(kv, key_prefix):
+    for n in (-1, 17):
+        with pytest.raises(InvalidArgument):
+            kv.put(key_prefix + "r", b"x", replica_num=n)
+    with pytest.raises(InvalidArgument):
+        kv.put("\ud800", b"x")                       # not encodable as UTF-8
+    assert kv.batch_exists([key_prefix + "r"]) == [False]
+
+
 def test_batch_put_get_exists_per_key_status_in_input_order(kv, key_prefix):
     p = key_prefix
     present = {p + "a": b"A" * 10, p + "b": b"", p + "c": random_bytes(70 * KiB, 3)}

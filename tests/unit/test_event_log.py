@@ -34,7 +34,10 @@ def test_the_waiting_writer_delivers_and_concurrent_writers_share_a_report():
     reports: list[list[str]] = []
     lock = threading.Lock()
 
-    def deliver() -> None:
+    asked: list[tuple[list[str], float]] = []
+
+    def deliver(tickets, timeout_s: float) -> None:
+        asked.append(([t.event.key for t in tickets], timeout_s))
         with lock:                           # an agent delivers one report at a time
             batch = log.take()
             if batch:
@@ -46,6 +49,7 @@ def test_the_waiting_writer_delivers_and_concurrent_writers_share_a_report():
     tickets = [log.append(ev(i)) for i in range(4)]
     assert log.wait(tickets[:1], 1.0)
     assert reports == [["k0", "k1", "k2", "k3"]]     # one report for everything pending
+    assert asked[0][0] == ["k0"] and 0 < asked[0][1] <= 1.0   # what it waits for, bounded
     assert log.wait(tickets, 1.0)
     assert isinstance(tickets[2].error, NotFound) and tickets[3].error is None
 
@@ -53,7 +57,7 @@ def test_the_waiting_writer_delivers_and_concurrent_writers_share_a_report():
 def test_a_delivery_that_keeps_failing_times_out_and_keeps_the_ticket_open():
     log = EventLog()
     calls = []
-    log.set_delivery(lambda: calls.append(1))       # the master never answers
+    log.set_delivery(lambda tickets, timeout_s: calls.append(timeout_s))   # never answers
     t = log.append(ev(1))
     assert log.wait([t], 0.2) is False
     assert not t.done and len(calls) >= 2           # retried while waiting

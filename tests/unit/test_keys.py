@@ -126,7 +126,7 @@ def test_bad_input_is_invalid_argument():
         prefix_keys([1, 2, 3, 4], dataclasses.replace(LLAMA, block_tokens=0))
 
 
-@pytest.mark.parametrize("key", ["", "a\x00b", "tab\tkey", "x" * 513, b"bytes", 7, None])
+@pytest.mark.parametrize("key", ["", "a\x00b", "tab\tkey", "x" * 513, b"bytes", 7, None, "\ud800"])
 def test_validate_key_rejects(key):
     with pytest.raises(InvalidArgument):
         validate_key(key)

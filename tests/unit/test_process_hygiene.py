@@ -17,7 +17,7 @@ async def test_a_second_master_on_a_busy_port_fails():
     server, port, _ = await create_server("127.0.0.1", 0)
     try:
         # gRPC's default SO_REUSEPORT would let it bind and split the clients.
-        with pytest.raises(RuntimeError, match="Failed to bind"):
+        with pytest.raises(OSError, match="Failed to bind"):   # one line at the CLI
             await create_server("127.0.0.1", port)
     finally:
         await server.stop(0)
@@ -42,3 +42,13 @@ def test_orphan_segments_of_dead_processes_are_removed():
                 os.unlink(os.path.join(SHM_DIR, name))
             except FileNotFoundError:
                 pass
+
+
+@pytest.mark.parametrize("service, args", [("master", ["--port", "99999"]),
+                                           ("node", ["--master", "a:1", "--port", "-1"])])
+def test_services_refuse_ports_out_of_range(service, args, capsys):
+    from kvstore.tools.services import SERVICES
+
+    with pytest.raises(SystemExit) as exc:
+        SERVICES[service](args)
+    assert exc.value.code == 2 and "is not a port" in capsys.readouterr().err

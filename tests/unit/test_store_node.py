@@ -246,3 +246,24 @@ def test_used_plus_free_is_capacity_through_a_workload(node):
         check_invariants(node)
     for key, data in live.items():
         assert read(node, key) == data
+
+
+def test_pins_and_prefetches_from_the_wire_are_bounded():
+    from kvstore.store.node import MAX_PREFETCH_MS, MAX_SOFT_PIN_MS
+
+    tier = DramTier(1 << 20)
+    node = StoreNode(tier)
+    try:
+        obj, _ = node.begin_write("k", 1, 1, value_checksum(b"x"))
+        node.write_view(obj)[:] = b"x"
+        node.commit_write(obj)
+        node.pin("k", 1, MAX_SOFT_PIN_MS)
+        node.prefetch("k", 1, MAX_PREFETCH_MS)
+        for bad in (MAX_SOFT_PIN_MS + 1, 2**64 - 1):
+            with pytest.raises(InvalidArgument):
+                node.pin("k", 1, bad)
+        for bad in (0, MAX_PREFETCH_MS + 1, 2**64 - 1):
+            with pytest.raises(InvalidArgument):
+                node.prefetch("k", 1, bad)
+    finally:
+        node.close()
