@@ -75,6 +75,16 @@ class ChecksumMismatch(KVStoreError):
     code = pb.CHECKSUM_MISMATCH
 
 
+class Unauthenticated(KVStoreError):
+    """No credentials, or credentials the server does not know (its ``--auth`` file)."""
+    code = pb.UNAUTHENTICATED
+
+
+class PermissionDenied(KVStoreError):
+    """Valid credentials whose role may not do this (e.g. a ``client`` evicting)."""
+    code = pb.PERMISSION_DENIED
+
+
 class Internal(KVStoreError):
     """A broken invariant on the server side (a bug)."""
     code = pb.INTERNAL
@@ -92,6 +102,8 @@ ERRORS: dict[type[KVStoreError], grpc.StatusCode] = {
     PutInProgress: grpc.StatusCode.ABORTED,
     WrongShard: grpc.StatusCode.FAILED_PRECONDITION,
     ChecksumMismatch: grpc.StatusCode.DATA_LOSS,
+    Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     Internal: grpc.StatusCode.INTERNAL,
 }
 

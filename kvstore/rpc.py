@@ -1,4 +1,4 @@
-"""The gRPC settings of every kvstore server and channel, in one table.
+"""Every kvstore gRPC server and channel: one options table, authentication, TLS.
 
     SERVER_OPTIONS    every grpc.aio server (masters, engines, conductor)
     CHANNEL_OPTIONS   every channel to them (SDK, store nodes, conductor, tools)
@@ -8,11 +8,24 @@ of keys, a node's inventory). Servers bind exclusively: gRPC sets
 SO_REUSEPORT by default, and a second server on a busy port would start
 "fine" and split the clients between two processes. Channels reconnect to a
 restarted peer within seconds (gRPC's default backoff grows to two minutes).
+
+Security (:mod:`kvstore.auth`, :mod:`kvstore.tls`): a server given a token
+file checks every call in one interceptor (:class:`AuthInterceptor`) against
+its service's table of which roles may call which method: no or an unknown
+token is UNAUTHENTICATED, a role that may not is PERMISSION_DENIED. A
+channel given a token sends it as ``authorization: Bearer``; with TLS files
+it is a secure channel (mutual TLS when it has a certificate).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Mapping, NamedTuple, Sequence
+
 import grpc
+
+from kvstore.auth import Role, TokenFile, allows, client_token
+from kvstore.tls import TlsFiles, grpc_channel_credentials, grpc_server_credentials
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
@@ -27,29 +40,200 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = _MESSAGE_SIZES + [
     ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 
-
-def aio_server() -> grpc.aio.Server:
-    """A grpc.aio server with kvstore's options (add ports and servicers, then start)."""
-    return grpc.aio.server(options=SERVER_OPTIONS)
+#: Method -> the roles that may call it (admin may call everything; absent: admin only).
+MethodRoles = Mapping[str, frozenset[Role]]
 
 
-def listen(server: grpc.aio.Server, host: str, port: int) -> int:
-    """Add a plaintext port to ``server``; returns the port bound (``port`` 0: a free one).
+@dataclass(frozen=True, slots=True)
+class ServerSecurity:
+    """How a server authenticates its callers and protects its ports."""
+
+    tokens: TokenFile | None = None   # --auth: None, every caller is trusted (loopback only)
+    tls: TlsFiles | None = None       # --tls-cert/--tls-key[/--tls-ca]: None, plaintext
+
+    def role_of(self, metadata: Sequence[tuple[str, str | bytes]] | None) -> Role | None:
+        """The caller's role from its call metadata (admin when auth is off), or None."""
+        if self.tokens is None:
+            return Role.ADMIN
+        return self.tokens.role_of(bearer(metadata))
+
+
+@dataclass(frozen=True, slots=True)
+class ClientCredentials:
+    """What a client presents: a token, and TLS files (its CA, its own cert for mTLS)."""
+
+    token: str | None = None
+    tls: TlsFiles | None = field(default=None, repr=False)
+
+    @staticmethod
+    def resolve(token: str | None = None, token_file: str | None = None,
+                tls: TlsFiles | None = None) -> "ClientCredentials":
+        """Explicit values, else ``$KVSTORE_TOKEN`` / ``$KVSTORE_TOKEN_FILE`` / ``$KVSTORE_TLS_*``.
+
+        Raises:
+            OSError: a token file that cannot be read.
+        """
+        return ClientCredentials(client_token(token, token_file), tls or TlsFiles.client_from_env())
+
+    def __repr__(self) -> str:            # never print a token
+        return f"ClientCredentials(token={'***' if self.token else None}, tls={bool(self.tls)})"
+
+
+def bearer(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:
+    """The token of an ``authorization: Bearer TOKEN`` entry, or None."""
+    for k, v in metadata or ():
+        if k == "authorization":
+            value = v.decode() if isinstance(v, bytes) else v
+            if value.startswith("Bearer "):
+                return value[7:].strip()
+    return None
+
+
+# ---- servers ----
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    """Checks every call's token and role against a service's method table.
+
+    Args:
+        security: the server's token file (must be set).
+        methods: method name -> the roles that may call it.
+    """
+
+    def __init__(self, security: ServerSecurity, methods: MethodRoles):
+        self.security = security
+        self.methods = methods
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        role = self.security.role_of(details.invocation_metadata)
+        method = details.method.rsplit("/", 1)[-1]
+        if role is None:
+            return _refusal(handler, grpc.StatusCode.UNAUTHENTICATED,
+                            "missing or unknown credentials (authorization: Bearer TOKEN)")
+        if not allows(role, self.methods.get(method, frozenset())):
+            return _refusal(handler, grpc.StatusCode.PERMISSION_DENIED,
+                            f"role {role.value!r} may not call {method}")
+        return handler
+
+
+def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode,
+             message: str) -> grpc.RpcMethodHandler:
+    """A handler of the same kind as ``handler`` that fails the call with ``code``."""
+    async def unary(request, context):
+        await context.abort(code, message)
+
+    async def stream(request, context):
+        await context.abort(code, message)
+        yield  # pragma: no cover  (makes this an async generator)
+
+    kw = dict(request_deserializer=handler.request_deserializer,
+              response_serializer=handler.response_serializer)
+    if handler.unary_stream or handler.stream_stream:
+        return grpc.unary_stream_rpc_method_handler(stream, **kw)
+    return grpc.unary_unary_rpc_method_handler(unary, **kw)
+
+
+def aio_server(security: ServerSecurity | None = None,
+               methods: MethodRoles | None = None) -> grpc.aio.Server:
+    """A grpc.aio server with kvstore's options; with a token file, every call is checked
+    against ``methods`` (add ports with :func:`listen`, servicers, then start)."""
+    interceptors = []
+    if security is not None and security.tokens is not None:
+        interceptors.append(AuthInterceptor(security, methods or {}))
+    return grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
+
+
+def listen(server: grpc.aio.Server, host: str, port: int,
+           security: ServerSecurity | None = None) -> int:
+    """Add a port to ``server`` (TLS when ``security`` has files); returns the port bound
+    (``port`` 0: a free one).
 
     Raises:
         OSError: the address cannot be bound (taken, or not an address of this host).
     """
     try:
+        if security is not None and security.tls is not None:
+            return server.add_secure_port(f"{host}:{port}", grpc_server_credentials(security.tls))
         return server.add_insecure_port(f"{host}:{port}")
     except RuntimeError as exc:        # grpc's way of saying the address is taken
         raise OSError(f"cannot listen on {host}:{port}: {exc}") from None
 
 
-def channel(address: str) -> grpc.Channel:
-    """A blocking channel to ``address`` (host:port)."""
-    return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+def caller_role(context, security: ServerSecurity | None) -> Role | None:
+    """The role of a call a servicer handles (admin when auth is off)."""
+    if security is None:
+        return Role.ADMIN
+    return security.role_of(context.invocation_metadata())
 
 
-def aio_channel(address: str) -> grpc.aio.Channel:
-    """An asyncio channel to ``address`` (host:port)."""
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+# ---- channels ----
+
+class _Details(NamedTuple):
+    method: str
+    timeout: float | None
+    metadata: Sequence[tuple[str, str]] | None
+    credentials: grpc.CallCredentials | None
+    wait_for_ready: bool | None
+    compression: grpc.Compression | None
+
+
+class _SyncDetails(_Details, grpc.ClientCallDetails):
+    pass
+
+
+class _BearerInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """Adds ``authorization: Bearer TOKEN`` to every call of a blocking channel."""
+
+    def __init__(self, token: str):
+        self._entry = ("authorization", f"Bearer {token}")
+
+    def _details(self, d) -> _SyncDetails:
+        return _SyncDetails(d.method, d.timeout, list(d.metadata or ()) + [self._entry],
+                            d.credentials, getattr(d, "wait_for_ready", None),
+                            getattr(d, "compression", None))
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        return continuation(self._details(client_call_details), request)
+
+    def intercept_unary_stream(self, continuation, client_call_details, request):
+        return continuation(self._details(client_call_details), request)
+
+
+class _AioBearer(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor):
+    """Adds ``authorization: Bearer TOKEN`` to every call of an asyncio channel."""
+
+    def __init__(self, token: str):
+        self._entry = ("authorization", f"Bearer {token}")
+
+    def _details(self, d) -> grpc.aio.ClientCallDetails:
+        metadata = grpc.aio.Metadata(*(d.metadata or ()), self._entry)
+        return grpc.aio.ClientCallDetails(d.method, d.timeout, metadata, d.credentials,
+                                          d.wait_for_ready)
+
+    async def intercept_unary_unary(self, continuation, client_call_details, request):
+        return await continuation(self._details(client_call_details), request)
+
+    async def intercept_unary_stream(self, continuation, client_call_details, request):
+        return await continuation(self._details(client_call_details), request)
+
+
+def channel(address: str, creds: ClientCredentials | None = None) -> grpc.Channel:
+    """A blocking channel to ``address`` (host:port), with ``creds`` when given."""
+    tls = creds.tls if creds is not None else None
+    ch = (grpc.secure_channel(address, grpc_channel_credentials(tls), options=CHANNEL_OPTIONS)
+          if tls is not None else grpc.insecure_channel(address, options=CHANNEL_OPTIONS))
+    if creds is not None and creds.token:
+        ch = grpc.intercept_channel(ch, _BearerInterceptor(creds.token))
+    return ch
+
+
+def aio_channel(address: str, creds: ClientCredentials | None = None) -> grpc.aio.Channel:
+    """An asyncio channel to ``address`` (host:port), with ``creds`` when given."""
+    tls = creds.tls if creds is not None else None
+    interceptors = [_AioBearer(creds.token)] if creds is not None and creds.token else None
+    if tls is not None:
+        return grpc.aio.secure_channel(address, grpc_channel_credentials(tls),
+                                       options=CHANNEL_OPTIONS, interceptors=interceptors)
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=interceptors)

@@ -78,6 +78,7 @@ class NodeAddress:
     data_port: int          # TCP data plane
     shm_name: str = ""      # POSIX shared-memory segment (same-host path), "" if none
     host_id: str = ""       # the machine: equal host_ids can share memory
+    tls: bool = False       # the TCP data port speaks TLS
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,12 +19,13 @@ from kvstore.types import (CopyOrder, CopyResult, DropOrder, EventKind, Inventor
 
 
 def node_address(msg: pb.NodeAddress) -> NodeAddress:
-    return NodeAddress(NodeId(msg.node_id), msg.host, msg.data_port, msg.shm_name, msg.host_id)
+    return NodeAddress(NodeId(msg.node_id), msg.host, msg.data_port, msg.shm_name, msg.host_id,
+                       msg.tls)
 
 
 def node_address_pb(a: NodeAddress) -> pb.NodeAddress:
     return pb.NodeAddress(node_id=a.node_id, host=a.host, data_port=a.data_port,
-                          shm_name=a.shm_name, host_id=a.host_id)
+                          shm_name=a.shm_name, host_id=a.host_id, tls=a.tls)
 
 
 def object_meta(msg: pb.ObjectMeta) -> ObjectMeta:

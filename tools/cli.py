@@ -142,6 +142,7 @@ def chaos(
 def _register_tools() -> None:
     """Commands whose code lives in tools/ (imported lazily: they pull heavy modules)."""
     from kvstore.tools.bench.command import bench_command
+    from kvstore.tools.certs import certs_command
     from kvstore.tools.cache_sim import simulate_cache_command
     from kvstore.tools.profile import profile_command
     from kvstore.tools.simulate import simulate_command
@@ -152,6 +153,8 @@ def _register_tools() -> None:
                                        "policies (and Belady's optimum).")(simulate_cache_command)
     app.command("simulate", help="Discrete-event simulation of the conductor's scheduling "
                                  "over a trace, with a cost model.")(simulate_command)
+    app.command("certs", help="Write a test CA, a server certificate for --host names and a "
+                              "client certificate (mutual TLS).")(certs_command)
     app.command("profile", help="Fit the cost model (prefill, decode, transfer) from the "
                                 "bundled engines on this machine.")(profile_command)
 

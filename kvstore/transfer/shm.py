@@ -32,7 +32,12 @@ SHM_DIR = "/dev/shm"
 
 
 def host_id() -> str:
-    """An id of this machine and boot: equal host_ids can share memory."""
+    """An id of this machine, boot and network namespace: equal host_ids share memory.
+
+    The network namespace counts: processes in different namespaces are
+    different hosts to kvstore (a node's Unix socket is not even reachable
+    from another namespace), which is how one machine plays several hosts.
+    """
     parts = [socket.gethostname()]
     for path in ("/proc/sys/kernel/random/boot_id", "/etc/machine-id"):
         try:
@@ -40,6 +45,10 @@ def host_id() -> str:
                 parts.append(f.read().strip())
         except OSError:
             pass
+    try:
+        parts.append(str(os.stat("/proc/self/ns/net").st_ino))
+    except OSError:
+        pass
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 

@@ -1,0 +1,182 @@
+"""Identities and roles: the ``--auth`` token file, and the proofs clients present.
+
+A server started with ``--auth FILE`` authenticates every connection or call.
+The file holds one ``ROLE TOKEN`` per line (``#`` starts a comment)::
+
+    # role    token
+    admin     6f1d...         everything: remove, evict, list, inspect, stats
+    client    9a3c...         what engines and the SDK need: put, get, exists,
+                              lookup, pin, prefetch, remove of its own keys
+    node      c0de...         register, heartbeat, report events, repair copies
+
+A role grants what it names and admin grants everything. Clients present a
+token (``KVClient(token=...)``, ``$KVSTORE_TOKEN`` or ``--token-file``):
+
+    gRPC        metadata ``authorization: Bearer TOKEN``, checked in one interceptor
+                (:mod:`kvstore.rpc`); UNAUTHENTICATED / PERMISSION_DENIED
+    data port   challenge-response at connection start: the node sends a random
+                nonce, the client answers HMAC-SHA256(token, nonce) (:func:`proof`);
+                the token never crosses the link, TLS or not
+    HTTP        ``Authorization: Bearer TOKEN``; 401 / 403
+
+Tokens are compared in constant time (every token is compared, found or
+not) and never logged; the file is read again on SIGHUP (:meth:`TokenFile.reload`).
+
+Thread safety: a TokenFile's table is replaced whole on reload (one
+assignment), so lookups from any thread see the old or the new table.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+
+log = logging.getLogger(__name__)
+
+#: Environment variables a client reads its credentials from.
+TOKEN_ENV = "KVSTORE_TOKEN"
+TOKEN_FILE_ENV = "KVSTORE_TOKEN_FILE"
+
+NONCE_BYTES = 32
+_PROOF_DOMAIN = b"kvstore-data-port-auth-v1"
+_MAX_TOKENS = 10_000
+_MIN_TOKEN_CHARS = 16
+
+
+class Role(str, enum.Enum):
+    """Who a caller is. Admin may do everything; the others what they name."""
+
+    ADMIN = "admin"
+    CLIENT = "client"
+    NODE = "node"
+
+
+class AuthFileError(ValueError):
+    """The token file cannot be used (a bad line, an unknown role, a short token)."""
+
+
+def parse_tokens(text: str, source: str = "<tokens>") -> dict[str, Role]:
+    """Token -> role from the text of a token file.
+
+    Raises:
+        AuthFileError: a line that is not ``ROLE TOKEN``, an unknown role, a
+            token under 16 characters, a token listed twice, or no token at all.
+    """
+    table: dict[str, Role] = {}
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) != 2:
+            raise AuthFileError(f"{source}:{n}: expected 'ROLE TOKEN'")
+        role_name, token = parts
+        try:
+            role = Role(role_name.lower())
+        except ValueError:
+            raise AuthFileError(f"{source}:{n}: unknown role {role_name!r}; known: "
+                                f"{[r.value for r in Role]}") from None
+        if len(token) < _MIN_TOKEN_CHARS:
+            raise AuthFileError(f"{source}:{n}: a token needs {_MIN_TOKEN_CHARS} characters or more")
+        if token in table:
+            raise AuthFileError(f"{source}:{n}: a token is listed twice")
+        table[token] = role
+        if len(table) > _MAX_TOKENS:
+            raise AuthFileError(f"{source}: more than {_MAX_TOKENS} tokens")
+    if not table:
+        raise AuthFileError(f"{source}: no tokens")
+    return table
+
+
+def proof(token: str, nonce: bytes) -> bytes:
+    """What a data-port client answers to the node's ``nonce``: HMAC-SHA256 (32 bytes)."""
+    return hmac.new(token.encode(), _PROOF_DOMAIN + nonce, hashlib.sha256).digest()
+
+
+def new_nonce() -> bytes:
+    return secrets.token_bytes(NONCE_BYTES)
+
+
+def allows(role: Role, allowed: frozenset[Role]) -> bool:
+    """Whether ``role`` may do what ``allowed`` roles may (admin may do everything)."""
+    return role is Role.ADMIN or role in allowed
+
+
+class TokenFile:
+    """The roles a server knows, from its ``--auth`` file.
+
+    Args:
+        path: the file (``ROLE TOKEN`` lines).
+
+    Raises:
+        AuthFileError: the file is malformed (see :func:`parse_tokens`).
+        OSError: it cannot be read.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self._table = self._read()
+
+    def _read(self) -> dict[str, Role]:
+        with open(self.path, encoding="utf-8") as f:
+            return parse_tokens(f.read(), self.path)
+
+    def reload(self) -> bool:
+        """Read the file again (SIGHUP); a bad file keeps the old table. Returns success."""
+        try:
+            self._table = self._read()
+        except (OSError, AuthFileError) as exc:
+            log.error("token file %s not reloaded, keeping the old one: %s", self.path, exc)
+            return False
+        log.info("token file %s reloaded: %d token(s)", self.path, len(self._table))
+        return True
+
+    def role_of(self, token: str | None) -> Role | None:
+        """The role of ``token``, or None; compares with every token, in constant time."""
+        if not token:
+            return None
+        given = token.encode()
+        found: Role | None = None
+        for known, role in self._table.items():
+            if hmac.compare_digest(known.encode(), given):
+                found = role
+        return found
+
+    def role_of_proof(self, nonce: bytes, answer: bytes) -> Role | None:
+        """The role whose token made ``answer`` to ``nonce`` (the data-port handshake), or None."""
+        found: Role | None = None
+        for known, role in self._table.items():
+            if hmac.compare_digest(proof(known, nonce), answer):
+                found = role
+        return found
+
+
+def client_token(token: str | None = None, token_file: str | None = None) -> str | None:
+    """A client's token: ``token``, else ``token_file``'s first line, else
+    ``$KVSTORE_TOKEN``, else the file named by ``$KVSTORE_TOKEN_FILE``; None: anonymous.
+
+    Raises:
+        OSError: a token file that cannot be read.
+    """
+    if token:
+        return token
+    path = token_file or os.environ.get(TOKEN_FILE_ENV)
+    if token_file:
+        return _read_token(token_file)
+    env = os.environ.get(TOKEN_ENV)
+    if env:
+        return env.strip()
+    return _read_token(path) if path else None
+
+
+def _read_token(path: str) -> str | None:
+    with open(path, encoding="utf-8") as f:
+        for raw in f:
+            line = raw.split("#", 1)[0].strip()
+            if line:
+                return line.split()[-1]      # "TOKEN" or "ROLE TOKEN"
+    return None
