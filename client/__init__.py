@@ -11,7 +11,9 @@ What the SDK returns about the store are kvstore's own records
 
 from kvstore.client.client import KVClient
 from kvstore.errors import (ChecksumMismatch, InvalidArgument, KeyConflict, KVStoreError,
-                            NoSpace, NotFound, PutInProgress, TooLarge, Unavailable)
+                            NoSpace, NotFound, PermissionDenied, PutInProgress, TooLarge,
+                            Unauthenticated, Unavailable)
+from kvstore.tls import TlsFiles
 from kvstore.keys import BlockHash, Namespace, ObjectKey, prefix_hashes, prefix_keys
 from kvstore.types import (NodeAddress, NodeStatus, ObjectMeta, RemoveReason, Replica, ShardStatus,
                            TierKind, TierStats)
@@ -20,4 +22,4 @@ __all__ = ["KVClient", "Namespace", "prefix_keys", "prefix_hashes", "BlockHash",
            "KVStoreError", "NotFound", "TooLarge", "NoSpace", "Unavailable", "InvalidArgument",
            "KeyConflict", "PutInProgress", "ChecksumMismatch",
            "ObjectMeta", "Replica", "NodeAddress", "ShardStatus", "NodeStatus", "TierStats",
-           "TierKind", "RemoveReason"]
+           "TierKind", "RemoveReason", "Unauthenticated", "PermissionDenied", "TlsFiles"]

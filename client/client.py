@@ -28,7 +28,9 @@ from kvstore.client.parts import PartsWriter
 from kvstore.client.puts import PutProtocol
 from kvstore.client.reads import Reads
 from kvstore.errors import InvalidArgument, KVStoreError
+from kvstore.rpc import ClientCredentials
 from kvstore.shardmap import ShardMap
+from kvstore.tls import TlsFiles
 from kvstore.transfer.buffers import writable_view
 from kvstore.transfer.protocol import Op
 from kvstore.types import ObjectMeta, RemoveReason, ShardStatus
@@ -67,21 +69,30 @@ class KVClient:
             ``--rdma-device``) for nodes that shared memory cannot reach; a
             node that cannot do RDMA is used over TCP. None: no RDMA.
         rdma_port, rdma_gid_index: the device's port and GID index.
+        token: this client's token for servers started with ``--auth`` (a
+            ``client`` one for the SDK and engines, ``admin`` for evict/list/
+            stats); default ``$KVSTORE_TOKEN`` or the file ``$KVSTORE_TOKEN_FILE``.
+        tls: TLS files (the CA that signed the servers' certificates, and this
+            client's own for mutual TLS); default ``$KVSTORE_TLS_CA`` /
+            ``_CERT`` / ``_KEY``; None and no environment: plaintext.
 
     Raises:
         Unavailable: the master cannot be reached.
+        Unauthenticated, PermissionDenied: the master refused the credentials.
     """
 
     def __init__(self, master: str, *, prefer_shm: bool = True, verify_checksum: bool | None = None,
                  replica_num: int = 1, timeout_s: float = 10.0, put_wait_s: float = 5.0,
                  meta_cache_entries: int = 65536, read_timeout_s: float | None = None,
                  failover_wait_s: float = 15.0, rdma_device: str | None = None,
-                 rdma_port: int = 1, rdma_gid_index: int | None = None):
+                 rdma_port: int = 1, rdma_gid_index: int | None = None,
+                 token: str | None = None, tls: TlsFiles | None = None):
+        creds = ClientCredentials.resolve(token, tls=tls)
         self._control = Control(tuple(master.split("|")), timeout_s=timeout_s,
-                                failover_wait_s=failover_wait_s)
+                                failover_wait_s=failover_wait_s, creds=creds)
         self._connections = Connections(
             self._control, prefer_shm=prefer_shm, read_timeout_s=read_timeout_s or timeout_s,
-            rdma=(rdma_device, rdma_port, rdma_gid_index) if rdma_device else None)
+            rdma=(rdma_device, rdma_port, rdma_gid_index) if rdma_device else None, creds=creds)
         meta = MetaCache(meta_cache_entries)
         self._puts = PutProtocol(self._control, self._connections, meta,
                                  replica_num=replica_num, put_wait_s=put_wait_s)

@@ -30,6 +30,8 @@ from kvstore.errors import KVStoreError, Unavailable, error_for_code
 from kvstore.transfer.base import Transport
 from kvstore.transfer.protocol import Op, local_address
 from kvstore.transfer.shm import ShmSegment, ShmTransport, host_id
+from kvstore.rpc import ClientCredentials
+from kvstore.tls import client_context
 from kvstore.transfer.tcp import NodeConnection, TcpTransport
 from kvstore.types import NodeAddress, NodeId, ObjectMeta
 
@@ -67,6 +69,8 @@ class Connections:
         rdma: ``(device, port, gid_index)`` to use RDMA with nodes that shared
             memory cannot reach, or None.
         suspect_s: how long a node that failed a transfer stays suspect.
+        creds: the client's token (every data connection authenticates with it)
+            and TLS files (for nodes whose TCP port speaks TLS).
 
     Attributes:
         host_id: this machine's id (equal to a node's: shared memory can reach it).
@@ -74,8 +78,11 @@ class Connections:
     """
 
     def __init__(self, control: Control, *, prefer_shm: bool, read_timeout_s: float,
-                 rdma: tuple[str, int, int | None] | None, suspect_s: float = 5.0):
+                 rdma: tuple[str, int, int | None] | None, suspect_s: float = 5.0,
+                 creds: ClientCredentials | None = None):
         self._control = control
+        self.creds = creds or ClientCredentials()
+        self._tls = client_context(self.creds.tls) if self.creds.tls is not None else None
         self.prefer_shm = prefer_shm
         self.read_timeout_s = read_timeout_s
         self.rdma = rdma
@@ -115,11 +122,10 @@ class Connections:
                 log.info("shared memory %s not usable (%s); using TCP", node.shm_name, exc)
             else:
                 try:
-                    conn = NodeConnection(node.host, node.data_port, self.read_timeout_s,
-                                          unix_address=local_address(node.shm_name))
+                    conn = self.connect(node, unix_address=local_address(node.shm_name))
                 except Unavailable:
                     try:
-                        conn = NodeConnection(node.host, node.data_port, self.read_timeout_s)
+                        conn = self.connect(node)
                     except Unavailable:
                         segment.close()
                         raise
@@ -127,16 +133,33 @@ class Connections:
         if tr is None and self.rdma is not None:
             tr = self._rdma_transport(node)
         if tr is None:
-            tr = TcpTransport(NodeConnection(node.host, node.data_port, self.read_timeout_s))
+            tr = TcpTransport(self.connect(node))
         cache[node.node_id] = tr
         return tr
+
+    def connect(self, node: NodeAddress, unix_address: str | None = None) -> NodeConnection:
+        """A new, authenticated data connection to ``node`` (TLS when its TCP port speaks it).
+
+        Raises:
+            Unavailable: the node cannot be reached, or speaks TLS and this
+                client has no CA to check it ($KVSTORE_TLS_CA).
+            Unauthenticated: the node refused this client's token.
+        """
+        tls = None
+        if node.tls and unix_address is None:
+            if self._tls is None:
+                raise Unavailable(f"node {node.node_id} speaks TLS: give the client a CA "
+                                  f"(KVClient(tls=...) or $KVSTORE_TLS_CA)")
+            tls = self._tls
+        return NodeConnection(node.host, node.data_port, self.read_timeout_s,
+                              unix_address=unix_address, token=self.creds.token, tls=tls)
 
     def _rdma_transport(self, node: NodeAddress) -> Transport | None:
         """An RDMA transport to ``node``, or None (logged) when either side cannot do it."""
         from kvstore.transfer.rdma import RdmaTransport
 
         device, port, gid_index = self.rdma
-        conn = NodeConnection(node.host, node.data_port, self.read_timeout_s)
+        conn = self.connect(node)
         try:
             return RdmaTransport(conn, device, port=port, gid_index=gid_index,
                                  timeout_s=self.read_timeout_s)

@@ -36,6 +36,7 @@ from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.errors import (RETRYABLE, InvalidArgument, KVStoreError, NotFound, Unavailable,
                             WrongShard, error_for_code, from_rpc_error)
 from kvstore.keys import validate_key
+from kvstore.rpc import ClientCredentials
 from kvstore.shardmap import ShardMap, ShardRange
 from kvstore.types import NodeId, ObjectMeta, RemoveReason, ShardStatus
 
@@ -60,6 +61,7 @@ class Control:
         timeout_s: deadline of each master RPC.
         failover_wait_s: with a shard of several masters, how long a call
             keeps trying them while a new leader is elected.
+        creds: the token and TLS files every master call carries.
 
     Attributes:
         shard_map: the map calls are routed by (replaced whole on refresh).
@@ -68,8 +70,10 @@ class Control:
         Unavailable: no seed master answers.
     """
 
-    def __init__(self, seeds: tuple[str, ...], *, timeout_s: float, failover_wait_s: float):
+    def __init__(self, seeds: tuple[str, ...], *, timeout_s: float, failover_wait_s: float,
+                 creds: ClientCredentials | None = None):
         self.seeds = seeds
+        self.creds = creds
         self.timeout_s = timeout_s
         self.failover_wait_s = failover_wait_s
         self.closed = False
@@ -116,7 +120,7 @@ class Control:
         with self._lock:
             stub = self._stubs.get(address)
             if stub is None:
-                ch = rpc.channel(address)
+                ch = rpc.channel(address, self.creds)
                 self._channels[address] = ch
                 stub = self._stubs[address] = pb_grpc.MasterStub(ch)
             return stub

@@ -31,11 +31,14 @@ import json
 import os
 import logging
 import socket
+import ssl
 import threading
 import time
 
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.errors import Internal, InvalidArgument, KVStoreError, NotFound, Unavailable
+from kvstore.auth import Role, TokenFile, new_nonce
+from kvstore.errors import (Internal, InvalidArgument, KVStoreError, NotFound, Unauthenticated,
+                            Unavailable)
 from kvstore.store.events import Ticket
 from kvstore.store.node import StoreNode
 from kvstore.store.objects import StoredObject
@@ -52,6 +55,7 @@ _MAX_GATHER_PARTS = 512
 # socket for _POLL_S before blocking: a blocking recv's sleep and wake-up cost
 # tens of microseconds here, as much as a shared-memory get's own work.
 _POLL_S = 200e-6
+_TLS_HANDSHAKE_S = 10.0
 _EAGER_GAP_S = 1e-3
 
 
@@ -72,16 +76,23 @@ class DataServer:
             op answers UNAVAILABLE.
         ack_timeout_s: how long a write waits for its master to apply its
             STORED event before it fails with UNAVAILABLE.
+        tokens: authenticate every connection, TCP and Unix socket (the
+            handshake in :mod:`kvstore.transfer.protocol`); None: trust them.
+        tls: a server context (:func:`kvstore.tls.server_context`): the TCP
+            port speaks TLS (the Unix socket, same host only, does not).
 
     Raises:
         OSError: an address is taken.
     """
 
     def __init__(self, node: StoreNode, host: str = "127.0.0.1", port: int = 0,
-                 local_address: str | None = None, rdma=None, ack_timeout_s: float = 2.0):
+                 local_address: str | None = None, rdma=None, ack_timeout_s: float = 2.0,
+                 tokens: TokenFile | None = None, tls: ssl.SSLContext | None = None):
         self.node = node
         self.rdma = rdma
         self.ack_timeout_s = ack_timeout_s
+        self.tokens = tokens
+        self.tls = tls
         self._listeners = [socket.create_server((host, port), backlog=128)]
         self.host = host
         self.port = self._listeners[0].getsockname()[1]
@@ -144,7 +155,22 @@ class DataServer:
             t.start()
 
     def _serve(self, conn: socket.socket) -> None:
-        session = _Session(self.node, conn, self.rdma, self._pollers, self.ack_timeout_s)
+        raw = conn
+        try:
+            if self.tls is not None and conn.family != socket.AF_UNIX:
+                # The handshake runs in the connection's thread, never in the accept loop.
+                conn.settimeout(_TLS_HANDSHAKE_S)
+                conn = self.tls.wrap_socket(conn, server_side=True)
+                conn.settimeout(None)
+        except OSError as exc:
+            log.info("TLS handshake with a data client failed: %s", exc)
+            with self._lock:
+                self._conns.discard(raw)
+                self._threads.discard(threading.current_thread())
+            raw.close()
+            return
+        session = _Session(self.node, conn, self.rdma, self._pollers, self.ack_timeout_s,
+                           self.tokens)
         try:
             session.run()
         except Unavailable:
@@ -155,7 +181,7 @@ class DataServer:
             session.release_all()
             conn.close()
             with self._lock:
-                self._conns.discard(conn)
+                self._conns.discard(raw)
                 self._threads.discard(threading.current_thread())
 
 
@@ -198,9 +224,15 @@ class _Session:
     """One client connection: its frame loop and what it holds."""
 
     def __init__(self, node: StoreNode, conn: socket.socket, rdma=None,
-                 pollers: "_Pollers | None" = None, ack_timeout_s: float = 2.0):
+                 pollers: "_Pollers | None" = None, ack_timeout_s: float = 2.0,
+                 tokens: TokenFile | None = None):
         self.node = node
         self.ack_timeout_s = ack_timeout_s
+        self.tokens = tokens
+        # The caller's role once it proved a token; every role may use the data
+        # ops (clients read and write, nodes copy repairs, admins everything).
+        self.role: Role | None = Role.ADMIN if tokens is None else None
+        self.nonce = b""
         self.pollers = pollers or _Pollers(1)
         self.conn = conn
         self.rdma = rdma
@@ -225,6 +257,7 @@ class _Session:
                     Op.SHM_RELEASE: self._shm_release, Op.SHM_ABORT: self._shm_abort,
                     Op.PING: self._ping, Op.PIN: self._pin, Op.UNPIN: self._unpin,
                     Op.PREFETCH: self._prefetch, Op.STATS: self._stats,
+                    Op.AUTH_HELLO: self._auth_hello, Op.AUTH_PROVE: self._auth_prove,
                     OP_RDMA_CONNECT: self._rdma_connect}
         while True:
             if (self.out or self.parts) and self.reader.buffered() < REQUEST.size and not (
@@ -254,6 +287,13 @@ class _Session:
             if handler is None:
                 # Unknown op: the stream cannot be trusted any more.
                 self._reply_error(InvalidArgument(f"unknown op {op}"))
+                self._flush()
+                return
+            if self.role is None and op not in (Op.AUTH_HELLO, Op.AUTH_PROVE):
+                # Anything before the handshake: refuse and close (its value, if
+                # any, is never read).
+                self._reply_error(Unauthenticated("this node needs authentication "
+                                                  "(AUTH_HELLO, AUTH_PROVE) first"))
                 self._flush()
                 return
             try:
@@ -440,6 +480,29 @@ class _Session:
     def _stats(self, _key: str, _object_id: int, _size: int, _checksum: int) -> None:
         payload = json.dumps(self.node.stats().to_dict()).encode()
         self._reply(size=len(payload), payload=memoryview(payload))
+
+    def _auth_hello(self, _key: str, _object_id: int, _size: int, _checksum: int) -> None:
+        if self.tokens is None:
+            self._reply()                   # no authentication needed: an empty nonce
+            return
+        self.nonce = new_nonce()
+        self._reply(size=len(self.nonce), payload=memoryview(self.nonce))
+
+    def _auth_prove(self, _key: str, _object_id: int, size: int, _checksum: int) -> None:
+        if size > 64:
+            self.closing = True             # not a proof: its bytes cannot be trusted
+            raise InvalidArgument(f"AUTH_PROVE of {size} B")
+        answer = bytes(self.reader.read(size))
+        if self.tokens is None:
+            self._reply()
+            return
+        role = self.tokens.role_of_proof(self.nonce, answer) if self.nonce else None
+        self.nonce = b""                    # one answer per nonce
+        if role is None:
+            self.closing = True
+            raise Unauthenticated("unknown credentials")
+        self.role = role
+        self._reply()
 
     def _rdma_connect(self, _key: str, _object_id: int, size: int, _checksum: int) -> None:
         if size > MAX_CONNECT_BYTES:

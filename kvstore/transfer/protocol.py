@@ -21,12 +21,21 @@ read the answers afterwards (batch operations do one round trip).
 Values are received with ``recv_into`` straight into their final memory (the
 node's shared-memory segment on PUT, the caller's buffer on GET) and sent
 from memoryviews: no per-byte Python work and no intermediate bytes objects.
+
+Authentication (a node started with ``--auth``): before anything else a
+client sends AUTH_HELLO, gets a fresh nonce, and answers AUTH_PROVE with an
+HMAC of the nonce under its token (:mod:`kvstore.auth`); the token itself
+never crosses the link. Any other first request gets UNAUTHENTICATED and the
+connection is closed. Over TLS (:mod:`kvstore.tls`) the same frames travel
+inside the TLS stream; the scatter/gather system calls are replaced by plain
+sends and receives there, which TLS sockets require.
 """
 
 from __future__ import annotations
 
 import enum
 import socket
+import ssl
 import struct
 import time
 
@@ -51,6 +60,9 @@ class Op(enum.IntEnum):
     UNPIN = 10       # size 0: drop one hard pin; size 1: drop the soft pin
     PREFETCH = 11    # queue lookahead: size = deadline_ms; promote to DRAM, protect until read
     STATS = 12       # node-side stats: the reply's value is JSON (size = its length)
+    AUTH_HELLO = 13  # start of the handshake: the reply's value is the node's nonce
+                     # (NONCE_BYTES), or empty when the node needs no authentication
+    AUTH_PROVE = 14  # the value is HMAC-SHA256(token, nonce) (kvstore.auth.proof)
 
 
 def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
@@ -85,6 +97,7 @@ class FrameReader:
 
     def __init__(self, sock: socket.socket, buffer_bytes: int = 256 * 1024):
         self.sock = sock
+        self._tls = isinstance(sock, ssl.SSLSocket)
         self._buf = bytearray(buffer_bytes)
         self._view = memoryview(self._buf)
         self._start = 0
@@ -114,7 +127,10 @@ class FrameReader:
         Busy-polls the socket (MSG_DONTWAIT), so a request that follows soon
         is taken without the sleep and wake-up a blocking ``recv`` costs (tens
         of microseconds on a virtual machine). Returns early at end of stream.
+        A TLS socket is not polled (its records cannot be peeked at).
         """
+        if self._tls:
+            return
         if len(self._buf) - self._start < need:
             n = self._end - self._start
             self._buf[:n] = self._view[self._start:self._end]
@@ -156,6 +172,16 @@ class FrameReader:
         if got == n:
             return
         self._start = self._end = 0          # every buffered byte went to dest
+        if self._tls:                        # no recvmsg on TLS sockets: the value alone
+            while got < n:
+                try:
+                    k = self.sock.recv_into(dest[got:], n - got)
+                except OSError as exc:
+                    raise Unavailable(f"connection failed while receiving: {exc}") from exc
+                if k == 0:
+                    raise Unavailable("connection closed by peer")
+                got += k
+            return
         while got < n:
             try:
                 k = self.sock.recvmsg_into([dest[got:], self._view])[0]
@@ -187,9 +213,14 @@ def discard(sock: socket.socket, size_bytes: int, scratch: memoryview) -> None:
 
 
 def send_parts(sock: socket.socket, header: bytes, payload: memoryview | None = None) -> None:
-    """Send a header and an optional value in one gathered ``sendmsg`` (no copy)."""
+    """Send a header and an optional value in one gathered ``sendmsg`` (no copy;
+    plain sends on a TLS socket)."""
     if payload is None or len(payload) == 0:
         sock.sendall(header)
+        return
+    if isinstance(sock, ssl.SSLSocket):
+        sock.sendall(header)
+        sock.sendall(payload)
         return
     sent = sock.sendmsg([header, payload])
     if sent < len(header):
@@ -201,8 +232,12 @@ def send_parts(sock: socket.socket, header: bytes, payload: memoryview | None = 
 
 def send_gathered(sock: socket.socket, parts: list) -> None:
     """Send byte buffers back to back with as few ``sendmsg`` calls as the
-    kernel allows (at most 512 buffers each; no copies)."""
+    kernel allows (at most 512 buffers each; no copies; plain sends on a TLS socket)."""
     views = [memoryview(p).cast("B") for p in parts if len(p)]
+    if isinstance(sock, ssl.SSLSocket):
+        for v in views:
+            sock.sendall(v)
+        return
     while views:
         batch = views[:512]
         sent = sock.sendmsg(batch)

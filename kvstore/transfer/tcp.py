@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import threading
 import time
 from typing import Callable
 
 from kvstore._proto import kvstore_pb2 as pb
+from kvstore.auth import NONCE_BYTES, proof
 from kvstore.errors import (ChecksumMismatch, InvalidArgument, KVStoreError, Unavailable,
                             error_for_code)
 from kvstore.keys import value_checksum
@@ -42,13 +44,19 @@ class NodeConnection:
         timeout_s: socket timeout for connect and each operation.
         unix_address: connect to this Unix socket instead (a node on this
             host, see :func:`kvstore.transfer.protocol.local_address`).
+        token: authenticate with it (the handshake of
+            :mod:`kvstore.transfer.protocol`); None: anonymous.
+        tls: wrap the TCP connection in TLS with this client context
+            (:func:`kvstore.tls.client_context`); never for a Unix socket.
 
     Raises:
         Unavailable: the node cannot be reached.
+        Unauthenticated: the node refused the token.
     """
 
     def __init__(self, host: str, port: int, timeout_s: float = 10.0,
-                 unix_address: str | None = None):
+                 unix_address: str | None = None, token: str | None = None,
+                 tls: ssl.SSLContext | None = None):
         try:
             if unix_address:
                 self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -60,6 +68,12 @@ class NodeConnection:
                     raise
             else:
                 self.sock = socket.create_connection((host, port), timeout=timeout_s)
+                if tls is not None:
+                    try:
+                        self.sock = tls.wrap_socket(self.sock, server_hostname=host)
+                    except OSError:
+                        self.sock.close()
+                        raise
         except OSError as exc:
             where = f"{host}:{port}" if not unix_address else repr(unix_address)
             raise Unavailable(f"cannot connect to store node {where}: {exc}") from exc
@@ -75,6 +89,30 @@ class NodeConnection:
         # Replies still owed for requests sent without waiting (deferred frames);
         # they are read (and must be OK) before the next reply the caller waits for.
         self._owed = 0
+        if token:
+            self._authenticate(token)
+
+    def _authenticate(self, token: str) -> None:
+        """The data-port handshake: AUTH_HELLO, then the proof of the nonce (if asked)."""
+        try:
+            self.send(Op.AUTH_HELLO, "")
+            code, _oid, size, _ck, _off, msg = self.recv_header()
+            if code != pb.OK:
+                raise error_for_code(code, msg)
+            if size == 0:
+                return                   # the node needs no authentication
+            if size > NONCE_BYTES:
+                raise Unavailable(f"the node sent a nonce of {size} B")
+            nonce = bytearray(size)
+            self.recv_value_into(size, memoryview(nonce))
+            answer = proof(token, bytes(nonce))
+            self.send(Op.AUTH_PROVE, "", size=len(answer), payload=memoryview(answer))
+            code, *_rest, msg = self.recv_header()
+            if code != pb.OK:
+                raise error_for_code(code, msg)
+        except BaseException:
+            self.close()
+            raise
 
     @staticmethod
     def _frame(op: Op, key: str, object_id: int = 0, size: int = 0, checksum: int = 0,
