@@ -48,6 +48,10 @@ from google.protobuf.json_format import MessageToDict
 
 from kvstore._proto import serving_pb2 as spb
 from kvstore import rpc
+from kvstore.auth import Role, allows
+from kvstore.binding import check_binding
+from kvstore.rpc import ClientCredentials, ServerSecurity
+from kvstore.tls import server_context
 from kvstore._proto import serving_pb2_grpc as spb_grpc
 from kvstore.process import announce_ready, wait_for_stop_signal
 
@@ -64,7 +68,8 @@ HTTP_STATUS = {
     "UNAVAILABLE": 503,
     "DEADLINE_EXCEEDED": 504,
 }
-_ERROR_TYPE = {400: "invalid_request_error", 404: "not_found_error", 429: "rejected",
+_ERROR_TYPE = {400: "invalid_request_error", 401: "authentication_error",
+               403: "permission_error", 404: "not_found_error", 429: "rejected",
                503: "service_unavailable", 504: "timeout"}
 
 
@@ -267,10 +272,10 @@ class LocalBackend:
 
 
 class GrpcBackend:
-    """A conductor in another process, over its gRPC service."""
+    """A conductor in another process, over its gRPC service (with ``creds``)."""
 
-    def __init__(self, address: str):
-        self._channel = rpc.aio_channel(address)
+    def __init__(self, address: str, creds: ClientCredentials | None = None):
+        self._channel = rpc.aio_channel(address, creds)
         self._stub = spb_grpc.ConductorStub(self._channel)
 
     async def generate(self, request: spb.GenerateRequest) -> AsyncIterator[spb.GenerateChunk]:
@@ -300,23 +305,47 @@ class HttpFront:
         backend: where requests run.
         model_name: the model id clients name in ``model``.
         tokenizer: text <-> token ids.
+        security: with tokens, every request but ``/health`` needs
+            ``Authorization: Bearer TOKEN`` of a client (or admin): 401 without
+            or with an unknown one, 403 for another role; with TLS files the
+            front speaks HTTPS. ``/health`` answers anyone, its workers only
+            to an authenticated caller.
     """
 
-    def __init__(self, backend: Backend, model_name: str, tokenizer: ByteTokenizer):
+    def __init__(self, backend: Backend, model_name: str, tokenizer: ByteTokenizer,
+                 security: ServerSecurity | None = None):
         self.backend = backend
         self.model_name = model_name
         self.tokenizer = tokenizer
-        self.app = web.Application()
+        self.security = security or ServerSecurity()
+        self.app = web.Application(middlewares=[self._authenticate])
         self.app.add_routes([web.post("/v1/completions", self.completions),
                              web.get("/v1/models", self.models),
                              web.get("/health", self.health)])
         self._runner: web.AppRunner | None = None
 
+    def _role(self, request: web.Request) -> Role | None:
+        return self.security.role_of([("authorization", request.headers.get("Authorization", ""))])
+
+    @web.middleware
+    async def _authenticate(self, request: web.Request, handler):
+        if request.path == "/health" or self.security.tokens is None:
+            return await handler(request)
+        role = self._role(request)
+        if role is None:
+            return HttpError(401, "missing or unknown credentials "
+                                  "(Authorization: Bearer TOKEN)").response()
+        if not allows(role, frozenset({Role.CLIENT})):
+            return HttpError(403, f"role {role.value!r} may not use the completions API").response()
+        return await handler(request)
+
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen on ``host:port`` (0: a free port); returns the port."""
         self._runner = web.AppRunner(self.app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
+        tls = self.security.tls
+        site = web.TCPSite(self._runner, host, port,
+                           ssl_context=server_context(tls) if tls is not None else None)
         await site.start()
         bound = self._runner.addresses[0][1]
         log.info("HTTP front on http://%s:%d/v1 (model %s)", host, bound, self.model_name)
@@ -343,8 +372,10 @@ class HttpFront:
         live = {r: any(w.alive for w in st.workers if w.role == r) for r in ("prefill", "decode")}
         ok = all(live.values())
         status = "unavailable" if not ok else "ok" if all(w.alive for w in st.workers) else "degraded"
-        return web.json_response({"status": status, "model": self.model_name, "workers": workers},
-                                 status=200 if ok else 503)
+        body = {"status": status, "model": self.model_name}
+        if self.security.tokens is None or self._role(request) is not None:
+            body["workers"] = workers            # addresses: for authenticated callers only
+        return web.json_response(body, status=200 if ok else 503)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -494,15 +525,19 @@ class FrontConfig:
     served_model_name: str = ""    # model id clients use ("" : ``model``)
     host: str = "127.0.0.1"
     port: int = 0                  # 0: a free port
+    security: ServerSecurity = ServerSecurity()      # its own --auth / --tls-*
+    creds: ClientCredentials = ClientCredentials()   # its token to the conductor
+    insecure: bool = False         # allow a non-loopback bind without --auth (warned)
 
 
 async def serve_front(cfg: FrontConfig) -> None:
     """Serve until SIGTERM / SIGINT (announces READY once listening)."""
     from kvstore.client.models import model_config
 
-    backend = GrpcBackend(cfg.conductor)
+    check_binding("http", cfg.host, cfg.security.tokens is not None, cfg.insecure)
+    backend = GrpcBackend(cfg.conductor, cfg.creds)
     front = HttpFront(backend, cfg.served_model_name or cfg.model,
-                      ByteTokenizer(model_config(cfg.model).vocab_size))
+                      ByteTokenizer(model_config(cfg.model).vocab_size), cfg.security)
     port = await front.start(cfg.host, cfg.port)
     announce_ready({"role": "http", "address": f"{cfg.host}:{port}", "port": port,
                     "http_address": f"{cfg.host}:{port}", "conductor": cfg.conductor})

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -46,8 +47,11 @@ from kvstore.conductor.scheduler import DecodeInstance, PrefillInstance, Schedul
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
 from kvstore import rpc
+from kvstore.auth import Role
+from kvstore.binding import advertised_host, check_binding
 from kvstore.errors import RETRYABLE_STATUS
 from kvstore.process import announce_ready, wait_for_stop_signal
+from kvstore.rpc import ClientCredentials, ServerSecurity
 
 log = logging.getLogger(__name__)
 
@@ -87,11 +91,13 @@ class Conductor:
         deadlines: RPC time limits and probe settings.
         lookahead_window: queued requests per prefill instance that prefetch
             their cached blocks (queue lookahead); 0 turns it off.
+        creds: the conductor's token (a client one) and TLS files, for the engines.
     """
 
     def __init__(self, scheduler: Scheduler, kv: KVClient, namespace: Namespace,
                  use_cache: bool = True, deadlines: Deadlines = Deadlines(),
-                 lookahead_window: int = 64):
+                 lookahead_window: int = 64, creds: ClientCredentials | None = None):
+        self.creds = creds
         self.scheduler = scheduler
         self.kv = kv
         self.namespace = namespace
@@ -109,7 +115,7 @@ class Conductor:
                                      timeout_s=deadlines.probe_s, miss_limit=deadlines.probe_misses)
 
     def _channel(self, address: str) -> grpc.aio.Channel:
-        ch = rpc.aio_channel(address)
+        ch = rpc.aio_channel(address, self.creds)
         self._channels.append(ch)
         return ch
 
@@ -374,30 +380,50 @@ class ConductorConfig:
     http_host: str = "127.0.0.1"
     served_model_name: str = ""          # model id of the HTTP front ("" : ``model``)
     deadlines: Deadlines = Deadlines()
+    security: ServerSecurity = ServerSecurity()      # --auth / --tls-* of gRPC and HTTP
+    creds: ClientCredentials = ClientCredentials()   # its token to the store and the engines
+    insecure: bool = False               # allow a non-loopback bind without --auth (warned)
+    advertise_host: str = ""             # the address in its READY line ("" : kvstore.binding)
+
+
+#: Which roles may call the conductor (admin may do all).
+CONDUCTOR_METHOD_ROLES: dict[str, frozenset[Role]] = {
+    "Generate": frozenset({Role.CLIENT}), "Status": frozenset({Role.CLIENT}),
+}
 
 
 async def serve(cfg: ConductorConfig) -> None:
     """Serve until SIGTERM / SIGINT (announces READY, with ``http_address`` when the front runs)."""
+    authenticated = cfg.security.tokens is not None
+    check_binding("conductor", cfg.host, authenticated, cfg.insecure)
+    if cfg.http_port is not None:
+        check_binding("conductor HTTP front", cfg.http_host, authenticated, cfg.insecure)
     namespace = namespace_for_model(cfg.model, cfg.block_tokens)
     scheduler = Scheduler(_parse_instances(cfg.prefill, PrefillInstance),
                           _parse_instances(cfg.decode, DecodeInstance))
-    kv = KVClient(cfg.master)
+    kv = KVClient(cfg.master, token=cfg.creds.token, tls=cfg.creds.tls)
     conductor = Conductor(scheduler, kv, namespace, use_cache=cfg.use_cache,
-                          deadlines=cfg.deadlines)
-    server = rpc.aio_server()
-    port = rpc.listen(server, cfg.host, cfg.port)
+                          deadlines=cfg.deadlines, creds=cfg.creds)
+    server = rpc.aio_server(cfg.security, CONDUCTOR_METHOD_ROLES)
+    port = rpc.listen(server, cfg.host, cfg.port, cfg.security)
     spb_grpc.add_ConductorServicer_to_server(ConductorServicer(conductor), server)
     await server.start()
+    if authenticated:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, cfg.security.tokens.reload)
     conductor.start()
-    info = {"role": "conductor", "address": f"{cfg.host}:{port}", "port": port}
+    host = advertised_host(cfg.host, cfg.advertise_host, toward=cfg.master.split("|")[0])
+    info = {"role": "conductor", "address": f"{host}:{port}", "port": port}
     http = None
     if cfg.http_port is not None:
         from kvstore.conductor.http import ByteTokenizer, HttpFront, LocalBackend
 
         http = HttpFront(LocalBackend(conductor), model_name=cfg.served_model_name or cfg.model,
-                         tokenizer=ByteTokenizer(model_config(cfg.model).vocab_size))
+                         tokenizer=ByteTokenizer(model_config(cfg.model).vocab_size),
+                         security=cfg.security)
         http_port = await http.start(cfg.http_host, cfg.http_port)
-        info.update(http_address=f"{cfg.http_host}:{http_port}", http_port=http_port)
+        http_host = advertised_host(cfg.http_host, cfg.advertise_host,
+                                    toward=cfg.master.split("|")[0])
+        info.update(http_address=f"{http_host}:{http_port}", http_port=http_port)
     announce_ready(info)
     await wait_for_stop_signal()
     if http is not None:

@@ -22,10 +22,10 @@ from kvstore.client import KVClient, KVStoreError
 from kvstore.engines.generate import greedy_token
 from kvstore.engines.kv_cache import Sequence
 from kvstore.engines.transfer_keys import is_transfer_key
-from kvstore.engines.server_common import EngineConfig, abort_code, load_engine, serve_until_signal
+from kvstore.engines.server_common import (EngineConfig, abort_code, load_engine,
+                                           serve_until_signal, start_engine_server)
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
-from kvstore import rpc
 
 log = logging.getLogger(__name__)
 _DONE = object()
@@ -150,20 +150,17 @@ class DecodeServicer(spb_grpc.DecodeEngineServicer):
 
 async def serve(cfg: EngineConfig) -> None:
     """Serve decode requests until SIGTERM / SIGINT (announces READY once listening)."""
-    model, cache = load_engine(cfg)
-    kv = KVClient(cfg.master)
+    model, cache = load_engine(cfg, "decode")
+    kv = KVClient(cfg.master, token=cfg.creds.token, tls=cfg.creds.tls)
     instance_id = cfg.instance_id or f"decode-{uuid.uuid4().hex[:6]}"
     worker = DecodeWorker(model, cache, kv, instance_id)
     worker.start()
-    server = rpc.aio_server()
-    port = rpc.listen(server, cfg.host, cfg.port)
-    spb_grpc.add_DecodeEngineServicer_to_server(DecodeServicer(worker), server)
-    await server.start()
+    server, port, info = await start_engine_server(
+        cfg, "decode", lambda srv: spb_grpc.add_DecodeEngineServicer_to_server(
+            DecodeServicer(worker), srv))
 
     def stop() -> None:
         worker.stop()
         kv.close()
 
-    await serve_until_signal(server, port, {"role": "decode", "instance_id": instance_id,
-                                            "address": f"{cfg.host}:{port}", "port": port},
-                             on_stop=stop)
+    await serve_until_signal(server, port, {**info, "instance_id": instance_id}, on_stop=stop)

@@ -41,10 +41,9 @@ from kvstore.engines.kv_saver import (DEFAULT_SAVE_MODE, BlockSaver, SaveJob, Sa
 from kvstore.engines.model import max_cached_blocks
 from kvstore.engines.transfer_keys import transfer_key
 from kvstore.engines.server_common import (EngineConfig, abort_code, load_engine, namespace_of,
-                                           serve_until_signal)
+                                           serve_until_signal, start_engine_server)
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
-from kvstore import rpc
 from kvstore.errors import InvalidArgument, KeyConflict
 
 log = logging.getLogger(__name__)
@@ -246,18 +245,15 @@ class PrefillServicer(spb_grpc.PrefillEngineServicer):
 
 async def serve(cfg: EngineConfig) -> None:
     """Serve prefill requests until SIGTERM / SIGINT (announces READY once listening)."""
-    model, cache = load_engine(cfg)
-    kv = KVClient(cfg.master)
+    model, cache = load_engine(cfg, "prefill")
+    kv = KVClient(cfg.master, token=cfg.creds.token, tls=cfg.creds.tls)
     instance_id = cfg.instance_id or f"prefill-{uuid.uuid4().hex[:6]}"
     worker = PrefillWorker(model, cache, kv, namespace_of(cfg), instance_id,
                            cfg.save_mode or DEFAULT_SAVE_MODE)
     servicer = PrefillServicer(worker)
-    server = rpc.aio_server()
-    port = rpc.listen(server, cfg.host, cfg.port)
-    spb_grpc.add_PrefillEngineServicer_to_server(servicer, server)
-    await server.start()
-    await serve_until_signal(server, port, {"role": "prefill", "instance_id": instance_id,
-                                            "address": f"{cfg.host}:{port}", "port": port},
+    server, port, info = await start_engine_server(
+        cfg, "prefill", lambda srv: spb_grpc.add_PrefillEngineServicer_to_server(servicer, srv))
+    await serve_until_signal(server, port, {**info, "instance_id": instance_id},
                              on_stop=lambda: _close(worker, kv))
 
 

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import signal
 from dataclasses import dataclass
 
 import grpc
 import torch
+
+from kvstore import rpc
+from kvstore.auth import Role
+from kvstore.binding import advertised_host, check_binding
+from kvstore.rpc import ClientCredentials, ServerSecurity
 
 from kvstore.engines.kv_cache import PagedKVCache
 from kvstore.engines.model import LlamaModel
@@ -28,10 +35,43 @@ class EngineConfig:
     host: str = "127.0.0.1"
     port: int = 0                  # 0: a free port
     save_mode: str = ""            # prefill: a name in kv_saver.SAVE_MODES ("" : the default)
+    security: ServerSecurity = ServerSecurity()      # --auth / --tls-* of its own port
+    creds: ClientCredentials = ClientCredentials()   # its token to the store
+    insecure: bool = False         # allow a non-loopback bind without --auth (warned)
+    advertise_host: str = ""       # the address in its READY line ("" : see kvstore.binding)
 
 
-def load_engine(cfg: EngineConfig) -> tuple[LlamaModel, PagedKVCache]:
-    """The model and its paged KV cache, with torch set to ``cfg.threads`` threads."""
+#: Which roles may call an engine (the conductor holds a client token; admin may do all).
+ENGINE_METHOD_ROLES: dict[str, frozenset[Role]] = {
+    "Prefill": frozenset({Role.CLIENT}), "Decode": frozenset({Role.CLIENT}),
+    "Status": frozenset({Role.CLIENT}),
+}
+
+
+async def start_engine_server(cfg: EngineConfig, role: str, add_servicer) -> tuple[grpc.aio.Server, int, dict]:
+    """The engine's gRPC server, secured and started; returns (server, port, READY info).
+
+    Raises:
+        OSError: the port cannot be bound.
+    """
+    server = rpc.aio_server(cfg.security, ENGINE_METHOD_ROLES)
+    port = rpc.listen(server, cfg.host, cfg.port, cfg.security)
+    add_servicer(server)
+    await server.start()
+    if cfg.security.tokens is not None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, cfg.security.tokens.reload)
+    host = advertised_host(cfg.host, cfg.advertise_host, toward=cfg.master.split("|")[0])
+    return server, port, {"role": role, "address": f"{host}:{port}", "port": port}
+
+
+def load_engine(cfg: EngineConfig, role: str) -> tuple[LlamaModel, PagedKVCache]:
+    """The model and its paged KV cache, with torch set to ``cfg.threads`` threads.
+
+    Raises:
+        BindRefused: ``cfg`` binds a non-loopback address without --auth or
+            --insecure (checked first: no model is loaded for nothing).
+    """
+    check_binding(role, cfg.host, cfg.security.tokens is not None, cfg.insecure)
     torch.set_num_threads(cfg.threads)
     mcfg = model_config(cfg.model)
     model = LlamaModel.random(mcfg) if cfg.model == TINY else LlamaModel.from_pretrained(cfg.model)

@@ -3,6 +3,7 @@
     kvctl --master 127.0.0.1:50051 nodes
     KVSTORE_MASTER=127.0.0.1:50051 kvctl ls block/ --limit 20
     kvctl inspect KEY | evict KEY | rm KEY | stats
+    KVSTORE_TOKEN=... kvctl --master HOST:PORT evict KEY     (a cluster started with --auth)
 
 Every command takes ``--json``: machine-readable JSON on stdout, sizes as raw
 bytes. Tables show sizes human-readable. A failure prints one line on stderr
@@ -48,6 +49,7 @@ _PUT_TIER = TierKind.DRAM.name
 class Settings:
     master: str          # any master shard's address host:port
     timeout_s: float     # deadline of each RPC
+    token_file: str = ""  # --token-file ("" : the environment's token, if any)
 
 
 # ---- plumbing ----
@@ -64,9 +66,15 @@ def _client(ctx: typer.Context) -> Iterator[Any]:
     try:
         if not settings.master:
             raise CommandFailed("no master address: pass --master HOST:PORT or set KVSTORE_MASTER")
+        from kvstore.auth import client_token
         from kvstore.client import KVClient   # imported late: --help stays fast
 
-        kv = KVClient(settings.master, prefer_shm=False, timeout_s=settings.timeout_s)
+        try:
+            token = client_token(token_file=settings.token_file or None)
+        except OSError as exc:
+            raise CommandFailed(f"cannot read the token file: {exc}") from None
+        kv = KVClient(settings.master, prefer_shm=False, timeout_s=settings.timeout_s,
+                      token=token)
         yield kv
     except KVStoreError as err:
         typer.echo(f"kvctl: error: {type(err).__name__}: {err}", err=True)
@@ -166,8 +174,11 @@ def _options(
         help="Address HOST:PORT of any master shard.")] = None,
     timeout: Annotated[float, typer.Option("--timeout", min=0.1,
                                            help="Seconds to wait for each call.")] = 5.0,
+    token_file: Annotated[Optional[str], typer.Option(
+        "--token-file", help="A file holding the token for a cluster started with --auth "
+                             "(default: $KVSTORE_TOKEN, $KVSTORE_TOKEN_FILE).")] = None,
 ) -> None:
-    ctx.obj = Settings(master or "", timeout)
+    ctx.obj = Settings(master or "", timeout, token_file or "")
 
 
 @app.command()

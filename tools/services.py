@@ -34,17 +34,73 @@ def _port(text: str) -> int:
     return port
 
 
-def _parser(name: str, description: str) -> argparse.ArgumentParser:
+def _parser(name: str, description: str, client: bool = True) -> argparse.ArgumentParser:
+    """A service's parser with the options every service shares: logging, its own
+    listener's security and, for services that are clients too, their credentials."""
     p = argparse.ArgumentParser(prog=f"kvstore {name}", description=description)
     p.add_argument("--log-level", default="INFO")
+    g = p.add_argument_group("security (see README: Running it across hosts)")
+    g.add_argument("--auth", default="", metavar="FILE",
+                   help="authenticate every connection: a file of 'ROLE TOKEN' lines "
+                        "(roles admin, client, node); re-read on SIGHUP")
+    g.add_argument("--tls-cert", default="", metavar="PEM", help="serve TLS with this certificate")
+    g.add_argument("--tls-key", default="", metavar="PEM", help="... and its private key")
+    g.add_argument("--tls-ca", default="", metavar="PEM",
+                   help="verify peers against this CA: clients must present certificates "
+                        "(mutual TLS), and this process checks the servers it calls")
+    g.add_argument("--insecure", action="store_true",
+                   help="allow listening on a non-loopback address without --auth (warned)")
+    g.add_argument("--advertise-host", default="",
+                   help="the address others reach this process by (default: the bind "
+                        "address, or for 0.0.0.0 the interface that reaches the master)")
+    if client:
+        g.add_argument("--token-file", default="", metavar="FILE",
+                       help="this process's own token as a client of the store "
+                            "(default: $KVSTORE_TOKEN or $KVSTORE_TOKEN_FILE)")
     return p
+
+
+def _security(a: argparse.Namespace):
+    """The listener's ServerSecurity from --auth and --tls-*.
+
+    Raises:
+        ValueError: a bad token file or incomplete TLS options (one line, exit 2).
+        OSError: a file that cannot be read.
+    """
+    from kvstore.auth import TokenFile
+    from kvstore.rpc import ServerSecurity
+    from kvstore.tls import TlsFiles
+
+    tls = None
+    if a.tls_cert or a.tls_key:
+        tls = TlsFiles(a.tls_cert, a.tls_key, a.tls_ca)
+        tls.check_server()
+    elif a.tls_ca:
+        raise ValueError("--tls-ca needs --tls-cert and --tls-key")
+    return ServerSecurity(tokens=TokenFile(a.auth) if a.auth else None, tls=tls)
+
+
+def _creds(a: argparse.Namespace):
+    """The process's credentials as a client: its token (--token-file or the
+    environment) and TLS files (its own certificate and CA when it serves TLS,
+    else $KVSTORE_TLS_*)."""
+    from kvstore.rpc import ClientCredentials
+    from kvstore.tls import TlsFiles
+
+    tls = TlsFiles(a.tls_cert, a.tls_key, a.tls_ca) if a.tls_ca else None
+    return ClientCredentials.resolve(token_file=getattr(a, "token_file", "") or None, tls=tls)
+
+
+def _secured(a: argparse.Namespace) -> dict:
+    """The config fields every secured service takes."""
+    return dict(security=_security(a), insecure=a.insecure, advertise_host=a.advertise_host)
 
 
 def master_main(argv: list[str]) -> None:
     from kvstore.master.server import MasterConfig, serve
     from kvstore.shardmap import ShardMap
 
-    p = _parser("master", "Run a master shard.")
+    p = _parser("master", "Run a master shard.", client=False)
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
     p.add_argument("--port", type=_port, default=0, help="0 picks a free port")
     p.add_argument("--node-ttl-ms", type=int, default=3000)
@@ -62,7 +118,7 @@ def master_main(argv: list[str]) -> None:
     asyncio.run(serve(MasterConfig(
         host=a.host, port=a.port, node_ttl_ms=a.node_ttl_ms, shard_id=a.shard_id,
         shard_map=ShardMap.parse(a.shard_map) if a.shard_map else None, etcd=a.etcd,
-        cluster_name=a.cluster_name, lease_ttl_s=a.lease_ttl_s)))
+        cluster_name=a.cluster_name, lease_ttl_s=a.lease_ttl_s, **_secured(a))))
 
 
 def node_main(argv: list[str]) -> None:
@@ -109,7 +165,7 @@ def node_main(argv: list[str]) -> None:
         eviction_policy=a.eviction_policy, high_watermark=a.high_watermark,
         low_watermark=a.low_watermark, ssd_high_watermark=a.ssd_high_watermark,
         ssd_low_watermark=a.ssd_low_watermark, rdma_device=a.rdma_device,
-        rdma_port=a.rdma_port, rdma_gid_index=a.rdma_gid_index))
+        rdma_port=a.rdma_port, rdma_gid_index=a.rdma_gid_index, creds=_creds(a), **_secured(a)))
 
 
 def _engine_parser(name: str, description: str) -> argparse.ArgumentParser:
@@ -130,7 +186,8 @@ def _engine_config(a: argparse.Namespace, save_mode: str = ""):
 
     return EngineConfig(master=a.master, model=a.model, block_tokens=a.block_tokens,
                         kv_pages=a.kv_pages, instance_id=a.instance_id, threads=a.threads,
-                        host=a.host, port=a.port, save_mode=save_mode)
+                        host=a.host, port=a.port, save_mode=save_mode, creds=_creds(a),
+                        **_secured(a))
 
 
 def prefill_main(argv: list[str]) -> None:
@@ -189,7 +246,8 @@ def conductor_main(argv: list[str]) -> None:
         block_tokens=a.block_tokens, use_cache=not a.no_cache, host=a.host, port=a.port,
         http_port=a.http_port, http_host=a.http_host, served_model_name=a.served_model_name,
         deadlines=Deadlines(prefill_s=a.prefill_timeout_s, decode_idle_s=a.decode_timeout_s,
-                            probe_s=a.probe_timeout_s, probe_interval_s=a.probe_interval_s))))
+                            probe_s=a.probe_timeout_s, probe_interval_s=a.probe_interval_s),
+        creds=_creds(a), **_secured(a))))
 
 
 def http_main(argv: list[str]) -> None:
@@ -203,9 +261,11 @@ def http_main(argv: list[str]) -> None:
     p.add_argument("--port", type=_port, default=0)
     a = p.parse_args(argv)
     setup_logging(a.log_level)
+    secured = _secured(a)
+    secured.pop("advertise_host")
     asyncio.run(serve_front(FrontConfig(conductor=a.conductor, model=a.model,
                                         served_model_name=a.served_model_name, host=a.host,
-                                        port=a.port)))
+                                        port=a.port, creds=_creds(a), **secured)))
 
 
 #: Service name -> its entry point, which takes the service's own arguments.

@@ -12,16 +12,19 @@ Run as ``kvstore master`` (:mod:`kvstore.tools.services` parses the options into
 from __future__ import annotations
 
 import asyncio
+import signal
 from dataclasses import dataclass
 import logging
 
 import grpc
 
 from kvstore import rpc
+from kvstore.binding import advertised_host, check_binding
+from kvstore.rpc import ServerSecurity
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.master.index import ObjectIndex
 from kvstore.master.membership import Membership
-from kvstore.master.servicer import MasterServicer, now_ms
+from kvstore.master.servicer import METHOD_ROLES, MasterServicer, now_ms
 from kvstore.process import announce_ready, wait_for_stop_signal
 from kvstore.shardmap import ShardMap
 
@@ -31,27 +34,37 @@ log = logging.getLogger(__name__)
 async def create_server(host: str = "127.0.0.1", port: int = 0, *,
                         node_ttl_ms: int = 3000, heartbeat_interval_ms: int = 500,
                         put_timeout_ms: int = 30_000, shard_map: ShardMap | None = None,
-                        shard_id: int = 0, election=None) -> tuple[grpc.aio.Server, int, ObjectIndex]:
+                        shard_id: int = 0, election=None,
+                        security: ServerSecurity | None = None,
+                        advertise_host: str = "") -> tuple[grpc.aio.Server, int, ObjectIndex]:
     """Build and start a master shard on ``host:port`` (0 = a free port).
 
-    Without ``shard_map`` it is the only shard (every slot); with one, it
-    owns the slots of range ``shard_id`` and answers WRONG_SHARD for the rest.
+    Without ``shard_map`` it is the only shard (every slot), named by its
+    advertised address; with one, it owns the slots of range ``shard_id`` and
+    answers WRONG_SHARD for the rest.
+
+    Args:
+        security: tokens (every call checked against :data:`METHOD_ROLES`) and TLS.
+        advertise_host: the address clients reach it by (see kvstore.binding).
 
     Returns:
         ``(server, port, index)``; stop with ``await server.stop(grace)``.
+
+    Raises:
+        OSError: the address cannot be bound.
     """
-    server = rpc.aio_server()
-    bound = rpc.listen(server, host, port)
+    server = rpc.aio_server(security, METHOD_ROLES)
+    bound = rpc.listen(server, host, port, security)
     membership = Membership(node_ttl_ms=node_ttl_ms, heartbeat_interval_ms=heartbeat_interval_ms)
     if shard_map is None:
-        shard_map = ShardMap.single(f"{host}:{bound}")
+        shard_map = ShardMap.single(f"{advertised_host(host, advertise_host)}:{bound}")
     index = ObjectIndex(membership, shard_map, shard_id=shard_id, put_timeout_ms=put_timeout_ms)
 
     def new_index() -> ObjectIndex:
         return ObjectIndex(Membership(node_ttl_ms=node_ttl_ms,
                                       heartbeat_interval_ms=heartbeat_interval_ms),
                            shard_map, shard_id=shard_id, put_timeout_ms=put_timeout_ms)
-    servicer = MasterServicer(index, election=election, new_index=new_index)
+    servicer = MasterServicer(index, election=election, new_index=new_index, security=security)
     pb_grpc.add_MasterServicer_to_server(servicer, server)
     server.servicer = servicer      # for the maintenance loop and tests
     await server.start()
@@ -83,6 +96,9 @@ class MasterConfig:
     etcd: str = ""                     # etcd URL: elect the shard's leader through a lease
     cluster_name: str = "default"      # etcd key name space
     lease_ttl_s: int = 3               # leader lease ttl
+    security: ServerSecurity = ServerSecurity()   # --auth, --tls-*
+    insecure: bool = False             # allow a non-loopback bind without --auth (warned)
+    advertise_host: str = ""           # address to give others ("" : see kvstore.binding)
 
 
 async def serve(cfg: MasterConfig) -> None:
@@ -92,6 +108,7 @@ async def serve(cfg: MasterConfig) -> None:
         SystemExit: the shard map does not name this shard, or names several
             addresses for it and no ``port`` says which one is this process.
     """
+    check_binding("master", cfg.host, cfg.security.tokens is not None, cfg.insecure)
     port = cfg.port
     if cfg.shard_map is not None:
         mine = next((r for r in cfg.shard_map.ranges if r.shard_id == cfg.shard_id), None)
@@ -106,16 +123,21 @@ async def serve(cfg: MasterConfig) -> None:
     election = None
     if cfg.etcd:
         from kvstore.master.election import Election
-        election = Election(cfg.etcd, cfg.cluster_name, cfg.shard_id, f"{cfg.host}:{port}",
+        election = Election(cfg.etcd, cfg.cluster_name, cfg.shard_id,
+                            f"{advertised_host(cfg.host, cfg.advertise_host)}:{port}",
                             ttl_s=cfg.lease_ttl_s)
     server, bound, index = await create_server(cfg.host, port, node_ttl_ms=cfg.node_ttl_ms,
                                                shard_map=cfg.shard_map, shard_id=cfg.shard_id,
-                                               election=election)
+                                               election=election, security=cfg.security,
+                                               advertise_host=cfg.advertise_host)
+    address = f"{advertised_host(cfg.host, cfg.advertise_host)}:{bound}"
     if election is not None:
-        election.address = f"{cfg.host}:{bound}"
+        election.address = address
         election.start()
     task = asyncio.create_task(_maintenance(server.servicer, 0.2))
-    announce_ready({"role": "master", "address": f"{cfg.host}:{bound}", "port": bound,
+    if cfg.security.tokens is not None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, cfg.security.tokens.reload)
+    announce_ready({"role": "master", "address": address, "port": bound,
                     "shard_id": cfg.shard_id})
     await wait_for_stop_signal()
     task.cancel()

@@ -27,9 +27,24 @@ from kvstore.master.counters import MasterCounter as C
 from kvstore.master.index import ObjectIndex, PutItem
 from kvstore.master.membership import NodeHeartbeat, NodeRegistration
 from kvstore.master.repair import RepairPlanner
+from kvstore.auth import Role
+from kvstore.rpc import ServerSecurity, caller_role
 from kvstore.types import NodeId, ObjectId, RemoveReason
 
 log = logging.getLogger(__name__)
+
+
+_NODE = frozenset({Role.NODE})
+_CLIENT = frozenset({Role.CLIENT})
+
+#: Which roles may call which method (admin may call all; List and Stat are admin's).
+#: Remove with reason "evict" is admin's too (checked in the handler).
+METHOD_ROLES: dict[str, frozenset[Role]] = {
+    "RegisterNode": _NODE, "Heartbeat": _NODE, "ReportEvents": _NODE,
+    "GetShardMap": _CLIENT | _NODE,
+    "PutStart": _CLIENT, "PutRevoke": _CLIENT, "Lookup": _CLIENT, "Exists": _CLIENT,
+    "Remove": _CLIENT, "ReportFailure": _CLIENT,
+}
 
 
 def now_ms() -> int:
@@ -51,11 +66,15 @@ class MasterServicer(pb_grpc.MasterServicer):
         warmup_ms: after winning, client RPCs answer UNAVAILABLE this long
             while store nodes re-register and rebuild the index from their
             inventories (node RPCs are served at once).
+        security: the server's tokens, for the checks a method's table cannot
+            express (an eviction is admin's).
     """
 
     def __init__(self, index: ObjectIndex, election=None,
-                 new_index: Callable[[], ObjectIndex] | None = None, warmup_ms: int = 1500):
+                 new_index: Callable[[], ObjectIndex] | None = None, warmup_ms: int = 1500,
+                 security: ServerSecurity | None = None):
         self.index = index
+        self.security = security
         self.repairs = RepairPlanner(index)
         self.election = election
         self.new_index = new_index
@@ -186,6 +205,8 @@ class MasterServicer(pb_grpc.MasterServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"unknown remove reason {request.reason!r}; known: "
                                 f"{[r.value for r in RemoveReason]}")
+        if reason is RemoveReason.EVICT and caller_role(context, self.security) is not Role.ADMIN:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "only an admin may evict")
         results = self.index.remove(list(request.keys), reason)
         return pb.RemoveResponse(statuses=[_status(r) for r in results])
 

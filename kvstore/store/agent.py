@@ -36,7 +36,8 @@ import grpc
 from kvstore import rpc, wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.errors import Unavailable, error_for_code
+from kvstore.errors import Unavailable, error_for_code, from_rpc_error
+from kvstore.rpc import ClientCredentials
 from kvstore.shardmap import ShardMap
 from kvstore.store.events import EventLog, Ticket
 from kvstore.store.node import StoreNode
@@ -77,13 +78,14 @@ class EventRouter:
 class _LazyCopier:
     """The :class:`Copier` (and its thread) starts at the first copy order."""
 
-    def __init__(self, node: StoreNode):
+    def __init__(self, node: StoreNode, creds: ClientCredentials | None):
         self.node = node
+        self.creds = creds
         self._copier: Copier | None = None
 
     def submit(self, order) -> None:
         if self._copier is None:
-            self._copier = Copier(self.node)
+            self._copier = Copier(self.node, creds=self.creds)
         self._copier.submit(order)
 
     def take_results(self) -> list:
@@ -104,6 +106,8 @@ class NodeAgent:
         router: where the agent takes its shard's events.
         shard: this agent's index in the router.
         owns: key -> whether this shard owns it (None: every key).
+        creds: the node's credentials (a ``node`` token; TLS files) for its
+            masters and for the repair copies it writes to other nodes.
         min_beat_interval_s: deliveries from the agent's own thread are at
             least this far apart, so a burst of demotions travels in a few reports.
         full_stats_interval_s: how often a heartbeat recounts the per-object
@@ -113,8 +117,10 @@ class NodeAgent:
 
     def __init__(self, node: StoreNode, address: NodeAddress, masters: tuple[str, ...],
                  router: EventRouter, shard: int = 0, owns: Callable[[str], bool] | None = None,
+                 creds: ClientCredentials | None = None,
                  min_beat_interval_s: float = 0.02, full_stats_interval_s: float = 1.0):
         self.node = node
+        self.creds = creds
         self.address = address
         self.master = "|".join(masters)       # for logs
         self._addrs = masters
@@ -131,14 +137,14 @@ class NodeAgent:
         self._queue: list[Ticket] = []        # taken from the router, not yet acknowledged
         self._lock = threading.RLock()        # deliveries and registrations, one at a time
         self._copied: list = []               # repair results not yet reported
-        self.copier = _LazyCopier(node)
+        self.copier = _LazyCopier(node, creds)
         self._ready = node.events.subscribe()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"agent-{shard}", daemon=True)
         self._connect()
 
     def _connect(self) -> None:
-        self.channel = rpc.channel(self._addrs[self._cur])
+        self.channel = rpc.channel(self._addrs[self._cur], self.creds)
         self.stub = pb_grpc.MasterStub(self.channel)
 
     def failover(self) -> None:
@@ -258,7 +264,8 @@ class NodeAgent:
     def stop(self) -> None:
         self._stop.set()
         self._ready.set()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
         self.copier.stop()
         self.channel.close()
 
@@ -295,7 +302,8 @@ class Agents:
     other shard's reports.
     """
 
-    def __init__(self, node: StoreNode, address: NodeAddress, shard_map: ShardMap):
+    def __init__(self, node: StoreNode, address: NodeAddress, shard_map: ShardMap,
+                 creds: ClientCredentials | None = None):
         self.node = node
         ranges = shard_map.ranges
         sharded = len(ranges) > 1
@@ -306,7 +314,8 @@ class Agents:
 
         self.router = EventRouter(node.events, shard_of if sharded else None, len(ranges))
         self.agents = [NodeAgent(node, address, r.addresses, self.router, i,
-                                 owns=(lambda k, i=i: shard_of(k) == i) if sharded else None)
+                                 owns=(lambda k, i=i: shard_of(k) == i) if sharded else None,
+                                 creds=creds)
                        for i, r in enumerate(ranges)]
 
     def register(self, timeout_s: float = 10.0) -> None:
@@ -350,7 +359,7 @@ def no_master_yet(tickets: list[Ticket], timeout_s: float) -> None:
 
 
 def make_agent(node: StoreNode, address: NodeAddress, seeds: tuple[str, ...],
-               timeout_s: float = 30.0) -> Agents:
+               timeout_s: float = 30.0, creds: ClientCredentials | None = None) -> Agents:
     """The node's link to the control plane, from the shard map its ``seeds`` serve.
 
     Asks the seeds (one shard's masters) for the shard map, waiting up to
@@ -361,17 +370,20 @@ def make_agent(node: StoreNode, address: NodeAddress, seeds: tuple[str, ...],
     """
     deadline = time.monotonic() + timeout_s
     for i in itertools.count():
-        with rpc.channel(seeds[i % len(seeds)]) as ch:
+        with rpc.channel(seeds[i % len(seeds)], creds) as ch:
             try:
                 msg = pb_grpc.MasterStub(ch).GetShardMap(
                     pb.GetShardMapRequest(), timeout=timeout_s if len(seeds) == 1 else 1.0,
                     wait_for_ready=True)
                 break
             except grpc.RpcError as exc:
+                if exc.code() in (grpc.StatusCode.UNAUTHENTICATED,
+                                  grpc.StatusCode.PERMISSION_DENIED):
+                    raise from_rpc_error(exc) from None     # a bad token: no use waiting
                 if time.monotonic() > deadline:
                     raise Unavailable(f"no master answered at {'|'.join(seeds)} within "
                                       f"{timeout_s:.0f} s ({exc.code().name})") from None
     shard_map = wire.shard_map(msg)
     if len(shard_map.ranges) > 1:
         log.info("shard map v%d: %d master shards", shard_map.version, len(shard_map.ranges))
-    return Agents(node, address, shard_map)
+    return Agents(node, address, shard_map, creds)

@@ -21,6 +21,8 @@ import threading
 from kvstore.errors import KVStoreError
 from kvstore.store.node import StoreNode
 from kvstore.transfer.base import WriteItem
+from kvstore.rpc import ClientCredentials
+from kvstore.tls import client_context
 from kvstore.transfer.tcp import NodeConnection, TcpTransport
 from kvstore.types import CopyOrder, CopyResult
 
@@ -33,10 +35,14 @@ class Copier:
     Args:
         node: the object table to copy from.
         timeout_s: socket timeout towards the target.
+        creds: the node's token (the target authenticates the copy) and TLS files.
     """
 
-    def __init__(self, node: StoreNode, timeout_s: float = 5.0):
+    def __init__(self, node: StoreNode, timeout_s: float = 5.0,
+                 creds: ClientCredentials | None = None):
         self.node = node
+        self.creds = creds or ClientCredentials()
+        self._tls = client_context(self.creds.tls) if self.creds.tls is not None else None
         self.timeout_s = timeout_s
         self._orders: queue.Queue[CopyOrder | None] = queue.Queue()
         self._done: list[CopyResult] = []
@@ -86,7 +92,10 @@ class Copier:
             checksum = obj.checksum
         finally:
             self.node.release(obj)
-        tr = TcpTransport(NodeConnection(order.target.host, order.target.data_port, self.timeout_s))
+        target = order.target
+        tr = TcpTransport(NodeConnection(target.host, target.data_port, self.timeout_s,
+                                         token=self.creds.token,
+                                         tls=self._tls if target.tls else None))
         try:
             (err,) = tr.write_many([WriteItem(order.key, order.object_id, memoryview(buf),
                                               checksum)])

@@ -29,8 +29,10 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from kvstore.binding import advertised_host, check_binding
 from kvstore.errors import Unavailable
 from kvstore.process import announce_ready
+from kvstore.rpc import ClientCredentials, ServerSecurity
 from kvstore.store.agent import make_agent, no_master_yet
 from kvstore.store.data_server import DataServer
 from kvstore.store.levels import DEFAULT_WATERMARKS
@@ -39,6 +41,7 @@ from kvstore.store.tiers.base import Tier
 from kvstore.types import TierKind
 from kvstore.store.tiers.dram import DramTier
 from kvstore.transfer.protocol import local_address
+from kvstore.tls import server_context
 from kvstore.transfer.shm import host_id
 from kvstore.types import NodeAddress, NodeId
 
@@ -67,6 +70,10 @@ class NodeConfig:
     rdma_device: str = ""              # serve one-sided RDMA on this device ("" none)
     rdma_port: int = 1
     rdma_gid_index: int | None = None
+    security: ServerSecurity = ServerSecurity()   # --auth (data port) and --tls-* (TCP port)
+    creds: ClientCredentials = ClientCredentials()   # the node's own token, to its masters
+    insecure: bool = False             # allow a non-loopback bind without --auth (warned)
+    advertise_host: str = ""           # the data address clients get ("" : see kvstore.binding)
 
 
 def build_tiers(cfg: NodeConfig) -> list[Tier]:
@@ -128,6 +135,7 @@ def run_node(cfg: NodeConfig) -> None:
             SSD of another node, an unusable RDMA device.
         grpc.RpcError: no master answered.
     """
+    check_binding("node", cfg.host, cfg.security.tokens is not None, cfg.insecure)
     tiers = build_tiers(cfg)
     try:
         node_id = resolve_node_id(cfg.node_id, tiers)
@@ -144,6 +152,8 @@ def run_node(cfg: NodeConfig) -> None:
     # Writes wait (and then fail) until the agents link the node to its masters:
     # nothing is acknowledged that no master was told about.
     node.events.set_delivery(no_master_yet)
+    tokens = cfg.security.tokens
+    tls = server_context(cfg.security.tls) if cfg.security.tls is not None else None
     dram = tiers[0]
     rdma = server = agent = None
     stop = threading.Event()
@@ -161,16 +171,21 @@ def run_node(cfg: NodeConfig) -> None:
             except Unavailable as exc:
                 raise SystemExit(f"kvstore node: --rdma-device {cfg.rdma_device}: "
                                  f"{exc.message}") from None
-        server = DataServer(node, cfg.host, cfg.port, local_address(dram.name), rdma).start()
-        address = NodeAddress(NodeId(node_id), cfg.host, server.port, dram.name, host_id())
-        agent = make_agent(node, address, cfg.masters)
+        server = DataServer(node, cfg.host, cfg.port, local_address(dram.name), rdma,
+                            tokens=tokens, tls=tls).start()
+        if tokens is not None:
+            signal.signal(signal.SIGHUP, lambda *_: tokens.reload())
+        host = advertised_host(cfg.host, cfg.advertise_host, toward=cfg.masters[0])
+        address = NodeAddress(NodeId(node_id), host, server.port, dram.name, host_id(),
+                              tls=tls is not None)
+        agent = make_agent(node, address, cfg.masters, creds=cfg.creds)
         agent.register()
         agent.start()
         announce_ready({"role": "node", "node_id": node_id,
-                        "address": f"{cfg.host}:{server.port}", "shm_name": dram.name,
+                        "address": f"{host}:{server.port}", "shm_name": dram.name,
                         "tiers": {t.kind.name: t.capacity_bytes for t in tiers},
                         "recovered": node.counters["recovered"]})
-        log.info("node %s serving %s:%d, tiers %s", node_id, cfg.host, server.port,
+        log.info("node %s serving %s:%d, tiers %s", node_id, host, server.port,
                  ", ".join(f"{t.kind.name} {t.capacity_bytes} B" for t in tiers))
         stop.wait()
     finally:
