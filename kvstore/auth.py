@@ -97,6 +97,13 @@ def proof(token: str, nonce: bytes) -> bytes:
     return hmac.new(token.encode(), _PROOF_DOMAIN + nonce, hashlib.sha256).digest()
 
 
+def fingerprint(token: str | None) -> str:
+    """A short, non-reversible name of a token (which credentials a node registered with)."""
+    if not token:
+        return ""
+    return hashlib.sha256(_PROOF_DOMAIN + token.encode()).hexdigest()[:16]
+
+
 def new_nonce() -> bytes:
     return secrets.token_bytes(NONCE_BYTES)
 

@@ -170,6 +170,7 @@ class InventoryItem:
     size_bytes: int
     checksum: int
     tier: TierKind                # the tier it is served from
+    pending: bool = False         # its STORED event is not yet applied (never indexed from here)
 
 
 @dataclass(frozen=True, slots=True)

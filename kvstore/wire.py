@@ -99,12 +99,12 @@ def node_event_pb(e: NodeEvent) -> pb.ReplicaEvent:
 
 def inventory_item(msg: pb.InventoryItem) -> InventoryItem:
     return InventoryItem(ObjectKey(msg.key), ObjectId(msg.object_id), msg.size_bytes,
-                         msg.checksum, TierKind(msg.tier or pb.DRAM))
+                         msg.checksum, TierKind(msg.tier or pb.DRAM), msg.pending)
 
 
 def inventory_item_pb(it: InventoryItem) -> pb.InventoryItem:
     return pb.InventoryItem(key=it.key, object_id=it.object_id, size_bytes=it.size_bytes,
-                            checksum=it.checksum, tier=it.tier)
+                            checksum=it.checksum, tier=it.tier, pending=it.pending)
 
 
 def drop_order(msg: pb.DropOrder) -> DropOrder:

@@ -42,6 +42,7 @@ class StoreCluster:
     dram: str = "64MiB"                    # each node's DRAM tier
     ssd: str = ""                          # each node's SSD tier ("" none) ...
     ssd_dir: str = ""                      # ... under ssd_dir/<node id>
+    env: dict = field(default_factory=dict)  # for every process (e.g. KVSTORE_TOKEN)
 
     @property
     def master(self) -> str:
@@ -54,7 +55,7 @@ class StoreCluster:
                 *self.node_args]
         if self.ssd:
             args += ["--ssd", self.ssd, "--ssd-path", os.path.join(self.ssd_dir, node_id)]
-        child = self.procs.start(node_id, service_args("node", *args))
+        child = self.procs.start(node_id, service_args("node", *args), env=self.env)
         self.nodes[node_id] = child
         return child
 
@@ -63,7 +64,7 @@ class StoreCluster:
         old = self.shards[shard_id][which]
         child = self.procs.start(f"{old.name}-r", service_args(
             "master", "--shard-id", str(shard_id), "--shard-map", self.shard_map,
-            "--port", str(old.info["port"]), *self.master_args))
+            "--port", str(old.info["port"]), *self.master_args), env=self.env)
         self.shards[shard_id][which] = child
         return child
 
@@ -123,6 +124,7 @@ def start_store_cluster(masters: int = 1, nodes: int = 2, *, standbys: int = 0,
                         lease_ttl_s: int = 3, log_dir: str | None = None,
                         eviction_policy: str = "none", ssd: str = "", ssd_dir: str = "",
                         node_args: tuple[str, ...] = (), node_prefix: str = "n",
+                        master_args: tuple[str, ...] = (), env: dict | None = None,
                         procs: ProcessGroup | None = None, on_step=None) -> StoreCluster:
     """Start ``masters`` master shards (each with ``standbys`` standbys) and ``nodes`` nodes.
 
@@ -136,6 +138,8 @@ def start_store_cluster(masters: int = 1, nodes: int = 2, *, standbys: int = 0,
         ssd, ssd_dir: give each node an SSD tier of ``ssd`` bytes under
             ``ssd_dir/<node id>``.
         node_args: more options for every node.
+        master_args: more options for every master (e.g. ``--auth FILE``).
+        env: environment for every process (e.g. ``KVSTORE_TOKEN`` of the nodes).
         node_prefix: nodes are named ``<prefix>0``, ``<prefix>1``, ...
         procs: start the processes in this group (default: a new one).
         on_step: called with a line per started process (for a CLI).
@@ -160,21 +164,22 @@ def start_store_cluster(masters: int = 1, nodes: int = 2, *, standbys: int = 0,
         shard_addrs = [[f"127.0.0.1:{ports[i * per + j]}" for j in range(per)]
                        for i in range(masters)]
         shard_map = ",".join("|".join(a) for a in shard_addrs)
-        master_args = ["--node-ttl-ms", str(node_ttl_ms)]
+        common = ["--node-ttl-ms", str(node_ttl_ms), *master_args]
         if etcd:
-            master_args += ["--etcd", etcd, "--cluster-name", f"c{uuid.uuid4().hex[:8]}",
-                            "--lease-ttl-s", str(lease_ttl_s)]
-        cluster = StoreCluster(procs, shard_map, [], etcd=etcd_server, master_args=master_args,
+            common += ["--etcd", etcd, "--cluster-name", f"c{uuid.uuid4().hex[:8]}",
+                       "--lease-ttl-s", str(lease_ttl_s)]
+        cluster = StoreCluster(procs, shard_map, [], etcd=etcd_server, master_args=common,
                                node_args=["--eviction-policy", eviction_policy, *node_args],
-                               dram=dram, ssd=ssd, ssd_dir=ssd_dir)
+                               dram=dram, ssd=ssd, ssd_dir=ssd_dir, env=dict(env or {}))
         for i, addrs in enumerate(shard_addrs):
             cluster.shards.append([])
             for j, addr in enumerate(addrs):
                 name = f"master{i}" + (f"-{j}" if per > 1 else "")
-                args = ["--port", addr.rsplit(":", 1)[1], *master_args]
+                args = ["--port", addr.rsplit(":", 1)[1], *common]
                 if masters > 1 or per > 1:
                     args += ["--shard-id", str(i), "--shard-map", shard_map]
-                cluster.shards[i].append(procs.start(name, service_args("master", *args)))
+                cluster.shards[i].append(procs.start(name, service_args("master", *args),
+                                                     env=cluster.env))
                 say(f"{name}: shard {i} at {addr}")
         for k in range(nodes):
             child = cluster.start_node(f"{node_prefix}{k}")

@@ -452,7 +452,11 @@ class ObjectIndex:
         The node's replicas that its inventory does not list (same key and
         object_id) are forgotten -- a restart loses DRAM -- and listed
         objects the index does not know are indexed as COMPLETE (a restart
-        keeps the SSD; a new master learns the cluster this way). A listed
+        keeps the SSD; a new master learns the cluster this way). Only objects
+        a master confirmed are indexed so: a ``pending`` item (stored, its
+        STORED event not yet applied) only keeps its place as a target, and
+        its replayed event decides, so bytes written straight to a node never
+        become visible through an inventory. A listed
         version that the index has replaced is ordered dropped; one it already
         ordered dropped (removed while the node was away) is not indexed again.
 
@@ -485,6 +489,14 @@ class ObjectIndex:
                 self._check_key(it.key)
             except KVStoreError:
                 continue                  # another shard's key (or garbage): not ours to index
+            if it.pending:
+                # Not applied by a master yet: its STORED event, replayed after
+                # the inventory, decides (a put the index never placed is refused).
+                entry = self.entries.get(it.key)
+                if entry is not None and entry.object_id != it.object_id:
+                    self.membership.order_drop(node_id, it.key, it.object_id)
+                    self.counters[C.STALE_REPLICAS_DROPPED] += 1
+                continue
             self._next_id = max(self._next_id, it.object_id + 1)
             entry = self.entries.get(it.key)
             if entry is None:

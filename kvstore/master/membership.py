@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from kvstore.errors import PermissionDenied
 from kvstore.types import CopyOrder, DropOrder, NodeAddress, NodeId, ObjectId, ObjectKey, TierStats
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,8 @@ class NodeRegistration:
     capacity_bytes: int          # of its DRAM tier, where puts land
     max_object_bytes: int = 0    # largest object it could ever hold (0: capacity_bytes)
     tiers: tuple[TierStats, ...] = ()
+    incarnation: str = ""        # random per node process: binds the id to one process ...
+    owner: str = ""              # ... and to one token (its fingerprint; "" without --auth)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +43,9 @@ class NodeHeartbeat:
     num_objects: int
     tiers: tuple[TierStats, ...] = ()         # () keeps the last report
     counters: dict[str, int] | None = None    # None keeps the last report
+    incarnation: str = ""                     # must be the registered one ...
+    owner: str = ""                           # ... from the registered token
+    leaving: bool = False                     # a clean stop: the node is dead from now on
 
 
 @dataclass(slots=True)
@@ -58,6 +64,8 @@ class NodeInfo:
     copies: list[CopyOrder] = field(default_factory=list)   # repair orders for the next heartbeat
     failures: list[int] = field(default_factory=list)  # ms of recent transfer failures reported
     quarantined_until_ms: int = 0  # no new puts or repair copies land here before this
+    incarnation: str = ""          # the registered process (see NodeRegistration)
+    owner: str = ""                # the registered token's fingerprint
 
     @property
     def node_id(self) -> NodeId:
@@ -85,12 +93,21 @@ class Membership:
         self.quarantine_ms = 30_000          # ... keep new puts off the node this long
 
     def register(self, reg: NodeRegistration, now_ms: int) -> tuple[NodeInfo, bool]:
-        """Add or re-add a node. Returns (info, was_known)."""
+        """Add or re-add a node. Returns (info, was_known).
+
+        Raises:
+            PermissionDenied: the id is alive under another incarnation or token
+                (a second process claiming a live node's id is refused, not obeyed;
+                a restarted node is accepted once its old registration expired).
+        """
         node_id = reg.address.node_id
         old = self.nodes.get(node_id)
+        if old is not None and self._alive_now(old, now_ms):
+            self.check_identity(old, reg.incarnation, reg.owner)
         info = NodeInfo(address=reg.address, capacity_bytes=reg.capacity_bytes,
                         max_object_bytes=reg.max_object_bytes or reg.capacity_bytes,
-                        last_heartbeat_ms=now_ms, tiers=reg.tiers)
+                        last_heartbeat_ms=now_ms, tiers=reg.tiers,
+                        incarnation=reg.incarnation, owner=reg.owner)
         if old is not None:
             # Drops ordered while it was away still apply to what it kept (its SSD).
             info.drops = old.drops
@@ -100,10 +117,20 @@ class Membership:
         return info, old is not None
 
     def heartbeat(self, beat: NodeHeartbeat, now_ms: int) -> NodeInfo | None:
-        """Record a heartbeat; None when the node is unknown (it must register again)."""
+        """Record a heartbeat; None when the node is unknown (it must register again).
+
+        Raises:
+            PermissionDenied: not the registered incarnation or token.
+        """
         info = self.nodes.get(beat.node_id)
         if info is None:
             return None
+        self.check_identity(info, beat.incarnation, beat.owner)
+        if beat.leaving:
+            info.alive = False
+            info.last_heartbeat_ms = 0
+            log.info("node %s stopped", beat.node_id)
+            return info
         if not info.alive:
             log.info("node %s is back", beat.node_id)
         info.alive = True
@@ -197,6 +224,18 @@ class Membership:
                 log.warning("node %s missed heartbeats for %d ms: dead", info.node_id,
                             now_ms - info.last_heartbeat_ms)
         return dead
+
+    def _alive_now(self, info: NodeInfo, now_ms: int) -> bool:
+        return info.alive and now_ms - info.last_heartbeat_ms <= self.node_ttl_ms
+
+    @staticmethod
+    def check_identity(info: NodeInfo, incarnation: str, owner: str) -> None:
+        """Raises PermissionDenied unless ``incarnation`` and ``owner`` are the registered ones."""
+        if incarnation != info.incarnation or owner != info.owner:
+            raise PermissionDenied(
+                f"node id {info.node_id} is registered by another live process "
+                f"({'another token' if owner != info.owner else 'another incarnation'}); "
+                f"refused until it stops or its registration expires")
 
     def is_known(self, node_id: NodeId) -> bool:
         """Registered with this shard (alive or not)."""

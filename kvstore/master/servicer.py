@@ -22,13 +22,13 @@ import grpc
 from kvstore import wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.errors import OK_STATUS, KVStoreError, to_status
+from kvstore.errors import OK_STATUS, KVStoreError, status_code, to_status
 from kvstore.master.counters import MasterCounter as C
 from kvstore.master.index import ObjectIndex, PutItem
 from kvstore.master.membership import NodeHeartbeat, NodeRegistration
 from kvstore.master.repair import RepairPlanner
-from kvstore.auth import Role
-from kvstore.rpc import ServerSecurity, caller_role
+from kvstore.auth import Role, fingerprint
+from kvstore.rpc import ServerSecurity, bearer, caller_role
 from kvstore.types import NodeId, ObjectId, RemoveReason
 
 log = logging.getLogger(__name__)
@@ -121,14 +121,31 @@ class MasterServicer(pb_grpc.MasterServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE,
                                 "new shard leader: rebuilding the index from node inventories")
 
+    def _owner(self, context) -> str:
+        """The fingerprint of the caller's token ("" without --auth)."""
+        if self.security is None or self.security.tokens is None:
+            return ""
+        return fingerprint(bearer(context.invocation_metadata()))
+
+    async def _refuse(self, context, err: KVStoreError):
+        log.warning("refused: %s", err.message)
+        await context.abort(status_code(err), err.message)
+
     # ---- node RPCs ----
     async def RegisterNode(self, request, context):
         await self._gate(context, client_rpc=False)
+        if not request.incarnation or not request.address.node_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "RegisterNode needs address.node_id and an incarnation")
         reg = NodeRegistration(address=wire.node_address(request.address),
                                capacity_bytes=request.capacity_bytes,
                                max_object_bytes=request.max_object_bytes,
-                               tiers=tuple(wire.tier_stats(t) for t in request.tiers))
-        _, known = self.membership.register(reg, now_ms())
+                               tiers=tuple(wire.tier_stats(t) for t in request.tiers),
+                               incarnation=request.incarnation, owner=self._owner(context))
+        try:
+            _, known = self.membership.register(reg, now_ms())
+        except KVStoreError as err:
+            await self._refuse(context, err)
         # The node's inventory is the truth about it: a restart loses DRAM and
         # keeps the SSD; objects the index does not know are indexed again.
         inventory = [wire.inventory_item(it) for it in request.inventory]
@@ -146,9 +163,16 @@ class MasterServicer(pb_grpc.MasterServicer):
         beat = NodeHeartbeat(node_id=node_id, used_bytes=request.used_bytes,
                              num_objects=request.num_objects,
                              tiers=tuple(wire.tier_stats(t) for t in request.tiers),
-                             counters=dict(request.counters) if request.counters else None)
-        if self.membership.heartbeat(beat, now_ms()) is None:
-            return pb.HeartbeatResponse(known=False)
+                             counters=dict(request.counters) if request.counters else None,
+                             incarnation=request.incarnation, owner=self._owner(context),
+                             leaving=request.leaving)
+        try:
+            if self.membership.heartbeat(beat, now_ms()) is None:
+                return pb.HeartbeatResponse(known=False)
+            if request.leaving:
+                return pb.HeartbeatResponse(known=True)
+        except KVStoreError as err:
+            await self._refuse(context, err)
         for result in request.copied:
             self.repairs.done(wire.copy_result(result))
         return pb.HeartbeatResponse(
@@ -160,6 +184,11 @@ class MasterServicer(pb_grpc.MasterServicer):
         node_id = NodeId(request.node_id)
         if not self.membership.is_known(node_id):
             return pb.ReportEventsResponse(known=False)
+        try:
+            self.membership.check_identity(self.membership.nodes[node_id], request.incarnation,
+                                           self._owner(context))
+        except KVStoreError as err:
+            await self._refuse(context, err)
         return pb.ReportEventsResponse(known=True, statuses=[
             _status(self.index.node_event(node_id, wire.node_event(e))) for e in request.events])
 

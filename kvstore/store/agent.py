@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import secrets
 import threading
 import time
 from typing import Callable
@@ -43,7 +44,7 @@ from kvstore.store.events import EventLog, Ticket
 from kvstore.store.node import StoreNode
 from kvstore.store.repair import Copier
 from kvstore.store.stats import NodeStats
-from kvstore.types import EventKind, InventoryItem, NodeAddress
+from kvstore.types import EventKind, NodeAddress
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,8 @@ class NodeAgent:
         masters: the shard's masters, host:port (a leader and standbys).
         router: where the agent takes its shard's events.
         shard: this agent's index in the router.
+        incarnation: a random id of this node process: the master binds the
+            node id to it while the node is alive.
         owns: key -> whether this shard owns it (None: every key).
         creds: the node's credentials (a ``node`` token; TLS files) for its
             masters and for the repair copies it writes to other nodes.
@@ -117,10 +120,11 @@ class NodeAgent:
 
     def __init__(self, node: StoreNode, address: NodeAddress, masters: tuple[str, ...],
                  router: EventRouter, shard: int = 0, owns: Callable[[str], bool] | None = None,
-                 creds: ClientCredentials | None = None,
+                 creds: ClientCredentials | None = None, incarnation: str = "",
                  min_beat_interval_s: float = 0.02, full_stats_interval_s: float = 1.0):
         self.node = node
         self.creds = creds
+        self.incarnation = incarnation or secrets.token_hex(16)
         self.address = address
         self.master = "|".join(masters)       # for logs
         self._addrs = masters
@@ -162,27 +166,37 @@ class NodeAgent:
             grpc.RpcError: no master of the shard answered within ``timeout_s``.
         """
         with self._lock:
-            inventory = [wire.inventory_item_pb(InventoryItem(k, oid, size, ck, t))
-                         for k, oid, size, ck, t in self.node.holdings()
-                         if self.owns is None or self.owns(k)]
+            inventory = [wire.inventory_item_pb(it) for it in self.node.inventory_items()
+                         if self.owns is None or self.owns(it.key)]
             stats = self.node.stats()
             req = pb.RegisterNodeRequest(
                 address=wire.node_address_pb(self.address), tier=pb.DRAM,
                 capacity_bytes=stats.capacity_bytes, max_object_bytes=stats.capacity_bytes,
-                tiers=[wire.tier_stats_pb(t) for t in stats.tiers], inventory=inventory)
-            if len(self._addrs) == 1:
-                resp = self.stub.RegisterNode(req, timeout=timeout_s, wait_for_ready=True)
-            else:
-                deadline = time.monotonic() + timeout_s
-                while True:
-                    try:
-                        resp = self.stub.RegisterNode(req, timeout=1.0)
-                        break
-                    except grpc.RpcError:
-                        if time.monotonic() > deadline:
-                            raise
-                        self.failover()
-                        time.sleep(0.05)
+                tiers=[wire.tier_stats_pb(t) for t in stats.tiers], inventory=inventory,
+                incarnation=self.incarnation)
+            deadline = time.monotonic() + timeout_s
+            while True:
+                single = len(self._addrs) == 1
+                try:
+                    resp = self.stub.RegisterNode(
+                        req, timeout=max(0.1, deadline - time.monotonic()) if single else 1.0,
+                        wait_for_ready=single)
+                    break
+                except grpc.RpcError as exc:
+                    if time.monotonic() > deadline:
+                        raise
+                    if _id_taken(exc):
+                        # Our previous process (killed) is still alive to the master
+                        # until its registration expires; then this one is accepted.
+                        log.info("master %s: %s; retrying", self.master, exc.details())
+                        time.sleep(0.25)
+                        continue
+                    if exc.code() in (grpc.StatusCode.UNAUTHENTICATED,
+                                      grpc.StatusCode.PERMISSION_DENIED,
+                                      grpc.StatusCode.INVALID_ARGUMENT) or single:
+                        raise
+                    self.failover()
+                    time.sleep(0.05)
             self.interval_s = resp.heartbeat_interval_ms / 1000.0
             if inventory:
                 log.info("registered with %d object(s) in the inventory", len(inventory))
@@ -210,7 +224,8 @@ class NodeAgent:
                 return
             batch = list(self._queue)
             req = pb.ReportEventsRequest(node_id=self.address.node_id,
-                                         events=[wire.node_event_pb(t.event) for t in batch])
+                                         events=[wire.node_event_pb(t.event) for t in batch],
+                                         incarnation=self.incarnation)
             resp = self.stub.ReportEvents(req, timeout=max(0.05, deadline - time.monotonic()))
             if not resp.known:
                 log.warning("master %s does not know this node: registering again", self.master)
@@ -246,7 +261,8 @@ class NodeAgent:
         resp = self.stub.Heartbeat(pb.HeartbeatRequest(
             node_id=self.address.node_id, used_bytes=stats.used_bytes,
             num_objects=stats.num_objects, tiers=[wire.tier_stats_pb(t) for t in stats.tiers],
-            counters=stats.counters, copied=[wire.copy_result_pb(r) for r in self._copied]),
+            counters=stats.counters, copied=[wire.copy_result_pb(r) for r in self._copied],
+            incarnation=self.incarnation),
             timeout=self.rpc_timeout_s)
         self._copied.clear()
         if not resp.known:
@@ -262,11 +278,19 @@ class NodeAgent:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop the loop and tell the master this node is gone (best effort), so a
+        restart under the same id registers at once."""
         self._stop.set()
         self._ready.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         self.copier.stop()
+        try:
+            self.stub.Heartbeat(pb.HeartbeatRequest(node_id=self.address.node_id,
+                                                    incarnation=self.incarnation, leaving=True),
+                                timeout=1.0)
+        except grpc.RpcError:
+            pass                  # the master will expire it instead
         self.channel.close()
 
     def _loop(self) -> None:
@@ -313,9 +337,10 @@ class Agents:
             return index_of[shard_map.shard_for_key(key).shard_id]
 
         self.router = EventRouter(node.events, shard_of if sharded else None, len(ranges))
+        self.incarnation = secrets.token_hex(16)
         self.agents = [NodeAgent(node, address, r.addresses, self.router, i,
                                  owns=(lambda k, i=i: shard_of(k) == i) if sharded else None,
-                                 creds=creds)
+                                 creds=creds, incarnation=self.incarnation)
                        for i, r in enumerate(ranges)]
 
     def register(self, timeout_s: float = 10.0) -> None:
@@ -351,6 +376,12 @@ class Agents:
         self.node.events.set_delivery(no_master_yet)
         for agent in self.agents:
             agent.stop()
+
+
+def _id_taken(exc: grpc.RpcError) -> bool:
+    """A refusal because the node id is alive under another incarnation."""
+    return (exc.code() == grpc.StatusCode.PERMISSION_DENIED
+            and "registered by another live process" in (exc.details() or ""))
 
 
 def no_master_yet(tickets: list[Ticket], timeout_s: float) -> None:

@@ -22,7 +22,8 @@ themselves (:meth:`EventLog.wait` calls the registered delivery in the
 writer's thread), so concurrent writes share one report (group commit) and
 a lone write costs one round trip to its master, not a wake-up of another
 thread. A node without a delivery (no master: unit tests) resolves its
-tickets at once.
+tickets at once. An applied STORED event confirms its object on the node
+(:meth:`EventLog.set_on_applied`) before its writer hears of it.
 
 Thread safety: every method takes the log's own lock; :meth:`append` is
 called with the node's lock held (the log never takes the node's lock).
@@ -59,7 +60,8 @@ class EventLog:
         self._cond = threading.Condition()
         self._pending: list[Ticket] = []
         self._subscribers: list[threading.Event] = []
-        self._deliver: Callable[[], None] | None = None
+        self._deliver: Callable[[list[Ticket], float], None] | None = None
+        self._on_applied: Callable[[NodeEvent], None] | None = None
 
     def append(self, event: NodeEvent) -> Ticket:
         """Queue ``event`` (call in the order of the changes) and wake the subscribers."""
@@ -85,8 +87,23 @@ class EventLog:
             taken, self._pending = self._pending, []
             return taken
 
+    def set_on_applied(self, on_applied: Callable[[NodeEvent], None] | None) -> None:
+        """Who hears that a master applied a STORED event (the node: the object is
+        confirmed), before the event's waiters do. Called without the log's lock."""
+        self._on_applied = on_applied
+
+    def _applied(self, results: list[tuple[Ticket, KVStoreError | None]]) -> None:
+        hook = self._on_applied
+        if hook is not None:
+            for ticket, error in results:
+                if error is None and ticket.event.kind is EventKind.STORED:
+                    hook(ticket.event)
+
     def resolve(self, results: Iterable[tuple[Ticket, KVStoreError | None]]) -> None:
-        """Mark delivered events done, each with the master's refusal or None."""
+        """Mark delivered events done, each with the master's refusal or None (the
+        applied STORED events are confirmed first: see :meth:`set_on_applied`)."""
+        results = list(results)
+        self._applied(results)
         with self._cond:
             for ticket, error in results:
                 ticket.done, ticket.error = True, error
@@ -99,6 +116,10 @@ class EventLog:
         no master (tests, tools), and tickets resolve at once."""
         with self._cond:
             self._deliver = deliver
+
+    def has_delivery(self) -> bool:
+        """Whether a delivery is registered (a node linked, or to be linked, to masters)."""
+        return self._deliver is not None
 
     def wait(self, tickets: list[Ticket], timeout_s: float) -> bool:
         """Until every ticket is resolved, delivering through the registered delivery.
@@ -114,10 +135,9 @@ class EventLog:
                 if not waiting:
                     return True
                 deliver = self._deliver
-                if deliver is None:           # no master to tell: nothing to wait for
-                    for t in waiting:
-                        t.done = True
-                    return True
+            if deliver is None:               # no master to tell: applied at once
+                self.resolve([(t, None) for t in waiting])
+                return True
             deliver(waiting, max(0.0, deadline - time.monotonic()))
             with self._cond:
                 if all(t.done for t in tickets):

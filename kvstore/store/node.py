@@ -66,7 +66,8 @@ import logging
 import time
 from typing import Sequence
 
-from kvstore.errors import ChecksumMismatch, InvalidArgument, NoSpace, NotFound, TooLarge
+from kvstore.errors import (ChecksumMismatch, InvalidArgument, KeyConflict, NoSpace, NotFound,
+                            TooLarge)
 from kvstore.keys import value_checksum
 from kvstore.store.levels import DEFAULT_WATERMARKS, TierLevel, build_levels
 from kvstore.store.events import EventLog, Ticket
@@ -76,7 +77,7 @@ from kvstore.store.stats import NodeCounter, NodeStats, counters_by_name
 from kvstore.store.table import ObjectTable
 from kvstore.store.tiering import Tiering
 from kvstore.store.tiers.base import ObjectRecord, Tier
-from kvstore.types import EventKind, NodeEvent, TierKind, TierStats
+from kvstore.types import EventKind, InventoryItem, NodeEvent, TierKind, TierStats
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,7 @@ class StoreNode:
         self.tier: Tier = chain[0]
         self.counters: dict[NodeCounter, int] = self._table.counters
         self.events: EventLog = self._table.events
+        self.events.set_on_applied(lambda event: self.confirm(event.key, event.object_id))
         self._recover()
         self.mover: TierMover | None = self._tiering.mover
         if self.mover is not None and start_mover:
@@ -165,30 +167,43 @@ class StoreNode:
             try:
                 # The lock may have been released while waiting: look again.
                 present = self._present_locked(key, object_id, checksum)
-            except InvalidArgument:
+            except (InvalidArgument, KeyConflict):
                 self.tier.free(alloc)
                 raise
             if present is not None:
                 self.tier.free(alloc)
                 return present, True
-            old = self._table.objects.get(key)
-            if old is not None:
-                self._table.retire(old)
             # The writer holds a reference until commit or abort, so a drop
             # during the write never frees memory that is still being filled.
             obj = StoredObject(key, object_id, size_bytes, checksum, parent,
                                copies=[alloc] + [None] * (len(self.levels) - 1), refs=1)
-            self._table.objects[key] = obj
+            if key in self._table.objects:
+                # A newer version: staged until its master confirms it; the one
+                # in service stays readable (and is retired) only then.
+                obj.staged = True
+                self._table.staged[(key, object_id)] = obj
+            else:
+                self._table.objects[key] = obj
             return obj, False
 
     def _present_locked(self, key: str, object_id: int, checksum: int) -> StoredObject | None:
+        """This exact version, complete (None: not here).
+
+        Raises:
+            KeyConflict: the object id holds other committed bytes.
+            InvalidArgument: this version is being written already.
+        """
         old = self._table.objects.get(key)
-        if old is not None and old.object_id == object_id:
-            if old.state is ObjectState.COMPLETE and old.checksum == checksum:
-                return old
-            if old.state is ObjectState.WRITING:
-                raise InvalidArgument("this version is being written already", key=key)
-        return None
+        if old is None or old.object_id != object_id:
+            old = self._table.staged.get((key, object_id))
+        if old is None:
+            return None
+        if old.state is ObjectState.WRITING:
+            raise InvalidArgument("this version is being written already", key=key)
+        if old.checksum != checksum:
+            raise KeyConflict(f"object {object_id} already holds other bytes "
+                              f"(checksum {old.checksum:#x}); objects are immutable", key=key)
+        return old
 
     def write_view(self, obj: StoredObject) -> memoryview:
         """Where the writer puts the value (valid while ``obj`` is WRITING)."""
@@ -229,12 +244,29 @@ class StoreNode:
             self._table.release(obj)
             self.counters[NodeCounter.PUTS] += 1
             obj.last_access_s = time.monotonic()
-            self.levels[0].policy.on_insert(obj.key, obj.copies[0].reserved_bytes,
-                                            obj.last_access_s, obj.parent)
+            if not obj.staged:            # a staged version enters the policy in service
+                self.levels[0].policy.on_insert(obj.key, obj.copies[0].reserved_bytes,
+                                                obj.last_access_s, obj.parent)
             # Before anything that may follow it (an inline eviction): events are ordered.
             ticket = self._table.emit(EventKind.STORED, obj, TierKind.DRAM)
+            if not self.events.has_delivery():
+                self._confirm_locked(obj.key, obj.object_id)   # no master to ask (tests, tools)
             self._tiering.after_growth_locked(0)
             return ticket
+
+    def confirm(self, key: str, object_id: int) -> None:
+        """The master applied this object's STORED event (called before its writer is
+        acknowledged): it counts as committed, and a staged newer version replaces
+        the one in service."""
+        with self._table.cond:
+            self._confirm_locked(key, object_id)
+
+    def _confirm_locked(self, key: str, object_id: int) -> None:
+        obj = self._table.confirm(key, object_id)
+        if obj is not None and obj.copies[0] is not None:
+            self.levels[0].policy.on_insert(obj.key, obj.copies[0].reserved_bytes,
+                                            obj.last_access_s, obj.parent)
+        self._tiering.after_growth_locked(0)    # it may be demoted now
 
     def abort_write(self, obj: StoredObject) -> None:
         """Give back the space of an unfinished write."""
@@ -377,6 +409,8 @@ class StoreNode:
         with self._table.cond:
             obj = self._table.objects.get(key)
             if obj is None or (object_id and obj.object_id != object_id):
+                obj = self._table.staged.get((key, object_id)) if object_id else None
+            if obj is None:
                 return False
             self._table.retire(obj)
             self.counters[NodeCounter.DROPS] += 1
@@ -401,6 +435,14 @@ class StoreNode:
         with self._table.cond:
             return [(o.key, o.object_id, o.size_bytes, o.checksum,
                      self.levels[o.best_level()].tier.kind)
+                    for o in self._table.objects.values() if o.state is ObjectState.COMPLETE]
+
+    def inventory_items(self) -> list[InventoryItem]:
+        """Every complete object in service, for a registration: ``pending`` marks the
+        ones whose STORED event no master has applied yet (never indexed from it)."""
+        with self._table.cond:
+            return [InventoryItem(o.key, o.object_id, o.size_bytes, o.checksum,
+                                  self.levels[o.best_level()].tier.kind, pending=not o.confirmed)
                     for o in self._table.objects.values() if o.state is ObjectState.COMPLETE]
 
     # ================================================================ stats
@@ -471,7 +513,8 @@ class StoreNode:
                 lv.tier.check_invariants()
                 assert lv.tier.used_bytes + lv.tier.free_bytes == lv.tier.capacity_bytes
                 held = sum(o.copies[level].reserved_bytes
-                           for o in list(table.objects.values()) + list(table.doomed)
+                           for o in [*table.objects.values(), *table.staged.values(),
+                                     *table.doomed]
                            if o.copies[level] is not None)
                 # A move in flight has reserved its destination but not installed it.
                 assert held == lv.tier.used_bytes if idle else held <= lv.tier.used_bytes, (
@@ -516,7 +559,8 @@ class StoreNode:
                     self._table.retire(old)
                 obj = StoredObject(record.key, record.object_id, record.size_bytes,
                                    record.checksum, record.parent,
-                                   copies=[None] * len(self.levels), state=ObjectState.COMPLETE)
+                                   copies=[None] * len(self.levels), state=ObjectState.COMPLETE,
+                                   confirmed=True)   # only confirmed objects leave DRAM
                 obj.copies[level] = extent
                 self._table.objects[record.key] = obj
                 lv.policy.on_insert(record.key, extent.reserved_bytes, obj.last_access_s,

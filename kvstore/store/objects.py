@@ -38,6 +38,8 @@ class StoredObject:
     parent: str | None             # previous block of its prefix chain (eviction hint)
     copies: list[Extent | None]    # per level of the node's chain; None = no copy there
     state: ObjectState = ObjectState.WRITING
+    confirmed: bool = False        # a master applied its STORED event (or recovered from a tier)
+    staged: bool = False           # a newer version waiting for the master; not in service yet
     refs: int = 0                  # readers, the writer, a move in flight; > 0 pins every copy
     doomed: bool = False           # out of service; if still referenced, freed at last release
     moving: bool = False           # the mover is copying it between tiers

@@ -5,6 +5,10 @@ The table is the state the node's parts share: its operations
 (:class:`~kvstore.store.tiering.Tiering`) both work on it::
 
     objects          key -> the version in service (WRITING or COMPLETE)
+    staged           (key, object_id) -> a newer version of a key in service, written but
+                     not yet confirmed by the master: it replaces the one in service only
+                     when the master applies its STORED event (bytes written to the data
+                     port without the master never displace what the master confirmed)
     doomed           out of service but still referenced: freed at the last release
     protected        key -> object under prefetch lookahead
     prefetch_queue   key -> object the mover is to promote to DRAM, FIFO
@@ -54,6 +58,7 @@ class ObjectTable:
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
         self.objects: dict[str, StoredObject] = {}
+        self.staged: dict[tuple[str, int], StoredObject] = {}
         self.doomed: set[StoredObject] = set()
         self.protected: dict[str, StoredObject] = {}       # prefetch lookahead in force
         self.prefetch_queue: dict[str, StoredObject] = {}  # to promote to DRAM, FIFO
@@ -75,7 +80,10 @@ class ObjectTable:
             self.end_protection(obj, used=False)
         if self.prefetch_queue.get(obj.key) is obj:
             del self.prefetch_queue[obj.key]
-        if obj.state is ObjectState.COMPLETE:
+        if obj.staged:                      # never in service: no policy knows it
+            obj.staged = False
+            self.staged.pop((obj.key, obj.object_id), None)
+        elif obj.state is ObjectState.COMPLETE:
             for level, extent in enumerate(obj.copies):
                 if extent is not None:
                     self.levels[level].policy.on_remove(obj.key)
@@ -83,6 +91,25 @@ class ObjectTable:
             self.doomed.add(obj)
         else:
             self._free_copies(obj)
+
+    def confirm(self, key: str, object_id: int) -> StoredObject | None:
+        """The master applied the STORED event of (key, object_id): mark it confirmed,
+        and put a staged version in service in place of the older one. Returns the
+        object that entered service (None: it was in service already, or is gone)."""
+        obj = self.objects.get(key)
+        if obj is not None and obj.object_id == object_id:
+            obj.confirmed = True
+            return None
+        obj = self.staged.pop((key, object_id), None)
+        if obj is None or obj.doomed:
+            return None
+        obj.staged = False
+        obj.confirmed = True
+        old = self.objects.get(key)
+        if old is not None:
+            self.retire(old)
+        self.objects[key] = obj
+        return obj
 
     def release(self, obj: StoredObject) -> None:
         """Drop one reference; the last one of a retired object frees its copies.

@@ -14,6 +14,7 @@ room::
         this is the slowest tier        -> evict the object      (inline; SSD delete is queued)
         a slower tier can take it       -> plan a demotion       (the mover copies it off the lock)
         no slower tier can              -> evict the object      (counted as evicted_no_room)
+        not yet confirmed by a master   -> skipped until it is   (slower tiers hold confirmed only)
 
 A planned move holds a reference on its object, so nothing frees either end
 while the bytes travel; :meth:`Tiering.finish_moves` installs the new copy
@@ -268,12 +269,15 @@ class Tiering:
         lv = self._levels[level]
         here = [o for o in table.objects.values() if o.copies[level] is not None]
         reading = sum(o.refs > 0 or o.state is not ObjectState.COMPLETE for o in here)
+        unconfirmed = 0 if self._is_bottom(level) else sum(
+            o.state is ObjectState.COMPLETE and not o.confirmed for o in here)
         moving = sum(o.moving or o.promoting for o in here)
         pinned = sum(o.hard_pins > 0 for o in here)
         protected = sum(o.protect_until_s > now for o in here)
         doomed = sum(o.copies[level] is not None for o in table.doomed)
+        bottom = self._is_bottom(level)
         held = sum(o.copies[level].reserved_bytes for o in here
-                   if not o.can_give_up(level, True, now))
+                   if not o.can_give_up(level, True, now) or not (bottom or o.confirmed))
         held += sum(o.copies[level].reserved_bytes for o in table.doomed
                     if o.copies[level] is not None)
         used, cap = lv.tier.used_bytes, lv.tier.capacity_bytes
@@ -283,6 +287,7 @@ class Tiering:
         return (f"nothing evictable in {lv.tier.kind.name} ({used} of {cap} B used): "
                 f"{reading} objects being read or written, {moving} being moved, "
                 f"{pinned} hard-pinned, {protected} protected by prefetch lookahead, "
+                f"{unconfirmed} awaiting their master's confirmation, "
                 f"{doomed} awaiting their last reader{chains}")
 
     def no_space_message_locked(self, level: int, size_bytes: int) -> str:
@@ -350,7 +355,10 @@ class Tiering:
                     self._drop_copy_locked(obj, level)
                 elif bottom:
                     self._evict_locked(obj)
-                elif moves is None:
+                elif moves is None or not obj.confirmed:
+                    # Unconfirmed (no master applied its STORED yet): it waits in
+                    # DRAM, as slower tiers, which survive a restart, hold only
+                    # confirmed objects; its confirmation runs reclaim again.
                     continue
                 else:
                     target = self._place_below_locked(obj, level)
