@@ -201,8 +201,12 @@ class _BearerInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClien
         return continuation(self._details(client_call_details), request)
 
 
-class _AioBearer(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor):
-    """Adds ``authorization: Bearer TOKEN`` to every call of an asyncio channel."""
+class _AioBearer:
+    """Adds ``authorization: Bearer TOKEN`` to the calls of an asyncio channel.
+
+    grpc.aio files each interceptor under the first call kind it implements,
+    so each kind gets a class of its own (:func:`_aio_bearers`).
+    """
 
     def __init__(self, token: str):
         self._entry = ("authorization", f"Bearer {token}")
@@ -212,11 +216,19 @@ class _AioBearer(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClien
         return grpc.aio.ClientCallDetails(d.method, d.timeout, metadata, d.credentials,
                                           d.wait_for_ready)
 
+
+class _AioBearerUnary(_AioBearer, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation, client_call_details, request):
         return await continuation(self._details(client_call_details), request)
 
+
+class _AioBearerStream(_AioBearer, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation, client_call_details, request):
         return await continuation(self._details(client_call_details), request)
+
+
+def _aio_bearers(token: str) -> list:
+    return [_AioBearerUnary(token), _AioBearerStream(token)]
 
 
 def channel(address: str, creds: ClientCredentials | None = None) -> grpc.Channel:
@@ -232,7 +244,7 @@ def channel(address: str, creds: ClientCredentials | None = None) -> grpc.Channe
 def aio_channel(address: str, creds: ClientCredentials | None = None) -> grpc.aio.Channel:
     """An asyncio channel to ``address`` (host:port), with ``creds`` when given."""
     tls = creds.tls if creds is not None else None
-    interceptors = [_AioBearer(creds.token)] if creds is not None and creds.token else None
+    interceptors = _aio_bearers(creds.token) if creds is not None and creds.token else None
     if tls is not None:
         return grpc.aio.secure_channel(address, grpc_channel_credentials(tls),
                                        options=CHANNEL_OPTIONS, interceptors=interceptors)

@@ -123,6 +123,11 @@ def chaos(
     kill_leader_at_s: float = typer.Option(18.0, help="kill -9 shard 0's leader at this time"),
     etcd: str = typer.Option("local", help="etcd URL, or 'local' to start one"),
     log_dir: Optional[str] = typer.Option(None, help="process logs (default: a temp dir)"),
+    attach: Optional[str] = typer.Option(
+        None, help="a running cluster's JSON description (kvstore hosts writes one) "
+                   "instead of a fresh local cluster; credentials from $KVSTORE_TOKEN, "
+                   "$KVSTORE_TLS_*"),
+    kill_node: str = typer.Option("", help="node to kill (default: the first)"),
 ) -> None:
     """Fresh local cluster (3 nodes, 2 shards with standbys, replica_num=2) under load;
     kill -9 a node, then a shard leader; report lost puts, wrong reads, recovery times."""
@@ -133,7 +138,8 @@ def chaos(
     console = Console(stderr=json_out)
     report = run_chaos(duration_s=duration_s, kill_node_at_s=kill_node_at_s,
                        kill_leader_at_s=kill_leader_at_s, etcd=etcd, log_dir=log_dir,
-                       on_step=None if json_out else console.print)
+                       on_step=None if json_out else console.print, attach=attach,
+                       kill_node=kill_node)
     print(json.dumps(report.to_dict()))
     if report.lost or report.wrong_reads:
         raise typer.Exit(1)
@@ -144,7 +150,9 @@ def _register_tools() -> None:
     from kvstore.tools.bench.command import bench_command
     from kvstore.tools.certs import certs_command
     from kvstore.tools.cache_sim import simulate_cache_command
+    from kvstore.tools.multihost import hosts_command
     from kvstore.tools.profile import profile_command
+    from kvstore.tools.replay import replay_command
     from kvstore.tools.simulate import simulate_command
 
     app.command("bench", help="Data-plane benchmark: kvstore vs memcpy, raw sockets, Redis.")(
@@ -155,6 +163,11 @@ def _register_tools() -> None:
                                  "over a trace, with a cost model.")(simulate_command)
     app.command("certs", help="Write a test CA, a server certificate for --host names and a "
                               "client certificate (mutual TLS).")(certs_command)
+    app.command("replay", help="Replay the trace against a running conductor (another "
+                                "host's); same summary and digests as the demo.")(replay_command)
+    app.command("hosts", help="Five hosts on this machine (network namespaces, needs root): "
+                               "etcd and masters, nodes, engines and conductor, a client "
+                               "host; --auth and TLS on. Ctrl-C removes them.")(hosts_command)
     app.command("profile", help="Fit the cost model (prefill, decode, transfer) from the "
                                 "bundled engines on this machine.")(profile_command)
 

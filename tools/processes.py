@@ -83,8 +83,11 @@ class ProcessGroup:
         self._closed = False
 
     def start(self, name: str, args: list[str], timeout_s: float = 60.0,
-              env: dict | None = None) -> Child:
+              env: dict | None = None, prefix: list[str] | None = None) -> Child:
         """Start ``python ARGS`` (e.g. :func:`service_args`) and wait for its READY line.
+
+        ``prefix`` runs it through another command that execs it, e.g. on a
+        host of :class:`~kvstore.tools.netns.NetHosts` (``ip netns exec NS``).
 
         Raises:
             ChildFailed: it exited or stayed silent for ``timeout_s``.
@@ -93,8 +96,9 @@ class ProcessGroup:
         if self.log_dir:
             os.makedirs(self.log_dir, exist_ok=True)
             stderr = open(os.path.join(self.log_dir, f"{name}.log"), "ab")
-        full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
-        proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=stderr,
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        proc = subprocess.Popen([*(prefix or ()), sys.executable, *args],
+                                stdout=subprocess.PIPE, stderr=stderr,
                                 stdin=subprocess.DEVNULL, env=full_env, start_new_session=True)
         if stderr is not None:
             stderr.close()

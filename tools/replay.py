@@ -12,8 +12,10 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Annotated, Optional
 
 import grpc
+import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvstore import rpc
@@ -70,10 +72,12 @@ async def _one(stub, req: ScaledRequest, run_id: str, t0: float, timeout_s: floa
 
 
 async def replay(conductor: str, requests: list[ScaledRequest], *, timeout_s: float = 300.0,
-                 show_progress: bool = True) -> ReplayOutcome:
-    """Replay ``requests`` against the conductor at ``conductor`` (host:port)."""
+                 show_progress: bool = True,
+                 creds: rpc.ClientCredentials | None = None) -> ReplayOutcome:
+    """Replay ``requests`` against the conductor at ``conductor`` (host:port), with
+    ``creds`` (a ``client`` token, TLS files) when it is secured."""
     run_id = uuid.uuid4().hex[:8]
-    async with rpc.aio_channel(conductor) as channel:
+    async with rpc.aio_channel(conductor, creds) as channel:
         stub = spb_grpc.ConductorStub(channel)
         t0 = time.perf_counter()
         with Progress(TextColumn("[bold]replay"), BarColumn(), MofNCompleteColumn(),
@@ -93,3 +97,50 @@ async def replay(conductor: str, requests: list[ScaledRequest], *, timeout_s: fl
     ok = [(h, t) for r, h, t in done if r.error is None and not r.rejected]
     return ReplayOutcome(results=[r for r, _, _ in done], duration_s=duration,
                          hit_blocks=sum(h for h, _ in ok), total_blocks=sum(t for _, t in ok))
+
+
+def replay_command(
+    conductor: Annotated[str, typer.Option(help="the conductor's gRPC address host:port")],
+    requests: Annotated[int, typer.Option("--requests", "-n", help="first N requests")] = 200,
+    trace: Annotated[Optional[str], typer.Option(help="trace JSONL (default: bundled "
+                                                      "conversation trace)")] = None,
+    out: Annotated[Optional[str], typer.Option(help="write the JSON summary here")] = None,
+    time_scale: Annotated[float, typer.Option(help="arrival-time multiplier")] = 0.25,
+    block_tokens: Annotated[int, typer.Option(help="tokens per KV block")] = 16,
+    max_output_tokens: Annotated[int, typer.Option(help="cap on generated tokens")] = 16,
+    token_file: Annotated[Optional[str], typer.Option(
+        help="a client token (default: $KVSTORE_TOKEN / $KVSTORE_TOKEN_FILE); TLS from "
+             "$KVSTORE_TLS_CA, _CERT, _KEY")] = None,
+) -> None:
+    """Replay the trace against a running conductor (e.g. another host's); the summary
+    is ``kvstore demo``'s, so output digests can be compared between runs."""
+    import json
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from kvstore.tools.report import render_summary, summarize
+    from kvstore.tools.trace import ScaleConfig, default_trace_path, load_trace, scale_trace
+
+    path = Path(trace) if trace else default_trace_path("conversation")
+    reqs = scale_trace(load_trace(path, limit=requests),
+                       ScaleConfig(block_tokens=block_tokens, time_scale=time_scale,
+                                   max_output_tokens=max_output_tokens))
+    try:
+        creds = rpc.ClientCredentials.resolve(token_file=token_file)
+    except OSError as exc:
+        typer.echo(f"kvstore replay: error: {exc}", err=True)
+        raise typer.Exit(2)
+    outcome = asyncio.run(replay(conductor, reqs, creds=creds))
+    summary = summarize(outcome.results, outcome.duration_s,
+                        block_hit_rate=outcome.block_hit_rate, total_blocks=outcome.total_blocks,
+                        hit_blocks=outcome.hit_blocks, mode="cache")
+    summary["trace"] = path.name
+    summary["block_tokens"] = block_tokens
+    console = Console()
+    console.print(render_summary(summary))
+    if out:
+        Path(out).write_text(json.dumps(summary, indent=2))
+        console.print(f"summary written to {out}")
+    if summary["errors"]:
+        raise typer.Exit(1)

@@ -227,7 +227,6 @@ class MasterServicer(pb_grpc.MasterServicer):
         return pb.ExistsResponse(exists=exists, statuses=[_status(e) for e in errors])
 
     async def Remove(self, request, context):
-        await self._gate(context)
         try:
             reason = RemoveReason(request.reason or RemoveReason.REMOVE.value)
         except ValueError:
@@ -236,6 +235,7 @@ class MasterServicer(pb_grpc.MasterServicer):
                                 f"{[r.value for r in RemoveReason]}")
         if reason is RemoveReason.EVICT and caller_role(context, self.security) is not Role.ADMIN:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "only an admin may evict")
+        await self._gate(context)
         results = self.index.remove(list(request.keys), reason)
         return pb.RemoveResponse(statuses=[_status(r) for r in results])
 

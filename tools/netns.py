@@ -1,0 +1,177 @@
+"""Several hosts on one machine: Linux network namespaces joined by a bridge.
+
+    host a (netns kvs-<id>-a)  198.18.0.1/24  veth --+
+    host b (netns kvs-<id>-b)  198.18.0.2/24  veth --+-- bridge br0 (netns kvs-<id>-sw)
+    ...                                              |
+    host e (netns kvs-<id>-e)  198.18.0.5/24  veth --+
+
+Every host is a network namespace of its own with a loopback and one veth
+link to a bridge that lives in a namespace of its own (the "switch"); the
+root namespace gets no interface, address or route, so nothing leaves the
+namespaces :class:`NetHosts` made. Addresses come from 198.18.0.0/15 only
+(RFC 2544's benchmarking range) and :class:`NetHosts` refuses any other.
+A process runs on a host through ``ip netns exec`` (:meth:`NetHosts.exec_args`):
+it sees only that host's interfaces, its own loopback and its own abstract
+Unix sockets (so kvstore's same-host paths stay inside a host; shared
+memory is keyed by a host identity that includes the namespace).
+
+:meth:`NetHosts.cut` takes a host's link down (and :meth:`NetHosts.mend`
+brings it back): a network partition, since ``tc netem`` is not available
+everywhere. Closing (also on a failed start, and at interpreter exit)
+deletes every namespace, which removes the veths and the bridge with them.
+
+Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) and ``ip`` (iproute2);
+:func:`unavailable` says why not before anything is made.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ipaddress
+import os
+import secrets
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+#: The only range hosts may use (RFC 2544, set aside for benchmarking).
+ALLOWED = ipaddress.ip_network("198.18.0.0/15")
+DEFAULT_SUBNET = "198.18.0.0/24"
+
+
+class NetnsError(RuntimeError):
+    """A namespace, link or address could not be made (the ``ip`` command's message)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Host:
+    name: str        # "a", "b", ...
+    netns: str       # the namespace: kvs-<id>-<name>
+    address: str     # its address on the bridge, 198.18.x.y
+    dev: str         # its veth, inside its namespace
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if check and proc.returncode != 0:
+        raise NetnsError(f"ip {' '.join(args)}: {proc.stderr.strip() or proc.returncode}")
+    return proc
+
+
+def unavailable() -> str | None:
+    """Why network namespaces cannot be made here (None: they can)."""
+    if shutil.which("ip") is None:
+        return "the ip command (iproute2) is not installed"
+    if os.geteuid() != 0:
+        return "creating network namespaces needs root"
+    probe = f"kvs-probe-{secrets.token_hex(3)}"
+    made = _ip("netns", "add", probe, check=False)
+    if made.returncode != 0:
+        return f"ip netns add failed: {made.stderr.strip()}"
+    _ip("netns", "del", probe, check=False)
+    return None
+
+
+class NetHosts:
+    """Hosts ``names`` (each a network namespace) on one bridge; a context manager.
+
+    Args:
+        names: host names, short (``a``, ``b``, ...): interface names are
+            limited to 15 characters.
+        subnet: where the addresses come from (inside 198.18.0.0/15); the
+            hosts get its first addresses in order.
+        prefix: namespaces are named ``<prefix>-<random id>-<name>``.
+
+    Raises:
+        ValueError: a subnet outside 198.18.0.0/15, too small, or bad names.
+    """
+
+    def __init__(self, names: list[str], subnet: str = DEFAULT_SUBNET, prefix: str = "kvs"):
+        net = ipaddress.ip_network(subnet)
+        if not net.subnet_of(ALLOWED):
+            raise ValueError(f"{subnet} is outside {ALLOWED} (the only range hosts may use)")
+        if len(set(names)) != len(names) or not all(n.isalnum() and len(n) <= 8 for n in names):
+            raise ValueError(f"host names must be distinct, alphanumeric, <= 8 chars: {names}")
+        addrs = list(net.hosts())
+        if len(addrs) < len(names):
+            raise ValueError(f"{subnet} has room for {len(addrs)} hosts, not {len(names)}")
+        self.id = secrets.token_hex(3)
+        self.prefixlen = net.prefixlen
+        self.switch = f"{prefix}-{self.id}-sw"
+        self.hosts: dict[str, Host] = {
+            n: Host(n, f"{prefix}-{self.id}-{n}", str(addrs[i]), f"eth-{n}")
+            for i, n in enumerate(names)}
+        self._made: list[str] = []
+
+    # ---- life cycle ----
+    def start(self) -> "NetHosts":
+        """Make the namespaces, the bridge and the links.
+
+        Raises:
+            NetnsError: something could not be made (what was made is removed).
+        """
+        atexit.register(self.close)
+        try:
+            self._add_netns(self.switch)
+            _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+            _ip("-n", self.switch, "link", "set", "br0", "up")
+            for i, h in enumerate(self.hosts.values()):
+                self._add_netns(h.netns)
+                port = f"p{i}"
+                _ip("link", "add", h.dev, "netns", h.netns, "type", "veth",
+                    "peer", "name", port, "netns", self.switch)
+                _ip("-n", self.switch, "link", "set", port, "master", "br0")
+                _ip("-n", self.switch, "link", "set", port, "up")
+                _ip("-n", h.netns, "addr", "add", f"{h.address}/{self.prefixlen}", "dev", h.dev)
+                _ip("-n", h.netns, "link", "set", h.dev, "up")
+                _ip("-n", h.netns, "link", "set", "lo", "up")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _add_netns(self, name: str) -> None:
+        _ip("netns", "add", name)
+        self._made.append(name)
+
+    def close(self) -> None:
+        """Delete every namespace made (with their links); safe to call twice."""
+        while self._made:
+            _ip("netns", "del", self._made.pop(), check=False)
+        atexit.unregister(self.close)
+
+    def __enter__(self) -> "NetHosts":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- use ----
+    def __getitem__(self, name: str) -> Host:
+        return self.hosts[name]
+
+    def exec_args(self, name: str) -> list[str]:
+        """The prefix that runs a command on host ``name``: ``ip netns exec NS``."""
+        return ["ip", "netns", "exec", self.hosts[name].netns]
+
+    def run(self, name: str, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+        """Run ``argv`` on host ``name`` to completion (``subprocess.run`` keywords)."""
+        return subprocess.run([*self.exec_args(name), *argv], **kwargs)
+
+    def popen(self, name: str, argv: list[str], **kwargs) -> subprocess.Popen:
+        """Start ``argv`` on host ``name`` (``ip netns exec`` execs it: the pid is its own)."""
+        return subprocess.Popen([*self.exec_args(name), *argv], **kwargs)
+
+    def cut(self, name: str) -> None:
+        """Take host ``name``'s link down: it reaches no other host, none reaches it."""
+        h = self.hosts[name]
+        _ip("-n", h.netns, "link", "set", h.dev, "down")
+
+    def mend(self, name: str) -> None:
+        """Bring host ``name``'s link back up."""
+        h = self.hosts[name]
+        _ip("-n", h.netns, "link", "set", h.dev, "up")
+
+    def table(self) -> list[tuple[str, str, str]]:
+        """(host, namespace, address) of every host, for people."""
+        return [(h.name, h.netns, h.address) for h in self.hosts.values()]
