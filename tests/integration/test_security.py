@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import subprocess
 import sys
 
@@ -51,6 +52,7 @@ def cluster(tmp_path_factory):
         for k, v in values.items():
             assert kv.put(k, v)
     c.values = values
+    c.auth_file = auth
     try:
         yield c
     finally:
@@ -235,3 +237,27 @@ def _count_or_zero(cluster) -> int:
         return object_count(cluster)
     except grpc.RpcError:
         return 0
+
+
+def test_sighup_reloads_the_token_file(cluster):
+    """Run last: it rotates the client token of every server."""
+    old = TOKENS["client"]
+    new = f"client-{secrets.token_hex(16)}"
+    text = cluster.auth_file.read_text().replace(old, new)
+    cluster.auth_file.write_text(text)
+    for child in [*cluster.shards[0], *cluster.nodes.values()]:
+        child.proc.send_signal(signal.SIGHUP)
+    key, value = next(iter(cluster.values.items()))
+
+    def rotated() -> bool:
+        try:
+            with KVClient(cluster.master, token=new, prefer_shm=False) as kv:
+                return bytes(kv.get(key)) == value
+        except KVStoreError:
+            return False
+    wait_for(rotated, timeout_s=10)
+    with pytest.raises(Unauthenticated):
+        with KVClient(cluster.master, token=old, prefer_shm=False) as kv:
+            kv.get(key)
+    TOKENS["client"] = new
+    assert_intact(cluster)
