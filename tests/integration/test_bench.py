@@ -2,6 +2,8 @@
 
 The run uses one small size, a 4 MiB rotation pool and 50 ms budgets: it
 checks what the benchmark reports and that it tears down, not the numbers.
+A second, leaner run with ``tls=True`` (no Redis, one round of 20 ms) checks
+the ``+tls`` rows, their ratios to the plain rows and the progress count.
 """
 
 from __future__ import annotations
@@ -11,10 +13,10 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from kvstore.tools.bench.command import bench_command, run_bench
+from kvstore.tools.bench.command import bench_command, num_steps, run_bench
 from kvstore.tools.bench.harness import OPS, PATHS, SYSTEMS
 from kvstore.tools.bench.mooncake_peer import master_binary
-from kvstore.tools.bench.report import check_targets, render
+from kvstore.tools.bench.report import check_targets, render, tls_vs_plain
 
 SIZE_BYTES = 64 * 1024
 KEYS = {"system", "path", "op", "size_bytes", "gbps", "ops_per_s"}
@@ -78,6 +80,47 @@ def test_tables_and_targets_render(rows):
     assert "tcp-batch get >= 0.5x socket stream" in names   # the 64 KiB target
 
 
+@pytest.fixture(scope="module")
+def tls_run() -> tuple[list[dict], list[str]]:
+    labels: list[str] = []
+    out = run_bench([SIZE_BYTES], duration_s=0.02, warmup_s=0.005, rounds=1, clients=1,
+                    exists_keys=100, pool_bytes=4 << 20, max_put_bytes=4 << 20,
+                    node_dram="256MiB", use_redis=False, use_mooncake=False, tls=True,
+                    progress=labels.append)
+    return out, labels
+
+
+def test_tls_rows_sit_beside_their_plain_twins(tls_run, rows):
+    tls_rows, labels = tls_run
+    got = [(r["system"], r["path"], r["op"], r["size_bytes"]) for r in tls_rows]
+    assert len(got) == len(set(got))
+    twins = {(p, op) for p in ("tcp", "tcp-batch") for op in ("get", "put")}
+    assert {g[1:3] for g in got if "+tls" in g[1]} == {(f"{p}+tls", op) for p, op in twins}
+    assert all(g[0] == "kvstore" and g[3] == SIZE_BYTES for g in got if "+tls" in g[1])
+    assert {g[1:3] for g in got if g[0] == "kvstore" and g[3]} >= twins   # the plain rows too
+    pairs = tls_vs_plain(tls_rows)
+    assert {(p["path"], p["op"]) for p in pairs} == twins
+    for p in pairs:
+        assert p["size_bytes"] == SIZE_BYTES
+        assert p["tls_over_plain"] == pytest.approx(p["tls_ops_per_s"] / p["plain_ops_per_s"])
+        assert p["tls_over_plain"] > 0
+    assert len(labels) == num_steps(1, use_redis=False, use_mooncake=False, tls=True)
+    assert tls_vs_plain(rows) == []            # a run without --tls has no pairs
+
+
+def test_tls_table_renders(tls_run, rows):
+    from rich.console import Console
+
+    console = Console(record=True, width=80)
+    console.print(render(tls_run[0], verify=None))
+    text = console.export_text()
+    assert "tls/plain" in text and "tcp-batch+tls" in text
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
+    console = Console(record=True, width=160)
+    console.print(render(rows, verify=None))
+    assert "tls/plain" not in console.export_text()
+
+
 def test_command_options_parse():
     import typer
 
@@ -86,5 +129,5 @@ def test_command_options_parse():
     app.command("other")(lambda: None)   # two commands, so "bench" is a subcommand
     result = CliRunner().invoke(app, ["bench", "--help"])
     assert result.exit_code == 0
-    for flag in ("--json", "--no-verify", "--duration-s", "--sizes"):
+    for flag in ("--json", "--no-verify", "--duration-s", "--sizes", "--tls"):
         assert flag in result.output

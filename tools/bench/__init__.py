@@ -14,9 +14,13 @@ One row per measurement (``--json`` prints them as a JSON array)::
     kvstore   tcp-batch   get, put   batch_get_into / batch_put of 32 keys over TCP
     kvstore   concurrent  get, put   4 client processes at once (TCP unless --concurrent-shm)
     kvstore   tcp         exists     batch_exists of 1000 keys; ops/s counts keys, size is 0
+    kvstore   tcp+tls     get, put   with --tls: tcp and tcp-batch again, over mutual TLS,
+              tcp-batch+tls          against a second cluster that checks tokens (--auth)
 
 Everything runs on this host against a cluster (master + one node) that the
-benchmark starts and stops. Gets land in preallocated buffers (``get_into``).
+benchmark starts and stops (``--tls``: a second one, with throwaway
+certificates and tokens, whose rows the report sets beside their plain twins
+as a ``tls/plain`` ratio). Gets land in preallocated buffers (``get_into``).
 
 Cold memory: every measurement rotates through source and destination pools
 of at least twice the last-level cache, so no value is cached when it is
@@ -33,7 +37,7 @@ afterwards. GB/s is 10^9 bytes per second.
 
 Modules: :mod:`.harness` (rows, timing, cold pools, the run), one per system
 (:mod:`.memcpy`, :mod:`.socket_peer`, :mod:`.redis_peer`, :mod:`.mooncake_peer`,
-:mod:`.kvstore_peer`), :mod:`.report` (targets, tables) and :mod:`.command`
-(the CLI, and the systems in run order). System modules import the harness;
-the harness imports none of them.
+:mod:`.kvstore_peer`, :mod:`.kvstore_tls_peer`), :mod:`.report` (targets,
+tables) and :mod:`.command` (the CLI, and the systems in run order). System
+modules import the harness; the harness imports none of them.
 """

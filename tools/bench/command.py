@@ -15,15 +15,18 @@ from typing import Optional
 import typer
 
 from kvstore.sizes import parse_size
-from kvstore.tools.bench import kvstore_peer, mooncake_peer, redis_peer, socket_peer
+from kvstore.tools.bench import (kvstore_peer, kvstore_tls_peer, mooncake_peer, redis_peer,
+                                  socket_peer)
 from kvstore.tools.bench.harness import StartSystem, run_systems
 from kvstore.tools.bench.report import render
 
 #: Start order, which is also the order each size is measured in: the socket peer starts
-#: first (its process comes up while the others start), kvstore last. The cold-memcpy
+#: first (its process comes up while the others start), kvstore last, then (``--tls``)
+#: kvstore with TLS, so each TLS row follows its plain twin closely. The cold-memcpy
 #: limit is timed by kvstore's module, beside its shm gets.
 SYSTEMS_IN_RUN_ORDER: tuple[StartSystem, ...] = (
-    socket_peer.start, redis_peer.start, mooncake_peer.start, kvstore_peer.start)
+    socket_peer.start, redis_peer.start, mooncake_peer.start, kvstore_peer.start,
+    kvstore_tls_peer.start)
 
 
 def run_bench(sizes: str | list[int] = "64KiB,1MiB,4MiB", *, log_dir: str | None = None,
@@ -38,9 +41,11 @@ def run_bench(sizes: str | list[int] = "64KiB,1MiB,4MiB", *, log_dir: str | None
     return run_systems(SYSTEMS_IN_RUN_ORDER, sizes, log_dir=log_dir, **options)
 
 
-def num_steps(num_sizes: int, use_redis: bool, use_mooncake: bool = False) -> int:
-    """Progress labels a run reports (for a progress bar's total)."""
-    return num_sizes * (4 + 2 * use_redis + use_mooncake + 8) + 1
+def num_steps(num_sizes: int, use_redis: bool, use_mooncake: bool = False,
+              tls: bool = False) -> int:
+    """Progress labels a run reports (for a progress bar's total): per size, the socket's
+    4, redis's 2, mooncake's 1, kvstore's 8 and its TLS rows' 4; then the exists row."""
+    return num_sizes * (4 + 2 * use_redis + use_mooncake + 8 + 4 * tls) + 1
 
 
 def bench_command(
@@ -60,6 +65,9 @@ def bench_command(
     redis: bool = typer.Option(True, "--redis/--no-redis", help="measure Redis when installed"),
     mooncake: bool = typer.Option(True, "--mooncake/--no-mooncake",
                                   help="measure Mooncake Store when installed"),
+    tls: bool = typer.Option(False, "--tls",
+                             help="also measure kvstore's TCP paths over mutual TLS "
+                                  "(a second cluster with throwaway certificates and tokens)"),
     log_dir: Optional[str] = typer.Option(None, help="cluster logs (default: a temp dir)"),
 ) -> None:
     """Measure kvstore's data plane beside memcpy, a raw socket, Redis and Mooncake Store."""
@@ -77,7 +85,8 @@ def bench_command(
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                         console=err, transient=True)
     uses_mooncake = mooncake and mooncake_peer.master_binary() is not None
-    task = progress.add_task("starting", total=num_steps(len(size_list), redis, uses_mooncake))
+    task = progress.add_task("starting",
+                             total=num_steps(len(size_list), redis, uses_mooncake, tls))
 
     def step(label: str) -> None:
         progress.update(task, description=label, advance=1)
@@ -88,7 +97,7 @@ def bench_command(
                              warmup_s=warmup_s, rounds=rounds, verify=verify, clients=clients,
                              concurrent_shm=concurrent_shm, batch_keys=batch_keys,
                              exists_keys=exists_keys, node_dram=node_dram, use_redis=redis,
-                             use_mooncake=mooncake,
+                             use_mooncake=mooncake, tls=tls,
                              progress=step, note=lambda t: err.print(f"note: {t}"))
     except (ChildFailed, RuntimeError) as exc:
         err.print(f"[red]benchmark failed:[/] {exc}")

@@ -69,6 +69,8 @@ class DataPath(_Name):
     TCP = "tcp"                  # one key per call over TCP
     TCP_BATCH = "tcp-batch"      # batch_keys keys per call over TCP
     CONCURRENT = "concurrent"    # several client processes at once
+    TCP_TLS = "tcp+tls"                # tcp over mutual TLS, to a cluster with --auth
+    TCP_BATCH_TLS = "tcp-batch+tls"    # tcp-batch likewise
 
 
 class Op(_Name):
@@ -84,6 +86,9 @@ SYSTEMS = tuple(s.value for s in System)
 PATHS = tuple(p.value for p in DataPath)
 OPS = tuple(o.value for o in Op)
 _TABLE_ORDER = {s: i for i, s in enumerate(System)}
+#: Each TCP path's twin measured with TLS on (``--tls``), and back.
+TLS_OF = {DataPath.TCP: DataPath.TCP_TLS, DataPath.TCP_BATCH: DataPath.TCP_BATCH_TLS}
+PLAIN_OF = {tls: plain for plain, tls in TLS_OF.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +252,7 @@ class BenchConfig:
     node_dram: str = "3GiB"
     use_redis: bool = True
     use_mooncake: bool = True
+    tls: bool = False                  # also measure kvstore over mutual TLS (the +tls rows)
     rounds: int = 3                    # the timed budget's rounds; the median one is reported
     progress: Callable[[str], None] = lambda label: None
     note: Callable[[str], None] = lambda text: None

@@ -16,23 +16,39 @@ rotation, into preallocated buffers (``get_into``), after one batched lookup
 has warmed each client's metadata cache. The cold-memcpy limit
 (:mod:`~kvstore.tools.bench.memcpy`) is timed here, its rounds taking turns
 with the shm gets'.
+
+Given a :class:`Secured`, the same peer starts a cluster with ``--auth`` and
+TLS and measures only its TCP paths, labelled ``tcp+tls`` and
+``tcp-batch+tls`` (:mod:`~kvstore.tools.bench.kvstore_tls_peer`).
 """
 
 from __future__ import annotations
 
 import math
 import multiprocessing as mp
+import os
 import time
 import uuid
+from dataclasses import dataclass, field
 
 from kvstore.sizes import format_size
 from kvstore.tools.bench import memcpy
-from kvstore.tools.bench.harness import (BenchConfig, DataPath, Op, Peer, Pool, Row, System,
-                                         rate_row, stop_workers, timed, timed_interleaved,
-                                         timed_row)
+from kvstore.tools.bench.harness import (TLS_OF, BenchConfig, DataPath, Op, Peer, Pool, Row,
+                                         System, rate_row, stop_workers, timed,
+                                         timed_interleaved, timed_row)
 
 #: The single-client paths, in table order.
 _PATHS = (DataPath.SHM, DataPath.TCP, DataPath.TCP_BATCH)
+
+
+@dataclass(frozen=True, slots=True)
+class Secured:
+    """A cluster with authentication and TLS: how it starts and how clients reach it."""
+
+    server_args: tuple[str, ...]       # every master's and node's options (--auth, --tls-*)
+    env: dict[str, str]                # every process's environment (the nodes' KVSTORE_TOKEN)
+    client: dict = field(default_factory=dict)   # the measured KVClient's token=, tls=
+    admin: dict = field(default_factory=dict)    # ... the housekeeping one's (stats are admin's)
 
 
 def _check(results: list, what: str) -> None:
@@ -72,61 +88,89 @@ def _client_worker(master: str, prefer_shm: bool, verify: bool | None, pool_byte
 
 
 class KvstorePeer(Peer):
-    """A master and one node (the launcher's), clients on both paths and the concurrent workers."""
+    """A master and one node (the launcher's), clients on both paths and the concurrent workers.
 
-    def __init__(self, cfg: BenchConfig, log_dir: str):
+    With ``secured`` the cluster serves TLS and checks tokens, its logs go to
+    ``log_dir/tls``, and only the TCP paths are measured (no shm, concurrent
+    or exists rows), as their ``+tls`` twins.
+    """
+
+    def __init__(self, cfg: BenchConfig, log_dir: str, secured: Secured | None = None):
         from kvstore.client import KVClient
         from kvstore.tools.launcher import start_store_cluster
         from kvstore.tools.processes import ProcessGroup
 
         self.cfg = cfg
         self.run_id = uuid.uuid4().hex[:8]
-        self.procs = ProcessGroup(log_dir=log_dir)
+        self.secured = secured is not None
+        self.paths = tuple(TLS_OF) if self.secured else _PATHS
+        self.procs = ProcessGroup(log_dir=os.path.join(log_dir, "tls") if self.secured
+                                  else log_dir)
         self.workers: list[tuple[mp.Process, object]] = []
-        self.kv_shm = self.kv_tcp = None
+        self.kv_shm = self.kv_tcp = self.kv_admin = None
+        self.shm_name = ""
+        sec = secured or Secured((), {})
         try:
             store = start_store_cluster(1, 1, dram=cfg.node_dram, eviction_policy="default",
-                                        node_prefix="bench", procs=self.procs)
+                                        node_prefix="bench", procs=self.procs,
+                                        master_args=sec.server_args, node_args=sec.server_args,
+                                        env=sec.env)
             master = store.master
-            self.shm_name = store.nodes["bench0"].info.get("shm_name", "")
-            ctx = mp.get_context("spawn")
-            barrier = ctx.Barrier(cfg.clients)
-            for _ in range(cfg.clients):
-                ours, theirs = ctx.Pipe()
-                p = ctx.Process(target=_client_worker, daemon=True,
-                                args=(master, cfg.concurrent_shm, cfg.verify, cfg.pool_bytes,
-                                      barrier, theirs))
-                p.start()
-                self.workers.append((p, ours))
-            self.kv_shm = KVClient(master, prefer_shm=True, verify_checksum=cfg.verify)
-            self.kv_tcp = KVClient(master, prefer_shm=False, verify_checksum=cfg.verify)
-            for _, pipe in self.workers:
-                if not pipe.poll(120) or pipe.recv() != "ready":
-                    raise RuntimeError("a concurrent client process did not start")
+            self.kv_tcp = KVClient(master, prefer_shm=False, verify_checksum=cfg.verify,
+                                   **sec.client)
+            self.kv_admin = (KVClient(master, prefer_shm=False, **sec.admin) if self.secured
+                             else self.kv_tcp)
+            if not self.secured:
+                self._start_plain(master, store.nodes["bench0"].info.get("shm_name", ""))
         except BaseException:
             self.stop()
             raise
+
+    def _start_plain(self, master: str, shm_name: str) -> None:
+        """The plain cluster's shm client and concurrent client processes."""
+        from kvstore.client import KVClient
+
+        cfg = self.cfg
+        self.shm_name = shm_name
+        ctx = mp.get_context("spawn")
+        barrier = ctx.Barrier(cfg.clients)
+        for _ in range(cfg.clients):
+            ours, theirs = ctx.Pipe()
+            p = ctx.Process(target=_client_worker, daemon=True,
+                            args=(master, cfg.concurrent_shm, cfg.verify, cfg.pool_bytes,
+                                  barrier, theirs))
+            p.start()
+            self.workers.append((p, ours))
+        self.kv_shm = KVClient(master, prefer_shm=True, verify_checksum=cfg.verify)
+        for _, pipe in self.workers:
+            if not pipe.poll(120) or pipe.recv() != "ready":
+                raise RuntimeError("a concurrent client process did not start")
+
+    def _label(self, path: DataPath) -> DataPath:
+        """A measured path as its rows name it: its ``+tls`` twin on a secured cluster."""
+        return TLS_OF[path] if self.secured else path
 
     def _remove(self, keys: list[str]) -> None:
         """Remove ``keys``, then wait until the node has applied it: drops reach it
         with its next heartbeat and free memory on that thread, which must not
         overlap the next measurement."""
-        (before,) = self.kv_tcp.node_stats().values()
+        (before,) = self.kv_admin.node_stats().values()
         removed = 0
         for k in range(0, len(keys), 1000):
             removed += sum(r is None for r in self.kv_tcp.batch_remove(keys[k:k + 1000]))
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            (st,) = self.kv_tcp.node_stats().values()
+            (st,) = self.kv_admin.node_stats().values()
             if st["num_objects"] <= before["num_objects"] - removed and not st["num_doomed"]:
                 return
             time.sleep(0.05)
 
     def _put_rows(self, size: int, prefix: str, src: Pool, max_iters: int) -> list[Row]:
-        """shm, tcp and tcp-batch puts, a fresh key per value, removed afterwards."""
+        """Puts on each measured path (shm, tcp, tcp-batch; secured: the TCP two), a fresh
+        key per value, removed afterwards."""
         cfg, batch, rows = self.cfg, self.cfg.batch_keys, []
-        for path in _PATHS:
-            cfg.progress(f"kvstore {path} put {format_size(size)}")
+        for path in self.paths:
+            cfg.progress(f"kvstore {self._label(path)} put {format_size(size)}")
             p = f"{prefix}put-{path}/"
             if path == DataPath.TCP_BATCH:
                 def step(i: int) -> None:
@@ -139,14 +183,14 @@ class KvstorePeer(Peer):
                 kv = self.kv_shm if path == DataPath.SHM else self.kv_tcp
                 t = cfg.timed(lambda i: kv.put(f"{p}{i}", src[i]), max_iters)
                 written = t.total
-            rows.append(timed_row(System.KVSTORE, path, Op.PUT, size, t,
+            rows.append(timed_row(System.KVSTORE, self._label(path), Op.PUT, size, t,
                                   batch if path == DataPath.TCP_BATCH else 1))
             self._remove([f"{p}{j}" for j in range(written)])
         return rows
 
     def _get_rows(self, size: int, keys: list[str], src: Pool, dst: Pool) -> list[Row]:
         """The memcpy limit, then shm, tcp and tcp-batch gets of the working set
-        ``keys``, in rotation.
+        ``keys``, in rotation (secured: the tcp and tcp-batch gets only).
 
         Each client's metadata cache is warmed first (one batched lookup), as in
         a client's steady state: the rows measure the data path, not the first
@@ -155,11 +199,11 @@ class KvstorePeer(Peer):
         """
         cfg, batch, rows = self.cfg, self.cfg.batch_keys, []
         n = len(keys)
-        for kv in (self.kv_shm, self.kv_tcp):
+        for kv in [kv for kv in (self.kv_shm, self.kv_tcp) if kv is not None]:
             for j in range(0, n, 1000):
                 kv.lookup(keys[j:j + 1000])
-        for path in _PATHS:
-            cfg.progress(f"kvstore {path} get {format_size(size)}")
+        for path in self.paths:
+            cfg.progress(f"kvstore {self._label(path)} get {format_size(size)}")
             if path == DataPath.SHM:
                 t_copy, t = timed_interleaved(
                     [memcpy.copy_step(src, dst),
@@ -175,7 +219,7 @@ class KvstorePeer(Peer):
             else:
                 kv = self.kv_shm if path == DataPath.SHM else self.kv_tcp
                 t = cfg.timed(lambda i: kv.get_into(keys[i % n], dst[i]))
-            rows.append(timed_row(System.KVSTORE, path, Op.GET, size, t,
+            rows.append(timed_row(System.KVSTORE, self._label(path), Op.GET, size, t,
                                   batch if path == DataPath.TCP_BATCH else 1))
             if path == DataPath.SHM and not self._shm_mapped():
                 cfg.note("kvstore shm rows went over TCP: the node's segment is not mapped here")
@@ -226,14 +270,18 @@ class KvstorePeer(Peer):
             _check(self.kv_tcp.batch_put(chunk, [src[k + j] for j in range(len(chunk))]),
                    "batch_put")
         rows += self._get_rows(size, keys, src, dst)
-        rows.append(self._concurrent_row(Op.PUT, size, f"{prefix}conc/", len(keys), max_iters))
-        rows.append(self._concurrent_row(Op.GET, size, f"{prefix}ws/", len(keys), max_iters))
+        if self.workers:
+            rows.append(self._concurrent_row(Op.PUT, size, f"{prefix}conc/", len(keys),
+                                             max_iters))
+            rows.append(self._concurrent_row(Op.GET, size, f"{prefix}ws/", len(keys), max_iters))
         self._remove(keys)
         return rows
 
     def bench_once(self) -> list[Row]:
-        """The ``exists`` row: batch_exists of ``exists_keys`` keys just put."""
+        """The ``exists`` row: batch_exists of ``exists_keys`` keys just put (plain cluster)."""
         cfg = self.cfg
+        if self.secured:
+            return []
         cfg.progress(f"kvstore batch_exists x{cfg.exists_keys}")
         keys = [f"bench/{self.run_id}/exists/{j}" for j in range(cfg.exists_keys)]
         _check(self.kv_tcp.batch_put(keys, [b"x" * 16] * len(keys)), "batch_put")
@@ -248,7 +296,8 @@ class KvstorePeer(Peer):
 
     def stop(self) -> None:
         stop_workers(self.workers)
-        for kv in (self.kv_shm, self.kv_tcp):
+        admin = self.kv_admin if self.kv_admin is not self.kv_tcp else None
+        for kv in (self.kv_shm, self.kv_tcp, admin):
             if kv is not None:
                 kv.close()
         self.procs.stop()

@@ -2,16 +2,19 @@
 
 The measurement table has a row per measurement and three ratio columns,
 kvstore's ops/s over a baseline's at the same size and op: ``vs limit``
-(shm / cold memcpy, tcp / socket reqresp, tcp-batch / socket stream), and
-``vs redis`` and ``vs mooncake`` for the tcp rows. The targets table gives
-each target of :data:`TARGETS` at the sizes the run measured.
+(shm / cold memcpy, tcp / socket reqresp, tcp-batch / socket stream; a
+``+tls`` row has its plain path's limit), and ``vs redis`` and ``vs
+mooncake`` for the tcp rows. A run with ``--tls`` adds the TLS table: each
+``+tls`` row beside its plain twin, and their ratio (:func:`tls_vs_plain`).
+The targets table gives each target of :data:`TARGETS` at the sizes the run
+measured.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvstore.tools.bench.harness import DataPath, MiB, Op, System, verify_label
+from kvstore.tools.bench.harness import PLAIN_OF, DataPath, MiB, Op, System, verify_label
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +48,7 @@ TARGETS = (
 _LIMIT_OF = {DataPath.SHM: (System.MEMCPY, DataPath.COLD),
              DataPath.TCP: (System.SOCKET, DataPath.REQRESP),
              DataPath.TCP_BATCH: (System.SOCKET, DataPath.STREAM)}
+_LIMIT_OF |= {tls: _LIMIT_OF[plain] for tls, plain in PLAIN_OF.items()}
 
 
 def _short_size(size_bytes: int) -> str:
@@ -71,6 +75,28 @@ def _ratio(row: dict | None, base: dict | None) -> float | None:
     return row["ops_per_s"] / base["ops_per_s"]
 
 
+def tls_vs_plain(rows: list[dict]) -> list[dict]:
+    """Each kvstore ``+tls`` row beside its plain twin (same op and size), in row order.
+
+    One dict per pair: ``path`` (the plain one: tcp, tcp-batch), ``op``,
+    ``size_bytes``, ``plain_ops_per_s``, ``tls_ops_per_s`` and
+    ``tls_over_plain`` (their ratio; below 1.0 by what TLS costs). A row
+    whose twin is missing is left out.
+    """
+    out = []
+    for r in rows:
+        if r["system"] != System.KVSTORE or r["path"] not in PLAIN_OF:
+            continue
+        path = PLAIN_OF[DataPath(r["path"])]
+        base = _find(rows, System.KVSTORE, path, r["op"], r["size_bytes"])
+        x = _ratio(r, base)
+        if x is not None:
+            out.append({"path": path.value, "op": r["op"], "size_bytes": r["size_bytes"],
+                        "plain_ops_per_s": base["ops_per_s"], "tls_ops_per_s": r["ops_per_s"],
+                        "tls_over_plain": x})
+    return out
+
+
 def check_targets(rows: list[dict]) -> list[tuple[str, int, float | None, bool | None]]:
     """Issue 4's targets at the sizes ``rows`` measured: (name, size_bytes, measured, passed).
 
@@ -92,8 +118,26 @@ def check_targets(rows: list[dict]) -> list[tuple[str, int, float | None, bool |
     return out
 
 
+def _tls_table(pairs: list[dict]):
+    """The TLS table: a line per :func:`tls_vs_plain` pair."""
+    from rich.table import Table
+
+    table = Table(title="TLS: kvstore with and without it", box=None, pad_edge=False,
+                  caption="+tls: mutual TLS, tokens checked (--auth).\n"
+                          "tls/plain: ops/s with TLS / without.", caption_justify="left")
+    for name in ("path", "op", "size"):
+        table.add_column(name, no_wrap=True)
+    for name in ("plain ops/s", "+tls ops/s", "tls/plain"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for p in pairs:
+        table.add_row(p["path"], p["op"], _short_size(p["size_bytes"]),
+                      f"{p['plain_ops_per_s']:,.0f}", f"{p['tls_ops_per_s']:,.0f}",
+                      f"{p['tls_over_plain']:.2f}x")
+    return table
+
+
 def render(rows: list[dict], verify: bool | None):
-    """The results as rich tables: measurements, then the targets."""
+    """The results as rich tables: measurements, TLS beside plain (``--tls``), the targets."""
     from rich.console import Group
     from rich.table import Table
 
@@ -134,4 +178,5 @@ def render(rows: list[dict], verify: bool | None):
         targets.add_row(name, _short_size(size) if size else "-",
                         f"{value:,.0f} keys/s" if not size else f"{value:.2f}x",
                         "[green]pass[/]" if ok else "[red]miss[/]")
-    return Group(table, targets)
+    pairs = tls_vs_plain(rows)
+    return Group(table, *([_tls_table(pairs)] if pairs else []), targets)
