@@ -103,11 +103,14 @@ class FrameReader:
         self._start = 0
         self._end = 0
 
-    def _fill(self, need: int) -> None:
+    def _make_room(self, need: int) -> None:
         if len(self._buf) - self._start < need:
             n = self._end - self._start
             self._buf[:n] = self._view[self._start:self._end]
             self._start, self._end = 0, n
+
+    def _fill(self, need: int) -> None:
+        self._make_room(need)
         while self._end - self._start < need:
             try:
                 k = self.sock.recv_into(self._view[self._end:])
@@ -124,30 +127,38 @@ class FrameReader:
     def poll(self, need: int, seconds: float) -> None:
         """Try, without blocking, for up to ``seconds`` to have ``need`` bytes buffered.
 
-        Busy-polls the socket (MSG_DONTWAIT), so a request that follows soon
+        Busy-polls the socket (MSG_DONTWAIT; a TLS socket is made non-blocking
+        for the while, as it takes no flags), so a request that follows soon
         is taken without the sleep and wake-up a blocking ``recv`` costs (tens
-        of microseconds on a virtual machine). Returns early at end of stream.
-        A TLS socket is not polled (its records cannot be peeked at).
+        of microseconds on a virtual machine), and a pipelined batch is seen
+        whole. Returns early at end of stream.
         """
+        self._make_room(need)
         if self._tls:
-            return
-        if len(self._buf) - self._start < need:
-            n = self._end - self._start
-            self._buf[:n] = self._view[self._start:self._end]
-            self._start, self._end = 0, n
+            timeout = self.sock.gettimeout()
+            self.sock.setblocking(False)
+            recv = self.sock.recv_into
+        else:
+            def recv(view: memoryview) -> int:
+                return self.sock.recv_into(view, 0, socket.MSG_DONTWAIT)
         deadline = time.perf_counter() + seconds
-        while self._end - self._start < need:
-            try:
-                k = self.sock.recv_into(self._view[self._end:], 0, socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                if time.perf_counter() >= deadline:
+        try:
+            while self._end - self._start < need:
+                try:
+                    k = recv(self._view[self._end:])
+                except (BlockingIOError, InterruptedError, ssl.SSLWantReadError,
+                        ssl.SSLWantWriteError):
+                    if time.perf_counter() >= deadline:
+                        return
+                    continue
+                except OSError:
+                    return             # the blocking read that follows reports it
+                if k == 0:
                     return
-                continue
-            except OSError:
-                return             # the blocking read that follows reports it
-            if k == 0:
-                return
-            self._end += k
+                self._end += k
+        finally:
+            if self._tls:
+                self.sock.settimeout(timeout)
 
     def read(self, n: int) -> memoryview:
         """The next ``n`` bytes (n <= buffer size); valid until the next call."""
