@@ -36,6 +36,7 @@ import asyncio
 import codecs
 import json
 import logging
+import signal
 import time
 import uuid
 from contextlib import aclosing
@@ -539,6 +540,8 @@ async def serve_front(cfg: FrontConfig) -> None:
     front = HttpFront(backend, cfg.served_model_name or cfg.model,
                       ByteTokenizer(model_config(cfg.model).vocab_size), cfg.security)
     port = await front.start(cfg.host, cfg.port)
+    if cfg.security.tokens is not None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, cfg.security.tokens.reload)
     announce_ready({"role": "http", "address": f"{cfg.host}:{port}", "port": port,
                     "http_address": f"{cfg.host}:{port}", "conductor": cfg.conductor})
     await wait_for_stop_signal()
