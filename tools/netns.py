@@ -29,6 +29,7 @@ from __future__ import annotations
 import atexit
 import ipaddress
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -72,6 +73,33 @@ def unavailable() -> str | None:
     return None
 
 
+def sweep_stale(prefix: str = "kvs") -> list[str]:
+    """Delete namespaces ``<prefix>-<pid>.*`` whose owner process is gone.
+
+    Returns:
+        The names deleted.
+    """
+    listed = _ip("netns", "list", check=False).stdout.split()
+    pattern = re.compile(rf"^{re.escape(prefix)}-(\d+)\.[0-9a-f]+-\w+$")
+    gone = []
+    for name in listed:
+        m = pattern.match(name)
+        if m and not _alive(int(m.group(1))):
+            _ip("netns", "del", name, check=False)
+            gone.append(name)
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class NetHosts:
     """Hosts ``names`` (each a network namespace) on one bridge; a context manager.
 
@@ -80,7 +108,10 @@ class NetHosts:
             limited to 15 characters.
         subnet: where the addresses come from (inside 198.18.0.0/15); the
             hosts get its first addresses in order.
-        prefix: namespaces are named ``<prefix>-<random id>-<name>``.
+        prefix: namespaces are named ``<prefix>-<pid>.<random>-<name>``, the
+            pid being the owner's; :meth:`start` first deletes namespaces of
+            this prefix whose owner is dead (one killed by SIGKILL could not
+            clean up after itself).
 
     Raises:
         ValueError: a subnet outside 198.18.0.0/15, too small, or bad names.
@@ -95,7 +126,8 @@ class NetHosts:
         addrs = list(net.hosts())
         if len(addrs) < len(names):
             raise ValueError(f"{subnet} has room for {len(addrs)} hosts, not {len(names)}")
-        self.id = secrets.token_hex(3)
+        self.prefix = prefix
+        self.id = f"{os.getpid()}.{secrets.token_hex(2)}"
         self.prefixlen = net.prefixlen
         self.switch = f"{prefix}-{self.id}-sw"
         self.hosts: dict[str, Host] = {
@@ -110,6 +142,7 @@ class NetHosts:
         Raises:
             NetnsError: something could not be made (what was made is removed).
         """
+        sweep_stale(self.prefix)
         atexit.register(self.close)
         try:
             self._add_netns(self.switch)

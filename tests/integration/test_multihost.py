@@ -194,3 +194,18 @@ def test_binding_rules_in_a_namespace(lone_host, tmp_path):
         assert denied.returncode != 0 and "permission" in denied.stderr.lower(), denied.stderr
         evicted = run([*kvctl, "evict", "k"], role="admin")
         assert evicted.returncode == 0, evicted.stderr
+
+
+def test_namespaces_of_a_killed_owner_are_swept():
+    import subprocess
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    stale = f"kvs-{dead}.beef-a"
+    subprocess.run(["ip", "netns", "add", stale], check=True)
+    try:
+        with netns.NetHosts(["y"], subnet="198.18.2.0/24") as hosts:
+            assert stale not in _netns_list().split()
+            assert hosts["y"].netns in _netns_list()
+    finally:
+        subprocess.run(["ip", "netns", "del", stale], capture_output=True)
