@@ -49,7 +49,10 @@ from kvstore._proto import serving_pb2_grpc as spb_grpc
 from kvstore import rpc
 from kvstore.auth import Role
 from kvstore.binding import advertised_host, check_binding
+from kvstore.conductor.metrics import ConductorMetrics
 from kvstore.errors import RETRYABLE_STATUS
+from kvstore.health import Health, State, drain
+from kvstore.metrics import MetricsConfig, ProcessMetrics, start_metrics
 from kvstore.process import announce_ready, wait_for_stop_signal
 from kvstore.rpc import ClientCredentials, ServerSecurity
 
@@ -74,10 +77,12 @@ class Deadlines:
 class _RequestFailed(Exception):
     """Ends a request: rejected (no capacity) or failed (with a gRPC code)."""
 
-    def __init__(self, code: grpc.StatusCode, message: str, rejected: bool = False):
+    def __init__(self, code: grpc.StatusCode, message: str, rejected: bool = False,
+                 reason: str = "no_instance"):
         super().__init__(message)
         self.code = code
         self.rejected = rejected
+        self.reason = reason       # of a rejection (ConductorMetrics.rejected)
 
 
 class Conductor:
@@ -92,12 +97,15 @@ class Conductor:
         lookahead_window: queued requests per prefill instance that prefetch
             their cached blocks (queue lookahead); 0 turns it off.
         creds: the conductor's token (a client one) and TLS files, for the engines.
+        metrics: TTFT, TBT, prefix hits and rejections, when given.
     """
 
     def __init__(self, scheduler: Scheduler, kv: KVClient, namespace: Namespace,
                  use_cache: bool = True, deadlines: Deadlines = Deadlines(),
-                 lookahead_window: int = 64, creds: ClientCredentials | None = None):
+                 lookahead_window: int = 64, creds: ClientCredentials | None = None,
+                 metrics: ConductorMetrics | None = None):
         self.creds = creds
+        self.metrics = metrics
         self.scheduler = scheduler
         self.kv = kv
         self.namespace = namespace
@@ -192,7 +200,11 @@ class Conductor:
         t0 = _ms()
         prompt = list(request.prompt_tokens)
         metrics = spb.RequestMetrics(prompt_tokens=len(prompt))
+        m = self.metrics
         if not prompt or request.max_tokens < 1:
+            if m is not None:
+                m.rejected.labels("invalid").inc()
+                m.outcomes.labels("rejected").inc()
             yield spb.GenerateChunk(done=True, rejected=True, metrics=metrics,
                                     error="prompt must be non-empty and max_tokens >= 1",
                                     error_code=grpc.StatusCode.INVALID_ARGUMENT.name)
@@ -210,6 +222,10 @@ class Conductor:
             metrics.total_blocks = pre.total_blocks
             metrics.queue_ms = pre.queue_ms
             metrics.prefill_ms = pre.compute_ms
+            if m is not None:
+                m.ttft.observe(metrics.ttft_ms / 1000)
+                m.hit_tokens.inc(pre.cached_tokens)
+                m.prompt_tokens.inc(len(prompt))
             yield spb.GenerateChunk(tokens=[pre.first_token])
             produced = 1
             t_last = t_first
@@ -219,13 +235,22 @@ class Conductor:
                 async with aclosing(self._decode(request, prompt, pre, reprefill, metrics)) as stream:
                     async for tokens in stream:
                         produced += len(tokens)
-                        t_last = _ms()
+                        now = _ms()
+                        if m is not None:
+                            m.tbt.observe((now - t_last) / 1000)
+                        t_last = now
                         yield spb.GenerateChunk(tokens=tokens)
             metrics.output_tokens = produced
             metrics.tbt_ms = (t_last - t_first) / (produced - 1) if produced > 1 else 0.0
+            if m is not None:
+                m.outcomes.labels("completed").inc()
             yield spb.GenerateChunk(done=True, metrics=metrics)
         except _RequestFailed as exc:
             metrics.output_tokens = produced
+            if m is not None:
+                m.outcomes.labels("rejected" if exc.rejected else "failed").inc()
+                if exc.rejected:
+                    m.rejected.labels(exc.reason).inc()
             log.warning("request %s %s: %s", request.request_id,
                         "rejected" if exc.rejected else "failed", exc)
             yield spb.GenerateChunk(done=True, rejected=exc.rejected, metrics=metrics,
@@ -384,6 +409,8 @@ class ConductorConfig:
     creds: ClientCredentials = ClientCredentials()   # its token to the store and the engines
     insecure: bool = False               # allow a non-loopback bind without --auth (warned)
     advertise_host: str = ""             # the address in its READY line ("" : kvstore.binding)
+    metrics: MetricsConfig = MetricsConfig()   # --metrics-port, --metrics-host
+    drain_s: float = 0.0               # SIGTERM: NOT_SERVING this long before stopping
 
 
 #: Which roles may call the conductor (admin may do all).
@@ -402,11 +429,16 @@ async def serve(cfg: ConductorConfig) -> None:
     scheduler = Scheduler(_parse_instances(cfg.prefill, PrefillInstance),
                           _parse_instances(cfg.decode, DecodeInstance))
     kv = KVClient(cfg.master, token=cfg.creds.token, tls=cfg.creds.tls)
+    metrics = ProcessMetrics("conductor")
+    observed = cfg.metrics.port is not None
     conductor = Conductor(scheduler, kv, namespace, use_cache=cfg.use_cache,
-                          deadlines=cfg.deadlines, creds=cfg.creds)
-    server = rpc.aio_server(cfg.security, CONDUCTOR_METHOD_ROLES)
+                          deadlines=cfg.deadlines, creds=cfg.creds,
+                          metrics=ConductorMetrics(metrics, scheduler))
+    server = rpc.aio_server(cfg.security, CONDUCTOR_METHOD_ROLES, metrics if observed else None)
     port = rpc.listen(server, cfg.host, cfg.port, cfg.security)
     spb_grpc.add_ConductorServicer_to_server(ConductorServicer(conductor), server)
+    health = Health(("kvstore.serving.v1.Conductor",))
+    health.attach_grpc(server)
     await server.start()
     if authenticated:
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, cfg.security.tokens.reload)
@@ -424,10 +456,19 @@ async def serve(cfg: ConductorConfig) -> None:
         http_host = advertised_host(cfg.http_host, cfg.advertise_host,
                                     toward=cfg.master.split("|")[0])
         info.update(http_address=f"{http_host}:{http_port}", http_port=http_port)
+    mserver, maddress = start_metrics(cfg.metrics, cfg.host, metrics, health, cfg.security, host)
+    if maddress:
+        info["metrics_address"] = maddress
+    health.set(State.SERVING)
     announce_ready(info)
     await wait_for_stop_signal()
+    health.set(State.DRAINING)
+    if cfg.drain_s > 0:
+        await asyncio.sleep(cfg.drain_s)
     if http is not None:
         await http.stop()
-    await server.stop(1.0)
+    await drain(health, server, 0.0)
+    if mserver is not None:
+        mserver.stop()
     await conductor.close()
     kv.close()

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -21,9 +22,11 @@ from dataclasses import dataclass, field
 from kvstore.client import KVClient, KVStoreError
 from kvstore.engines.generate import greedy_token
 from kvstore.engines.kv_cache import Sequence
+from kvstore.engines.metrics import EngineMetrics
 from kvstore.engines.transfer_keys import is_transfer_key
 from kvstore.engines.server_common import (EngineConfig, abort_code, load_engine,
                                            serve_until_signal, start_engine_server)
+from kvstore.metrics import ProcessMetrics
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
 
@@ -47,8 +50,10 @@ class DecodeJob:
 class DecodeWorker:
     """The continuous-batching loop (runs on its own thread)."""
 
-    def __init__(self, model, cache, kv: KVClient, instance_id: str, max_batch: int = 32):
+    def __init__(self, model, cache, kv: KVClient, instance_id: str, max_batch: int = 32,
+                 metrics: EngineMetrics | None = None):
         self.model = model
+        self.metrics = metrics
         self.cache = cache
         self.kv = kv
         self.instance_id = instance_id
@@ -98,9 +103,12 @@ class DecodeWorker:
         if len(keys) != self.cache.pages_for(n):
             raise ValueError(f"{len(keys)} KV blocks for a {n}-token prompt")
         pages = [self.cache.page(p) for p in job.seq.page_ids[:len(keys)]]
+        t0 = time.perf_counter()
         for key, r in zip(keys, self.kv.batch_get_into(keys, pages)):
             if isinstance(r, KVStoreError):
                 raise r
+        if self.metrics is not None:
+            self.metrics.kv_load.observe(time.perf_counter() - t0)
         self.cache.mark_computed(job.seq, n)
         transient = [k for k in keys if is_transfer_key(k)]
         if transient:
@@ -111,6 +119,8 @@ class DecodeWorker:
 
     def _step(self) -> None:
         jobs = self.running
+        if self.metrics is not None:
+            self.metrics.decode_batch.observe(len(jobs))
         logits = self.model.decode([j.seq for j in jobs], self.cache, [j.last_token for j in jobs])
         still = []
         for j, row in zip(jobs, logits):
@@ -153,14 +163,17 @@ async def serve(cfg: EngineConfig) -> None:
     model, cache = load_engine(cfg, "decode")
     kv = KVClient(cfg.master, token=cfg.creds.token, tls=cfg.creds.tls)
     instance_id = cfg.instance_id or f"decode-{uuid.uuid4().hex[:6]}"
-    worker = DecodeWorker(model, cache, kv, instance_id)
+    metrics = ProcessMetrics("decode")
+    worker = None
+    engine_metrics = EngineMetrics(metrics, lambda: worker.inbox.qsize() if worker else 0)
+    worker = DecodeWorker(model, cache, kv, instance_id, metrics=engine_metrics)
     worker.start()
-    server, port, info = await start_engine_server(
+    served = await start_engine_server(
         cfg, "decode", lambda srv: spb_grpc.add_DecodeEngineServicer_to_server(
-            DecodeServicer(worker), srv))
+            DecodeServicer(worker), srv), metrics)
 
     def stop() -> None:
         worker.stop()
         kv.close()
 
-    await serve_until_signal(server, port, {**info, "instance_id": instance_id}, on_stop=stop)
+    await serve_until_signal(served, {"instance_id": instance_id}, on_stop=stop)

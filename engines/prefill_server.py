@@ -38,6 +38,7 @@ from kvstore.engines.generate import greedy_token
 from kvstore.engines.kv_cache import Sequence
 from kvstore.engines.kv_saver import (DEFAULT_SAVE_MODE, BlockSaver, SaveJob, SaveReport,
                                       make_saver)
+from kvstore.engines.metrics import EngineMetrics
 from kvstore.engines.model import max_cached_blocks
 from kvstore.engines.transfer_keys import transfer_key
 from kvstore.engines.server_common import (EngineConfig, abort_code, load_engine, namespace_of,
@@ -45,6 +46,7 @@ from kvstore.engines.server_common import (EngineConfig, abort_code, load_engine
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
 from kvstore.errors import InvalidArgument, KeyConflict
+from kvstore.metrics import ProcessMetrics
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +67,14 @@ class PrefillWorker:
         save_mode: a name in :data:`kvstore.engines.kv_saver.SAVE_MODES`.
         saver: a ready saver instead (tests and benchmarks tune it); the
             worker owns it either way and closes it in :meth:`close`.
+        metrics: tokens computed and loaded, save and load times.
     """
 
     def __init__(self, model, cache, kv: KVClient, namespace, instance_id: str,
-                 save_mode: str = DEFAULT_SAVE_MODE, saver: BlockSaver | None = None):
+                 save_mode: str = DEFAULT_SAVE_MODE, saver: BlockSaver | None = None,
+                 metrics: EngineMetrics | None = None):
         self.model = model
+        self.metrics = metrics
         self.cache = cache
         self.kv = kv
         self.namespace = namespace
@@ -95,7 +100,9 @@ class PrefillWorker:
         self.cache.reserve(seq, len(prompt))
         session = self.saver.begin()
         try:
+            t_load = time.perf_counter()
             hit = self._load_prefix(seq, keys, len(prompt)) if req.use_cache else 0
+            load_s = time.perf_counter() - t_load
             self.cache.mark_computed(seq, hit * b)
             # Where each new full block goes: its prefix key (the shared cache),
             # or a transfer key when the cache is bypassed.
@@ -138,6 +145,12 @@ class PrefillWorker:
         self.times_ms["compute"] += compute_ms
         self.times_ms["save"] += save_ms
         self.times_ms["save_hidden"] += report.hidden_ms
+        if self.metrics is not None:
+            self.metrics.loaded.inc(hit * b)
+            self.metrics.computed.inc(len(prompt) - hit * b)
+            self.metrics.kv_save.observe(save_ms / 1000)
+            if hit:
+                self.metrics.kv_load.observe(load_s)
         return spb.PrefillResponse(
             first_token=first, cached_tokens=hit * b, saved_blocks=saved, tail_key=tail_key,
             block_keys=block_keys, hit_blocks=hit, total_blocks=len(keys),
@@ -248,12 +261,16 @@ async def serve(cfg: EngineConfig) -> None:
     model, cache = load_engine(cfg, "prefill")
     kv = KVClient(cfg.master, token=cfg.creds.token, tls=cfg.creds.tls)
     instance_id = cfg.instance_id or f"prefill-{uuid.uuid4().hex[:6]}"
+    metrics = ProcessMetrics("prefill")
+    servicer = None
+    engine_metrics = EngineMetrics(metrics, lambda: servicer.queued if servicer else 0)
     worker = PrefillWorker(model, cache, kv, namespace_of(cfg), instance_id,
-                           cfg.save_mode or DEFAULT_SAVE_MODE)
+                           cfg.save_mode or DEFAULT_SAVE_MODE, metrics=engine_metrics)
     servicer = PrefillServicer(worker)
-    server, port, info = await start_engine_server(
-        cfg, "prefill", lambda srv: spb_grpc.add_PrefillEngineServicer_to_server(servicer, srv))
-    await serve_until_signal(server, port, {**info, "instance_id": instance_id},
+    served = await start_engine_server(
+        cfg, "prefill", lambda srv: spb_grpc.add_PrefillEngineServicer_to_server(servicer, srv),
+        metrics)
+    await serve_until_signal(served, {"instance_id": instance_id},
                              on_stop=lambda: _close(worker, kv))
 
 

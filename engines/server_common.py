@@ -19,6 +19,8 @@ from kvstore.engines.model import LlamaModel
 from kvstore.client.models import TINY, model_config, namespace_for_model
 from kvstore.errors import InvalidArgument, NoSpace, status_code
 from kvstore.keys import Namespace
+from kvstore.health import Health, State, drain
+from kvstore.metrics import MetricsConfig, MetricsServer, ProcessMetrics, start_metrics
 from kvstore.process import announce_ready, wait_for_stop_signal
 
 
@@ -39,6 +41,8 @@ class EngineConfig:
     creds: ClientCredentials = ClientCredentials()   # its token to the store
     insecure: bool = False         # allow a non-loopback bind without --auth (warned)
     advertise_host: str = ""       # the address in its READY line ("" : see kvstore.binding)
+    metrics: MetricsConfig = MetricsConfig()   # --metrics-port, --metrics-host
+    drain_s: float = 0.0               # SIGTERM: NOT_SERVING this long before stopping
 
 
 #: Which roles may call an engine (the conductor holds a client token; admin may do all).
@@ -48,20 +52,46 @@ ENGINE_METHOD_ROLES: dict[str, frozenset[Role]] = {
 }
 
 
-async def start_engine_server(cfg: EngineConfig, role: str, add_servicer) -> tuple[grpc.aio.Server, int, dict]:
-    """The engine's gRPC server, secured and started; returns (server, port, READY info).
+@dataclass
+class ServedEngine:
+    """A started engine server and what serving it needs until it drains."""
+
+    server: grpc.aio.Server
+    port: int
+    info: dict                          # the READY line
+    health: Health
+    metrics_server: MetricsServer | None
+    drain_s: float
+
+
+async def start_engine_server(cfg: EngineConfig, role: str, add_servicer,
+                              metrics: ProcessMetrics) -> ServedEngine:
+    """The engine's gRPC server (with the gRPC health service), secured and
+    started, and its metrics port when ``cfg.metrics`` names one.
 
     Raises:
-        OSError: the port cannot be bound.
+        OSError: a port cannot be bound.
     """
-    server = rpc.aio_server(cfg.security, ENGINE_METHOD_ROLES)
+    observed = cfg.metrics.port is not None
+    server = rpc.aio_server(cfg.security, ENGINE_METHOD_ROLES, metrics if observed else None)
     port = rpc.listen(server, cfg.host, cfg.port, cfg.security)
     add_servicer(server)
+    health = Health((_SERVICE_NAMES[role],))
+    health.attach_grpc(server)
     await server.start()
     if cfg.security.tokens is not None:
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, cfg.security.tokens.reload)
     host = advertised_host(cfg.host, cfg.advertise_host, toward=cfg.master.split("|")[0])
-    return server, port, {"role": role, "address": f"{host}:{port}", "port": port}
+    info = {"role": role, "address": f"{host}:{port}", "port": port}
+    mserver, maddress = start_metrics(cfg.metrics, cfg.host, metrics, health, cfg.security, host)
+    if maddress:
+        info["metrics_address"] = maddress
+    health.set(State.SERVING)
+    return ServedEngine(server, port, info, health, mserver, cfg.drain_s)
+
+
+_SERVICE_NAMES = {"prefill": "kvstore.serving.v1.PrefillEngine",
+                  "decode": "kvstore.serving.v1.DecodeEngine"}
 
 
 def load_engine(cfg: EngineConfig, role: str) -> tuple[LlamaModel, PagedKVCache]:
@@ -98,10 +128,13 @@ def abort_code(exc: Exception) -> grpc.StatusCode:
     return grpc.StatusCode.UNAVAILABLE
 
 
-async def serve_until_signal(server: grpc.aio.Server, port: int, info: dict, on_stop=None) -> None:
-    """Announce READY, run until SIGTERM/SIGINT, stop gracefully."""
-    announce_ready(info)
+async def serve_until_signal(served: ServedEngine, info: dict, on_stop=None) -> None:
+    """Announce READY (``served.info`` and ``info``), run until SIGTERM/SIGINT, then
+    drain: NOT_SERVING first, stop accepting, let calls in flight end, then ``on_stop``."""
+    announce_ready({**served.info, **info})
     await wait_for_stop_signal()
+    await drain(served.health, served.server, served.drain_s)
     if on_stop is not None:
         on_stop()
-    await server.stop(1.0)
+    if served.metrics_server is not None:
+        served.metrics_server.stop()

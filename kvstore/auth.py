@@ -8,6 +8,7 @@ The file holds one ``ROLE TOKEN`` per line (``#`` starts a comment)::
     client    9a3c...         what engines and the SDK need: put, get, exists,
                               lookup, pin, prefetch, remove of its own keys
     node      c0de...         register, heartbeat, report events, repair copies
+    metrics   5ca1...         read /metrics (a Prometheus scraper; kvstore.metrics)
 
 A role grants what it names and admin grants everything. Clients present a
 token (``KVClient(token=...)``, ``$KVSTORE_TOKEN`` or ``--token-file``):
@@ -53,6 +54,7 @@ class Role(str, enum.Enum):
     ADMIN = "admin"
     CLIENT = "client"
     NODE = "node"
+    METRICS = "metrics"        # reads /metrics only (a Prometheus scraper)
 
 
 class AuthFileError(ValueError):

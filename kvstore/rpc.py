@@ -40,6 +40,10 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = _MESSAGE_SIZES + [
     ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 
+#: The standard health service answers everyone: probes carry no tokens, and it
+#: tells nothing but SERVING / NOT_SERVING (kvstore.health).
+HEALTH_METHOD_PREFIX = "/grpc.health.v1.Health/"
+
 #: Method -> the roles that may call it (admin may call everything; absent: admin only).
 MethodRoles = Mapping[str, frozenset[Role]]
 
@@ -105,8 +109,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
-        if handler is None:
-            return None
+        if handler is None or details.method.startswith(HEALTH_METHOD_PREFIX):
+            return handler
         role = self.security.role_of(details.invocation_metadata)
         method = details.method.rsplit("/", 1)[-1]
         if role is None:
@@ -136,10 +140,15 @@ def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode,
 
 
 def aio_server(security: ServerSecurity | None = None,
-               methods: MethodRoles | None = None) -> grpc.aio.Server:
+               methods: MethodRoles | None = None, metrics=None) -> grpc.aio.Server:
     """A grpc.aio server with kvstore's options; with a token file, every call is checked
-    against ``methods`` (add ports with :func:`listen`, servicers, then start)."""
+    against ``methods`` (add ports with :func:`listen`, servicers, then start); with
+    ``metrics`` (a :class:`kvstore.metrics.ProcessMetrics`) every call is counted and timed."""
     interceptors = []
+    if metrics is not None:
+        from kvstore.metrics import RequestMetrics
+
+        interceptors.append(RequestMetrics(metrics))
     if security is not None and security.tokens is not None:
         interceptors.append(AuthInterceptor(security, methods or {}))
     return grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)

@@ -79,6 +79,7 @@ class NodeAddress:
     shm_name: str = ""      # POSIX shared-memory segment (same-host path), "" if none
     host_id: str = ""       # the machine: equal host_ids can share memory
     tls: bool = False       # the TCP data port speaks TLS
+    metrics_address: str = ""   # host:port of its /metrics, "" if none
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +148,7 @@ class ShardStatus:
     total_bytes: int
     pending_puts: int
     counters: dict[str, int] = field(default_factory=dict)   # puts, lookups, removes, ...
+    metrics_address: str = ""          # the answering master's /metrics, "" if none
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,12 +20,13 @@ from kvstore.types import (CopyOrder, CopyResult, DropOrder, EventKind, Inventor
 
 def node_address(msg: pb.NodeAddress) -> NodeAddress:
     return NodeAddress(NodeId(msg.node_id), msg.host, msg.data_port, msg.shm_name, msg.host_id,
-                       msg.tls)
+                       msg.tls, msg.metrics_address)
 
 
 def node_address_pb(a: NodeAddress) -> pb.NodeAddress:
     return pb.NodeAddress(node_id=a.node_id, host=a.host, data_port=a.data_port,
-                          shm_name=a.shm_name, host_id=a.host_id, tls=a.tls)
+                          shm_name=a.shm_name, host_id=a.host_id, tls=a.tls,
+                          metrics_address=a.metrics_address)
 
 
 def object_meta(msg: pb.ObjectMeta) -> ObjectMeta:
@@ -76,14 +77,16 @@ def shard_status(msg: pb.StatResponse) -> ShardStatus:
     return ShardStatus(shard_id=msg.shard_id, shard_map_version=msg.shard_map_version,
                        nodes=tuple(node_status(n) for n in msg.nodes),
                        num_objects=msg.num_objects, total_bytes=msg.total_bytes,
-                       pending_puts=msg.pending_puts, counters=Counter(msg.counters))
+                       pending_puts=msg.pending_puts, counters=Counter(msg.counters),
+                       metrics_address=msg.metrics_address)
 
 
 def shard_status_pb(s: ShardStatus) -> pb.StatResponse:
     return pb.StatResponse(shard_id=s.shard_id, shard_map_version=s.shard_map_version,
                            nodes=[node_status_pb(n) for n in s.nodes],
                            num_objects=s.num_objects, total_bytes=s.total_bytes,
-                           pending_puts=s.pending_puts, counters=s.counters)
+                           pending_puts=s.pending_puts, counters=s.counters,
+                           metrics_address=s.metrics_address)
 
 
 def node_event(msg: pb.ReplicaEvent) -> NodeEvent:

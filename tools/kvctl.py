@@ -119,7 +119,8 @@ def node_json(n: NodeStatus) -> dict:
     land), ``tiers`` has every tier fastest first, ``counters`` the node's own."""
     a = n.address
     return {"node_id": a.node_id, "host": a.host, "data_port": a.data_port,
-            "shm_name": a.shm_name, "host_id": a.host_id, "alive": n.alive, "tier": _PUT_TIER,
+            "shm_name": a.shm_name, "host_id": a.host_id, "metrics_address": a.metrics_address,
+            "alive": n.alive, "tier": _PUT_TIER,
             "capacity_bytes": n.capacity_bytes, "used_bytes": n.used_bytes,
             "free_bytes": max(0, n.capacity_bytes - n.used_bytes), "num_objects": n.num_objects,
             "last_heartbeat_ms": n.last_heartbeat_ms,

@@ -34,7 +34,8 @@ def _port(text: str) -> int:
     return port
 
 
-def _parser(name: str, description: str, client: bool = True) -> argparse.ArgumentParser:
+def _parser(name: str, description: str, client: bool = True,
+            observed: bool = True) -> argparse.ArgumentParser:
     """A service's parser with the options every service shares: logging, its own
     listener's security and, for services that are clients too, their credentials."""
     p = argparse.ArgumentParser(prog=f"kvstore {name}", description=description)
@@ -42,7 +43,7 @@ def _parser(name: str, description: str, client: bool = True) -> argparse.Argume
     g = p.add_argument_group("security (see README: Running it across hosts)")
     g.add_argument("--auth", default="", metavar="FILE",
                    help="authenticate every connection: a file of 'ROLE TOKEN' lines "
-                        "(roles admin, client, node); re-read on SIGHUP")
+                        "(roles admin, client, node, metrics); re-read on SIGHUP")
     g.add_argument("--tls-cert", default="", metavar="PEM", help="serve TLS with this certificate")
     g.add_argument("--tls-key", default="", metavar="PEM", help="... and its private key")
     g.add_argument("--tls-ca", default="", metavar="PEM",
@@ -57,6 +58,21 @@ def _parser(name: str, description: str, client: bool = True) -> argparse.Argume
         g.add_argument("--token-file", default="", metavar="FILE",
                        help="this process's own token as a client of the store "
                             "(default: $KVSTORE_TOKEN or $KVSTORE_TOKEN_FILE)")
+    p.add_argument("--check-config", action="store_true",
+                   help="parse the options and read the files they name, then exit "
+                        "(0: usable, 2: not) without serving")
+    p.set_defaults(metrics_port=None, metrics_host="", drain_s=0.0)
+    if not observed:
+        return p
+    o = p.add_argument_group("observability (see README: Running it for real)")
+    o.add_argument("--metrics-port", type=_port, default=None,
+                   help="serve /metrics (Prometheus), /health and /ready on this port "
+                        "(0: a free one; default: none)")
+    o.add_argument("--metrics-host", default="",
+                   help="bind address of the metrics port (default: the service's --host)")
+    o.add_argument("--drain-s", type=float, default=0.0,
+                   help="on SIGTERM, report NOT_SERVING this long (s) before the listener "
+                        "stops; calls in flight then finish")
     return p
 
 
@@ -92,8 +108,36 @@ def _creds(a: argparse.Namespace):
 
 
 def _secured(a: argparse.Namespace) -> dict:
-    """The config fields every secured service takes."""
-    return dict(security=_security(a), insecure=a.insecure, advertise_host=a.advertise_host)
+    """The config fields every service takes: security, metrics, draining."""
+    from kvstore.metrics import MetricsConfig
+
+    if a.drain_s < 0:
+        raise ValueError(f"--drain-s must be >= 0, got {a.drain_s}")
+    return dict(security=_security(a), insecure=a.insecure, advertise_host=a.advertise_host,
+                metrics=MetricsConfig(a.metrics_port, a.metrics_host), drain_s=a.drain_s)
+
+
+def _checked(name: str, a: argparse.Namespace, cfg) -> bool:
+    """With --check-config: check the listeners' binding rules, print one line and
+    say True (the caller exits without serving).
+
+    Raises:
+        BindRefused: a non-loopback listener without --auth or --insecure.
+    """
+    if not a.check_config:
+        return False
+    from kvstore.binding import check_binding
+
+    authenticated = cfg.security.tokens is not None
+    metrics = getattr(cfg, "metrics", None)
+    hosts = {cfg.host, (metrics.host if metrics is not None else "") or cfg.host}
+    if getattr(cfg, "http_port", None) is not None:
+        hosts.add(cfg.http_host)
+    for host in hosts:
+        if host and not cfg.insecure:       # --insecure: allowed (serving warns)
+            check_binding(name, host, authenticated, insecure=False)
+    print(f"kvstore {name}: configuration ok")
+    return True
 
 
 def master_main(argv: list[str]) -> None:
@@ -115,10 +159,12 @@ def master_main(argv: list[str]) -> None:
     p.add_argument("--lease-ttl-s", type=int, default=3, help="leader lease ttl")
     a = p.parse_args(argv)
     setup_logging(a.log_level)
-    asyncio.run(serve(MasterConfig(
+    cfg = MasterConfig(
         host=a.host, port=a.port, node_ttl_ms=a.node_ttl_ms, shard_id=a.shard_id,
         shard_map=ShardMap.parse(a.shard_map) if a.shard_map else None, etcd=a.etcd,
-        cluster_name=a.cluster_name, lease_ttl_s=a.lease_ttl_s, **_secured(a))))
+        cluster_name=a.cluster_name, lease_ttl_s=a.lease_ttl_s, **_secured(a))
+    if not _checked("master", a, cfg):
+        asyncio.run(serve(cfg))
 
 
 def node_main(argv: list[str]) -> None:
@@ -156,7 +202,7 @@ def node_main(argv: list[str]) -> None:
                    help="GID index (default: the port's first non-zero GID)")
     a = p.parse_args(argv)
     setup_logging(a.log_level)
-    run_node(NodeConfig(
+    cfg = NodeConfig(
         masters=tuple(a.master.split("|")), host=a.host, port=a.port, node_id=a.node_id,
         dram_bytes=parse_size(a.dram), gpu_bytes=parse_size(a.gpu) if a.gpu else 0,
         gpu_device=a.gpu_device, ssd_bytes=parse_size(a.ssd) if a.ssd else 0,
@@ -165,7 +211,9 @@ def node_main(argv: list[str]) -> None:
         eviction_policy=a.eviction_policy, high_watermark=a.high_watermark,
         low_watermark=a.low_watermark, ssd_high_watermark=a.ssd_high_watermark,
         ssd_low_watermark=a.ssd_low_watermark, rdma_device=a.rdma_device,
-        rdma_port=a.rdma_port, rdma_gid_index=a.rdma_gid_index, creds=_creds(a), **_secured(a)))
+        rdma_port=a.rdma_port, rdma_gid_index=a.rdma_gid_index, creds=_creds(a), **_secured(a))
+    if not _checked("node", a, cfg):
+        run_node(cfg)
 
 
 def _engine_parser(name: str, description: str) -> argparse.ArgumentParser:
@@ -203,7 +251,9 @@ def prefill_main(argv: list[str]) -> None:
                         "computed (default: $%s or %s)" % (SAVE_MODE_ENV, DEFAULT_SAVE_MODE))
     a = p.parse_args(argv)
     setup_logging(a.log_level)
-    asyncio.run(serve(_engine_config(a, a.save_mode)))
+    cfg = _engine_config(a, a.save_mode)
+    if not _checked("prefill", a, cfg):
+        asyncio.run(serve(cfg))
 
 
 def decode_main(argv: list[str]) -> None:
@@ -211,7 +261,9 @@ def decode_main(argv: list[str]) -> None:
 
     a = _engine_parser("decode", "Run a decode engine.").parse_args(argv)
     setup_logging(a.log_level)
-    asyncio.run(serve(_engine_config(a)))
+    cfg = _engine_config(a)
+    if not _checked("decode", a, cfg):
+        asyncio.run(serve(cfg))
 
 
 def conductor_main(argv: list[str]) -> None:
@@ -241,19 +293,21 @@ def conductor_main(argv: list[str]) -> None:
     p.add_argument("--probe-interval-s", type=float, default=d.probe_interval_s)
     a = p.parse_args(argv)
     setup_logging(a.log_level)
-    asyncio.run(serve(ConductorConfig(
+    cfg = ConductorConfig(
         master=a.master, prefill=tuple(a.prefill), decode=tuple(a.decode), model=a.model,
         block_tokens=a.block_tokens, use_cache=not a.no_cache, host=a.host, port=a.port,
         http_port=a.http_port, http_host=a.http_host, served_model_name=a.served_model_name,
         deadlines=Deadlines(prefill_s=a.prefill_timeout_s, decode_idle_s=a.decode_timeout_s,
                             probe_s=a.probe_timeout_s, probe_interval_s=a.probe_interval_s),
-        creds=_creds(a), **_secured(a))))
+        creds=_creds(a), **_secured(a))
+    if not _checked("conductor", a, cfg):
+        asyncio.run(serve(cfg))
 
 
 def http_main(argv: list[str]) -> None:
     from kvstore.conductor.http import FrontConfig, serve_front
 
-    p = _parser("http", "OpenAI-compatible HTTP front of a conductor.")
+    p = _parser("http", "OpenAI-compatible HTTP front of a conductor.", observed=False)
     p.add_argument("--conductor", required=True, help="conductor gRPC address host:port")
     p.add_argument("--model", default="tiny", help="'tiny' or a Hugging Face style folder")
     p.add_argument("--served-model-name", default="", help="model id clients use (default: --model)")
@@ -262,10 +316,13 @@ def http_main(argv: list[str]) -> None:
     a = p.parse_args(argv)
     setup_logging(a.log_level)
     secured = _secured(a)
-    secured.pop("advertise_host")
-    asyncio.run(serve_front(FrontConfig(conductor=a.conductor, model=a.model,
-                                        served_model_name=a.served_model_name, host=a.host,
-                                        port=a.port, creds=_creds(a), **secured)))
+    for unused in ("advertise_host", "metrics", "drain_s"):
+        secured.pop(unused)
+    cfg = FrontConfig(conductor=a.conductor, model=a.model,
+                      served_model_name=a.served_model_name, host=a.host, port=a.port,
+                      creds=_creds(a), **secured)
+    if not _checked("http", a, cfg):
+        asyncio.run(serve_front(cfg))
 
 
 #: Service name -> its entry point, which takes the service's own arguments.

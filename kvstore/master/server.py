@@ -20,8 +20,11 @@ import grpc
 
 from kvstore import rpc
 from kvstore.binding import advertised_host, check_binding
+from kvstore.health import Health, State, drain
+from kvstore.metrics import MetricsConfig, ProcessMetrics, start_metrics
 from kvstore.rpc import ServerSecurity
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.master import metrics as master_metrics
 from kvstore.master.index import ObjectIndex
 from kvstore.master.membership import Membership
 from kvstore.master.servicer import METHOD_ROLES, MasterServicer, now_ms
@@ -35,8 +38,9 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
                         node_ttl_ms: int = 3000, heartbeat_interval_ms: int = 500,
                         put_timeout_ms: int = 30_000, shard_map: ShardMap | None = None,
                         shard_id: int = 0, election=None,
-                        security: ServerSecurity | None = None,
-                        advertise_host: str = "") -> tuple[grpc.aio.Server, int, ObjectIndex]:
+                        security: ServerSecurity | None = None, advertise_host: str = "",
+                        metrics: ProcessMetrics | None = None,
+                        health: Health | None = None) -> tuple[grpc.aio.Server, int, ObjectIndex]:
     """Build and start a master shard on ``host:port`` (0 = a free port).
 
     Without ``shard_map`` it is the only shard (every slot), named by its
@@ -46,6 +50,8 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
     Args:
         security: tokens (every call checked against :data:`METHOD_ROLES`) and TLS.
         advertise_host: the address clients reach it by (see kvstore.binding).
+        metrics: count and time every call, and export the shard's figures.
+        health: serve the gRPC health service (SERVING while leading).
 
     Returns:
         ``(server, port, index)``; stop with ``await server.stop(grace)``.
@@ -53,7 +59,7 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
     Raises:
         OSError: the address cannot be bound.
     """
-    server = rpc.aio_server(security, METHOD_ROLES)
+    server = rpc.aio_server(security, METHOD_ROLES, metrics)
     bound = rpc.listen(server, host, port, security)
     membership = Membership(node_ttl_ms=node_ttl_ms, heartbeat_interval_ms=heartbeat_interval_ms)
     if shard_map is None:
@@ -67,13 +73,22 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
     servicer = MasterServicer(index, election=election, new_index=new_index, security=security)
     pb_grpc.add_MasterServicer_to_server(servicer, server)
     server.servicer = servicer      # for the maintenance loop and tests
+    if health is not None:
+        health.attach_grpc(server)
+    if metrics is not None:
+        master_metrics.register(metrics, servicer, asyncio.get_running_loop())
     await server.start()
     return server, bound, index
 
 
-async def _maintenance(servicer: MasterServicer, period_s: float) -> None:
-    """Expire dead nodes and stale puts, and plan repair copies, every ``period_s``."""
+async def _maintenance(servicer: MasterServicer, period_s: float,
+                       health: Health | None = None) -> None:
+    """Expire dead nodes and stale puts, and plan repair copies, every ``period_s``;
+    keep ``health`` SERVING while leading, STANDBY otherwise."""
     while True:
+        leading = servicer.leading()
+        if health is not None:
+            health.set(State.SERVING if leading else State.STANDBY)
         await asyncio.sleep(period_s)
         if not servicer.leading():
             continue
@@ -99,6 +114,8 @@ class MasterConfig:
     security: ServerSecurity = ServerSecurity()   # --auth, --tls-*
     insecure: bool = False             # allow a non-loopback bind without --auth (warned)
     advertise_host: str = ""           # address to give others ("" : see kvstore.binding)
+    metrics: MetricsConfig = MetricsConfig()   # --metrics-port, --metrics-host
+    drain_s: float = 0.0               # SIGTERM: NOT_SERVING this long before stopping
 
 
 async def serve(cfg: MasterConfig) -> None:
@@ -126,22 +143,34 @@ async def serve(cfg: MasterConfig) -> None:
         election = Election(cfg.etcd, cfg.cluster_name, cfg.shard_id,
                             f"{advertised_host(cfg.host, cfg.advertise_host)}:{port}",
                             ttl_s=cfg.lease_ttl_s)
+    metrics = ProcessMetrics("master")
+    health = Health(("kvstore.Master",))
     server, bound, index = await create_server(cfg.host, port, node_ttl_ms=cfg.node_ttl_ms,
                                                shard_map=cfg.shard_map, shard_id=cfg.shard_id,
                                                election=election, security=cfg.security,
-                                               advertise_host=cfg.advertise_host)
-    address = f"{advertised_host(cfg.host, cfg.advertise_host)}:{bound}"
+                                               advertise_host=cfg.advertise_host,
+                                               metrics=metrics, health=health)
+    host = advertised_host(cfg.host, cfg.advertise_host)
+    address = f"{host}:{bound}"
+    mserver, maddress = start_metrics(cfg.metrics, cfg.host, metrics, health, cfg.security, host)
+    server.servicer.metrics_address = maddress
     if election is not None:
         election.address = address
         election.start()
-    task = asyncio.create_task(_maintenance(server.servicer, 0.2))
+    task = asyncio.create_task(_maintenance(server.servicer, 0.2, health))
     if cfg.security.tokens is not None:
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, cfg.security.tokens.reload)
-    announce_ready({"role": "master", "address": address, "port": bound,
-                    "shard_id": cfg.shard_id})
+    info = {"role": "master", "address": address, "port": bound, "shard_id": cfg.shard_id}
+    if maddress:
+        info["metrics_address"] = maddress
+    announce_ready(info)
     await wait_for_stop_signal()
+    # Drain: NOT_SERVING first, then stop accepting, then the calls in flight end;
+    # only then give up the lead (a standby takes over after the lease).
+    await drain(health, server, cfg.drain_s)
     task.cancel()
     if election is not None:
         election.stop()
-    await server.stop(1.0)
+    if mserver is not None:
+        mserver.stop()
     log.info("master stopped")

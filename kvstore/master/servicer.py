@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from typing import Callable
 
 import grpc
@@ -81,6 +82,10 @@ class MasterServicer(pb_grpc.MasterServicer):
         self.warmup_ms = warmup_ms
         self._term = 0
         self.term_start_ms = 0
+        self.past_counters: Counter[C] = Counter()   # of earlier terms' indexes (metrics)
+        self.leader_changes = 0        # this process won or lost its shard's lead
+        self.metrics_address = ""      # its /metrics, for kvctl top (set by serve)
+        self._was_leading = election is None
 
     @property
     def membership(self):
@@ -92,11 +97,18 @@ class MasterServicer(pb_grpc.MasterServicer):
         if e is None:
             return True
         if not e.is_leader():
+            if self._was_leading:
+                self._was_leading = False
+                self.leader_changes += 1
             return False
+        if not self._was_leading:
+            self._was_leading = True
+            self.leader_changes += 1
         if e.term != self._term:
             self._term = e.term
             self.term_start_ms = now_ms()
             if self.new_index is not None:
+                self.past_counters.update(self.index.counters)
                 self.index = self.new_index()
                 self.repairs = RepairPlanner(self.index)
             # Object ids of this term start above every id an earlier leader
@@ -246,7 +258,9 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     async def Stat(self, request, context):
         await self._gate(context, client_rpc=False)
-        return wire.shard_status_pb(self.index.stat())
+        reply = wire.shard_status_pb(self.index.stat())
+        reply.metrics_address = self.metrics_address
+        return reply
 
     async def ReportFailure(self, request, context):
         await self._gate(context, client_rpc=False)

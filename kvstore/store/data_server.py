@@ -57,6 +57,8 @@ _MAX_GATHER_PARTS = 512
 _POLL_S = 200e-6
 _TLS_HANDSHAKE_S = 10.0
 _EAGER_GAP_S = 1e-3
+_OP_NAMES = {**{op.value: op.name.lower() for op in Op}, OP_RDMA_CONNECT: "rdma_connect"}
+_CODE_NAMES = {v: k for k, v in pb.Code.items()}
 
 
 class DataServer:
@@ -80,6 +82,9 @@ class DataServer:
             handshake in :mod:`kvstore.transfer.protocol`); None: trust them.
         tls: a server context (:func:`kvstore.tls.server_context`): the TCP
             port speaks TLS (the Unix socket, same host only, does not).
+        metrics: a :class:`kvstore.metrics.ProcessMetrics`: every request is
+            counted and timed on its connection's own tally; None: not timed.
+            Bytes and connections are counted in :attr:`traffic` either way.
 
     Raises:
         OSError: an address is taken.
@@ -87,8 +92,11 @@ class DataServer:
 
     def __init__(self, node: StoreNode, host: str = "127.0.0.1", port: int = 0,
                  local_address: str | None = None, rdma=None, ack_timeout_s: float = 2.0,
-                 tokens: TokenFile | None = None, tls: ssl.SSLContext | None = None):
+                 tokens: TokenFile | None = None, tls: ssl.SSLContext | None = None,
+                 metrics=None):
         self.node = node
+        self.metrics = metrics           # a kvstore.metrics.ProcessMetrics, or None
+        self.traffic = Traffic()
         self.rdma = rdma
         self.ack_timeout_s = ack_timeout_s
         self.tokens = tokens
@@ -169,8 +177,10 @@ class DataServer:
                 self._threads.discard(threading.current_thread())
             raw.close()
             return
+        transport = "shm" if raw.family == socket.AF_UNIX else "tcp"
         session = _Session(self.node, conn, self.rdma, self._pollers, self.ack_timeout_s,
-                           self.tokens)
+                           self.tokens, self.metrics.tally() if self.metrics else None)
+        self.traffic.opened(transport, session)
         try:
             session.run()
         except Unavailable:
@@ -180,9 +190,53 @@ class DataServer:
         finally:
             session.release_all()
             conn.close()
+            self.traffic.closed(transport, session)
+            if session.tally is not None:
+                self.metrics.release(session.tally)
             with self._lock:
                 self._conns.discard(raw)
                 self._threads.discard(threading.current_thread())
+
+
+class Traffic:
+    """Bytes moved and connections open, by transport (``tcp``; ``shm``: the Unix
+    socket of same-host clients, whose values move through the segment).
+
+    A session counts its own bytes (no lock); closed sessions are folded in.
+    One-sided RDMA reads never reach the node's CPU and are not counted.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._open: dict[str, set] = {"tcp": set(), "shm": set()}
+        self._done: dict[tuple[str, str], int] = {}
+
+    def opened(self, transport: str, session: "_Session") -> None:
+        with self._lock:
+            self._open[transport].add(session)
+
+    def closed(self, transport: str, session: "_Session") -> None:
+        with self._lock:
+            self._open[transport].discard(session)
+            for direction, n in (("in", session.bytes_in), ("out", session.bytes_out)):
+                self._done[(transport, direction)] = self._done.get((transport, direction), 0) + n
+
+    def connections(self) -> dict[str, int]:
+        with self._lock:
+            return {t: len(s) for t, s in self._open.items()}
+
+    def bytes(self) -> dict[tuple[str, str], int]:
+        """(transport, direction) -> bytes, ``in`` (written to the node) and ``out``."""
+        with self._lock:
+            out = dict(self._done)
+            for t, sessions in self._open.items():
+                for s in sessions:
+                    out[(t, "in")] = out.get((t, "in"), 0) + s.bytes_in
+                    out[(t, "out")] = out.get((t, "out"), 0) + s.bytes_out
+        for t in self._open:
+            for d in ("in", "out"):
+                out.setdefault((t, d), 0)
+        return out
 
 
 class _Pollers:
@@ -225,8 +279,11 @@ class _Session:
 
     def __init__(self, node: StoreNode, conn: socket.socket, rdma=None,
                  pollers: "_Pollers | None" = None, ack_timeout_s: float = 2.0,
-                 tokens: TokenFile | None = None):
+                 tokens: TokenFile | None = None, tally=None):
         self.node = node
+        self.tally = tally               # a kvstore.metrics.RequestTally, or None
+        self.bytes_in = 0                # value bytes written to the node (PUT, SHM_COMMIT)
+        self.bytes_out = 0               # ... read from it (GET, SHM_ACQUIRE)
         self.ack_timeout_s = ack_timeout_s
         self.tokens = tokens
         # The caller's role once it proved a token; every role may use the data
@@ -296,10 +353,16 @@ class _Session:
                                                   "(AUTH_HELLO, AUTH_PROVE) first"))
                 self._flush()
                 return
+            tally = self.tally
+            t0 = time.perf_counter() if tally is not None else 0.0
+            code = "OK"
             try:
                 handler(key, object_id, size, checksum)
             except KVStoreError as err:
+                code = _CODE_NAMES.get(err.code, "INTERNAL")
                 self._reply_error(err)
+            if tally is not None:
+                tally.observe(_OP_NAMES.get(op, "unknown"), code, time.perf_counter() - t0)
             if self.closing:
                 self._flush()
                 return
@@ -396,12 +459,14 @@ class _Session:
         except BaseException:
             self.node.abort_write(obj)
             raise
+        self.bytes_in += size
         self._reply_stored(self.node.commit_write(obj), obj)
 
     def _get(self, key: str, object_id: int, _size: int, _checksum: int) -> None:
         # An object only on SSD (or GPU) is promoted to DRAM first; when DRAM has
         # no room soon, it is served from its slower copy through a staging buffer.
         obj = self.node.acquire(key, object_id, require_dram=False)
+        self.bytes_out += obj.size_bytes
         if obj.alloc is not None:
             # Sent from the segment with the batch; released once sent.
             self._reply(object_id=obj.object_id, size=obj.size_bytes, checksum=obj.checksum,
@@ -439,7 +504,9 @@ class _Session:
         obj = self.writing.pop((key, object_id), None)
         if obj is None:
             raise NotFound("no reservation for this key on this connection", key=key)
-        self._reply_stored(self.node.commit_write(obj, checksum or None), obj)
+        ticket = self.node.commit_write(obj, checksum or None)
+        self.bytes_in += obj.size_bytes
+        self._reply_stored(ticket, obj)
 
     def _shm_abort(self, key: str, object_id: int, _size: int, _checksum: int) -> None:
         obj = self.writing.pop((key, object_id), None)
@@ -450,6 +517,7 @@ class _Session:
     def _shm_acquire(self, key: str, object_id: int, _size: int, _checksum: int) -> None:
         obj = self.node.acquire(key, object_id)
         self.reading.setdefault((key, obj.object_id), []).append(obj)
+        self.bytes_out += obj.size_bytes
         self._reply(object_id=obj.object_id, size=obj.size_bytes, checksum=obj.checksum,
                     offset=obj.alloc.offset, serial=obj.alloc.serial)
 

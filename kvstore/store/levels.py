@@ -45,6 +45,7 @@ class TierLevel:
     want_bytes: int = 0         # room that waiting writers / promoters need now
     prefetch_want_bytes: int = 0  # room the next queued prefetch promotion needs
     rounds: int = 0             # reclaim rounds run for this level
+    evictions: int = 0          # objects evicted from the node to make room here
     blocked: str = ""           # set by a round that could free nothing it needed
     blocked_logged_s: float = 0.0
     draining: bool = False      # passed ``high``; reclaiming until back at ``low`` (hysteresis)

@@ -31,9 +31,12 @@ from dataclasses import dataclass
 
 from kvstore.binding import advertised_host, check_binding
 from kvstore.errors import Unavailable
+from kvstore.health import Health, State
+from kvstore.metrics import MetricsConfig, ProcessMetrics, start_metrics
 from kvstore.process import announce_ready
 from kvstore.rpc import ClientCredentials, ServerSecurity
 from kvstore.store.agent import make_agent, no_master_yet
+from kvstore.store import metrics as node_metrics
 from kvstore.store.data_server import DataServer
 from kvstore.store.levels import DEFAULT_WATERMARKS
 from kvstore.store.node import StoreNode
@@ -74,6 +77,8 @@ class NodeConfig:
     creds: ClientCredentials = ClientCredentials()   # the node's own token, to its masters
     insecure: bool = False             # allow a non-loopback bind without --auth (warned)
     advertise_host: str = ""           # the data address clients get ("" : see kvstore.binding)
+    metrics: MetricsConfig = MetricsConfig()   # --metrics-port, --metrics-host
+    drain_s: float = 0.0               # SIGTERM: NOT_SERVING this long before stopping
 
 
 def build_tiers(cfg: NodeConfig) -> list[Tier]:
@@ -155,7 +160,9 @@ def run_node(cfg: NodeConfig) -> None:
     tokens = cfg.security.tokens
     tls = server_context(cfg.security.tls) if cfg.security.tls is not None else None
     dram = tiers[0]
-    rdma = server = agent = None
+    rdma = server = agent = mserver = None
+    metrics = ProcessMetrics("node") if cfg.metrics.port is not None else None
+    health = Health()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -172,23 +179,36 @@ def run_node(cfg: NodeConfig) -> None:
                 raise SystemExit(f"kvstore node: --rdma-device {cfg.rdma_device}: "
                                  f"{exc.message}") from None
         server = DataServer(node, cfg.host, cfg.port, local_address(dram.name), rdma,
-                            tokens=tokens, tls=tls).start()
+                            tokens=tokens, tls=tls, metrics=metrics).start()
         if tokens is not None:
             signal.signal(signal.SIGHUP, lambda *_: tokens.reload())
         host = advertised_host(cfg.host, cfg.advertise_host, toward=cfg.masters[0])
+        maddress = ""
+        if metrics is not None:
+            node_metrics.register(metrics, node, server)
+            mserver, maddress = start_metrics(cfg.metrics, cfg.host, metrics, health,
+                                              cfg.security, host)
         address = NodeAddress(NodeId(node_id), host, server.port, dram.name, host_id(),
-                              tls=tls is not None)
+                              tls=tls is not None, metrics_address=maddress)
         agent = make_agent(node, address, cfg.masters, creds=cfg.creds)
         agent.register()
         agent.start()
-        announce_ready({"role": "node", "node_id": node_id,
-                        "address": f"{host}:{server.port}", "shm_name": dram.name,
-                        "tiers": {t.kind.name: t.capacity_bytes for t in tiers},
-                        "recovered": node.counters["recovered"]})
+        info = {"role": "node", "node_id": node_id, "address": f"{host}:{server.port}",
+                "shm_name": dram.name, "tiers": {t.kind.name: t.capacity_bytes for t in tiers},
+                "recovered": node.counters["recovered"]}
+        if maddress:
+            info["metrics_address"] = maddress
+        health.set(State.SERVING)
+        announce_ready(info)
         log.info("node %s serving %s:%d, tiers %s", node_id, host, server.port,
                  ", ".join(f"{t.kind.name} {t.capacity_bytes} B" for t in tiers))
         stop.wait()
+        health.set(State.DRAINING)      # probes see it first; then the port closes
+        if cfg.drain_s > 0:
+            time.sleep(cfg.drain_s)
     finally:
+        if mserver is not None:
+            mserver.stop()
         if server is not None:
             server.stop()      # no write in flight after this; every connection's queue pairs closed
         if agent is not None:

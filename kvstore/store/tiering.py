@@ -179,7 +179,7 @@ class Tiering:
                 if self._has_other_copy(obj, level):
                     self._drop_copy_locked(obj, level)
                 elif bottom:
-                    self._evict_locked(obj)
+                    self._evict_locked(obj, level)
                 else:
                     return None
                 extent = tier.allocate(record)
@@ -354,7 +354,7 @@ class Tiering:
                 if self._has_other_copy(obj, level):
                     self._drop_copy_locked(obj, level)
                 elif bottom:
-                    self._evict_locked(obj)
+                    self._evict_locked(obj, level)
                 elif moves is None or not obj.confirmed:
                     # Unconfirmed (no master applied its STORED yet): it waits in
                     # DRAM, as slower tiers, which survive a restart, hold only
@@ -364,7 +364,7 @@ class Tiering:
                     target = self._place_below_locked(obj, level)
                     if target is None:
                         self._table.counters[NodeCounter.EVICTED_NO_ROOM] += 1
-                        self._evict_locked(obj)
+                        self._evict_locked(obj, level)
                     else:
                         obj.refs += 1
                         obj.moving = True
@@ -395,7 +395,7 @@ class Tiering:
                 table.counters[NodeCounter.PROMOTION_FAILURES] += 1
                 log.error("promotion of %s from %s failed: %s; object evicted", obj.key,
                           self._levels[move.src_level].tier.kind.name, move.error)
-                self._evict_locked(obj)
+                self._evict_locked(obj, move.src_level)
         else:
             obj.copies[0] = move.dst_extent
             self._levels[0].policy.on_insert(obj.key, move.dst_extent.reserved_bytes,
@@ -417,7 +417,7 @@ class Tiering:
                 log.warning("demotion of %s to %s failed (%s): evicted", obj.key,
                             dst.tier.kind.name, move.error)
                 if obj.refs == 1:
-                    self._evict_locked(obj)
+                    self._evict_locked(obj, move.src_level)
         else:
             obj.copies[move.dst_level] = move.dst_extent
             dst.policy.on_insert(obj.key, move.dst_extent.reserved_bytes, obj.last_access_s,
@@ -444,10 +444,12 @@ class Tiering:
         if was_best:
             self._table.emit(EventKind.DEMOTED, obj, self._levels[obj.best_level()].tier.kind)
 
-    def _evict_locked(self, obj: StoredObject) -> None:
-        """Give the object up on this node (every copy): counted, and an EVICTED event."""
+    def _evict_locked(self, obj: StoredObject, level: int) -> None:
+        """Give the object up on this node (every copy), from the tier at ``level``
+        that needed the room: counted (node and tier), and an EVICTED event."""
         self._table.retire(obj)
         self._table.counters[NodeCounter.EVICTIONS] += 1
+        self._levels[level].evictions += 1
         self._table.emit(EventKind.EVICTED, obj, None)
 
     def _note_round_locked(self, level: int, need: int, freed: int, now: float) -> None:

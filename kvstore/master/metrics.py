@@ -1,0 +1,78 @@
+"""A master shard's metrics (``--metrics-port``; names in kvstore.metrics' conventions).
+
+    kvstore_requests_total{op,code}, kvstore_request_duration_seconds{op}   every gRPC call
+    kvstore_master_is_leader              1 while this process serves its shard
+    kvstore_leader_changes_total          times this process won or lost its shard's lead
+    kvstore_objects, kvstore_object_bytes complete objects indexed, and their bytes
+    kvstore_pending_puts                  puts placed and not yet stored
+    kvstore_nodes{state}                  registered nodes: alive, quarantined, dead
+    kvstore_repairs_total                 repair copies that added a replica
+    kvstore_lookup_keys_total{result}     keys looked up: hit, miss (the shard's hit rate)
+    kvstore_master_events_total{event}    every counter of kvstore.master.counters
+
+Counters add the earlier terms' counts (a new term starts a fresh index), so
+they never go down while the process lives. The figures are read on the
+server's event loop (the index has no lock), at scrape time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+from kvstore.master.counters import MasterCounter as C
+from kvstore.master.servicer import MasterServicer, now_ms
+from kvstore.metrics import ProcessMetrics, counter, gauge
+
+SCRAPE_TIMEOUT_S = 5.0
+
+
+def snapshot(servicer: MasterServicer) -> list:
+    """The shard's metric families now (call on the servicer's event loop)."""
+    leading = servicer.leading()
+    index = servicer.index
+    counts = Counter(servicer.past_counters)
+    counts.update(index.counters)
+    now = now_ms()
+    states = Counter()
+    for info in index.membership.nodes.values():
+        if not info.alive:
+            states["dead"] += 1
+        elif index.membership.is_quarantined(info.node_id, now):
+            states["quarantined"] += 1
+        else:
+            states["alive"] += 1
+    st = index.stat() if leading else None
+    out = [
+        gauge("kvstore_master_is_leader", "1 while this process serves its shard.",
+              1 if leading else 0, {"shard": str(index.shard_id)}),
+        counter("kvstore_leader_changes", "Times this process won or lost its shard's lead.",
+                servicer.leader_changes),
+        gauge("kvstore_objects", "Complete objects indexed by this shard.",
+              st.num_objects if st else 0),
+        gauge("kvstore_object_bytes", "Bytes of the complete objects indexed (B).",
+              st.total_bytes if st else 0),
+        gauge("kvstore_pending_puts", "Puts placed and not yet stored.",
+              st.pending_puts if st else 0),
+        gauge("kvstore_nodes", "Registered store nodes by state.",
+              samples=[({"state": s}, states[s]) for s in ("alive", "quarantined", "dead")]),
+        counter("kvstore_repairs", "Repair copies that added a replica.", counts[C.REPAIRS]),
+        counter("kvstore_lookup_keys", "Keys looked up, by result.",
+                samples=[({"result": "hit"}, counts[C.LOOKUP_HITS]),
+                         ({"result": "miss"}, counts[C.LOOKUP_MISSES])]),
+        counter("kvstore_master_events", "The shard's counters (kvctl stats), all terms.",
+                samples=[({"event": c.value}, counts[c]) for c in C]),
+    ]
+    return out
+
+
+def register(metrics: ProcessMetrics, servicer: MasterServicer,
+             loop: asyncio.AbstractEventLoop) -> None:
+    """Add the shard's collector to ``metrics``; scrapes read it on ``loop``."""
+    async def read():
+        return snapshot(servicer)
+
+    def collect():
+        return asyncio.run_coroutine_threadsafe(read(), loop).result(SCRAPE_TIMEOUT_S)
+
+    metrics.collect(collect)
