@@ -207,6 +207,7 @@ class ClusterSpec:
     log_dir: str | None = None
     http_port: int | None = None       # serve the HTTP front on it (0: any free port); None: off
     conductor_args: tuple[str, ...] = ()   # extra conductor options (deadlines, probes)
+    metrics: bool = False              # every process serves --metrics-port 0 (READY: metrics_address)
 
 
 class LocalCluster:
@@ -230,11 +231,13 @@ class LocalCluster:
         s = self.spec
         step = on_step or (lambda name: None)
         try:
+            observed = ("--metrics-port", "0") if s.metrics else ()
             store = start_store_cluster(1, s.num_nodes, dram=s.node_dram, eviction_policy="default",
-                                        node_prefix="node", procs=self.procs, on_step=step)
+                                        node_prefix="node", procs=self.procs, on_step=step,
+                                        master_args=observed, node_args=observed)
             self.master = store.master
             common = ["--master", self.master, "--model", s.model, "--block-tokens",
-                      str(s.block_tokens), "--kv-pages", str(s.kv_pages)]
+                      str(s.block_tokens), "--kv-pages", str(s.kv_pages), *observed]
             routes = []
             for role, count in (("prefill", s.num_prefill), ("decode", s.num_decode)):
                 for i in range(count):
@@ -244,7 +247,7 @@ class LocalCluster:
                     routes += [f"--{role}", f"{role}{i}={c.address}"]
             step("conductor")
             args = ["--master", self.master, "--model", s.model, "--block-tokens",
-                    str(s.block_tokens), *routes]
+                    str(s.block_tokens), *routes, *observed]
             if not s.use_cache:
                 args.append("--no-cache")
             if s.http_port is not None:

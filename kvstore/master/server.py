@@ -84,11 +84,13 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
 async def _maintenance(servicer: MasterServicer, period_s: float,
                        health: Health | None = None) -> None:
     """Expire dead nodes and stale puts, and plan repair copies, every ``period_s``;
-    keep ``health`` SERVING while leading, STANDBY otherwise."""
+    keep ``health`` SERVING while leading (past a new term's warm-up, while nodes
+    re-register), STANDBY otherwise."""
     while True:
         leading = servicer.leading()
         if health is not None:
-            health.set(State.SERVING if leading else State.STANDBY)
+            health.set(State.SERVING if leading and not servicer.warming_up()
+                       else State.STANDBY)
         await asyncio.sleep(period_s)
         if not servicer.leading():
             continue

@@ -68,6 +68,9 @@ def bench_command(
     tls: bool = typer.Option(False, "--tls",
                              help="also measure kvstore's TCP paths over mutual TLS "
                                   "(a second cluster with throwaway certificates and tokens)"),
+    metrics: bool = typer.Option(False, "--metrics",
+                                 help="kvstore's master and node serve --metrics-port and are "
+                                      "scraped every few seconds (what metrics cost)"),
     log_dir: Optional[str] = typer.Option(None, help="cluster logs (default: a temp dir)"),
 ) -> None:
     """Measure kvstore's data plane beside memcpy, a raw socket, Redis and Mooncake Store."""
@@ -97,7 +100,7 @@ def bench_command(
                              warmup_s=warmup_s, rounds=rounds, verify=verify, clients=clients,
                              concurrent_shm=concurrent_shm, batch_keys=batch_keys,
                              exists_keys=exists_keys, node_dram=node_dram, use_redis=redis,
-                             use_mooncake=mooncake, tls=tls,
+                             use_mooncake=mooncake, tls=tls, metrics=metrics,
                              progress=step, note=lambda t: err.print(f"note: {t}"))
     except (ChildFailed, RuntimeError) as exc:
         err.print(f"[red]benchmark failed:[/] {exc}")

@@ -253,6 +253,8 @@ class BenchConfig:
     use_redis: bool = True
     use_mooncake: bool = True
     tls: bool = False                  # also measure kvstore over mutual TLS (the +tls rows)
+    metrics: bool = False              # kvstore's processes serve --metrics-port, scraped
+                                       # every METRICS_SCRAPE_S (the cost of metrics)
     rounds: int = 3                    # the timed budget's rounds; the median one is reported
     progress: Callable[[str], None] = lambda label: None
     note: Callable[[str], None] = lambda text: None

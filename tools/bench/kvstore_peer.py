@@ -87,6 +87,43 @@ def _client_worker(master: str, prefer_shm: bool, verify: bool | None, pool_byte
                 pipe.send(("error", repr(exc)))
 
 
+#: With ``--metrics``: every kvstore process's /metrics is read this often (s), as a
+#: Prometheus server scraping at a short interval would.
+METRICS_SCRAPE_S = 5.0
+
+
+class _Scraper:
+    """Reads ``addresses``' /metrics every :data:`METRICS_SCRAPE_S` on a thread."""
+
+    def __init__(self, addresses: list[str]):
+        import threading
+
+        self.addresses = addresses
+        self.scrapes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-scraper", daemon=True)
+
+    def start(self) -> "_Scraper":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        import urllib.request
+
+        while not self._stop.wait(METRICS_SCRAPE_S):
+            for a in self.addresses:
+                try:
+                    with urllib.request.urlopen(f"http://{a}/metrics", timeout=5) as r:
+                        r.read()
+                    self.scrapes += 1
+                except OSError:      # the cluster is stopping
+                    return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
 class KvstorePeer(Peer):
     """A master and one node (the launcher's), clients on both paths and the concurrent workers.
 
@@ -110,11 +147,16 @@ class KvstorePeer(Peer):
         self.kv_shm = self.kv_tcp = self.kv_admin = None
         self.shm_name = ""
         sec = secured or Secured((), {})
+        observed = ("--metrics-port", "0") if cfg.metrics else ()
+        self.scraper: _Scraper | None = None
         try:
             store = start_store_cluster(1, 1, dram=cfg.node_dram, eviction_policy="default",
                                         node_prefix="bench", procs=self.procs,
-                                        master_args=sec.server_args, node_args=sec.server_args,
-                                        env=sec.env)
+                                        master_args=(*sec.server_args, *observed),
+                                        node_args=(*sec.server_args, *observed), env=sec.env)
+            if cfg.metrics and not self.secured:
+                self.scraper = _Scraper([c.info["metrics_address"] for c in
+                                         (store.shards[0][0], store.nodes["bench0"])]).start()
             master = store.master
             self.kv_tcp = KVClient(master, prefer_shm=False, verify_checksum=cfg.verify,
                                    **sec.client)
@@ -295,6 +337,8 @@ class KvstorePeer(Peer):
         return [Row(System.KVSTORE, DataPath.TCP, Op.EXISTS, 0, 0.0, keys_per_s)]
 
     def stop(self) -> None:
+        if self.scraper is not None:
+            self.scraper.stop()
         stop_workers(self.workers)
         admin = self.kv_admin if self.kv_admin is not self.kv_tcp else None
         for kv in (self.kv_shm, self.kv_tcp, admin):
