@@ -300,7 +300,7 @@ class MetricsServer:
     def __init__(self, metrics: ProcessMetrics, health: Health, host: str = "127.0.0.1",
                  port: int = 0, tokens=None, tls: TlsFiles | None = None):
         handler = _handler(metrics, health, tokens)
-        self._httpd = ThreadingHTTPServer((host, port), handler)
+        self._httpd = _QuietServer((host, port), handler)
         self._httpd.daemon_threads = True
         if tls is not None:
             ctx = server_context(TlsFiles(tls.cert, tls.key))
@@ -318,6 +318,12 @@ class MetricsServer:
     def stop(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
+
+
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        # A failed TLS handshake or a dropped scrape: not worth a traceback.
+        log.debug("metrics request from %s failed", client_address, exc_info=True)
 
 
 def _handler(metrics: ProcessMetrics, health: Health, tokens):
