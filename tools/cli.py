@@ -79,6 +79,9 @@ def up(
     etcd: Optional[str] = typer.Option(None, help="etcd URL for leader election, or 'local' "
                                                   "to start one (needs etcd on PATH)"),
     dram: str = typer.Option("256MiB", help="DRAM tier per store node"),
+    metrics: bool = typer.Option(False, "--metrics",
+                                 help="every process serves /metrics, /health and /ready "
+                                      "(addresses printed; kvctl top finds them)"),
     log_dir: Optional[str] = typer.Option(None, help="process logs (default: a temp dir)"),
 ) -> None:
     """Start master shards and store nodes on this machine; runs until Ctrl-C."""
@@ -92,12 +95,17 @@ def up(
     if standbys and not etcd:
         etcd = "local"
     log_dir = log_dir or tempfile.mkdtemp(prefix="kvstore-up-")
+    observed = ("--metrics-port", "0") if metrics else ()
     try:
         c = start_store_cluster(masters, nodes, standbys=standbys, etcd=etcd, dram=dram,
-                                log_dir=log_dir, on_step=console.print)
+                                log_dir=log_dir, on_step=console.print,
+                                master_args=observed, node_args=observed)
     except ChildFailed as exc:
         console.print(f"[red]a cluster process failed:[/] {exc} (logs in {log_dir})")
         raise typer.Exit(1)
+    if metrics:
+        for child in [m for shard in c.shards for m in shard] + list(c.nodes.values()):
+            console.print(f"{child.name}: metrics at http://{child.info['metrics_address']}/metrics")
     console.print(f"shard map: {c.shard_map}")
     if c.etcd is not None:
         console.print(f"etcd: {c.etcd.url}")
