@@ -268,14 +268,9 @@ def _code(context, default: str) -> str:
         code = context.code()
     except Exception:
         return default
-    if code is None:
-        return default
     if isinstance(code, grpc.StatusCode):
         return code.name
-    try:
-        return grpc.StatusCode(code).name if not isinstance(code, int) else _BY_VALUE[code]
-    except (KeyError, ValueError):
-        return default
+    return _BY_VALUE.get(code, default)      # an int, or None: not set
 
 
 _BY_VALUE = {c.value[0]: c.name for c in grpc.StatusCode}

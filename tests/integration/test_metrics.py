@@ -269,3 +269,28 @@ def test_metrics_need_an_admin_or_metrics_token(tmp_path):
         assert http_status(maddr, "/health") == 200 and http_status(maddr, "/ready") == 200
         # The gRPC health service answers without a token too (probes carry none).
         assert grpc_health(master.address) == "SERVING"
+
+
+def test_check_config_reads_the_files_and_serves_nothing(tmp_path):
+    import subprocess
+    import sys
+
+    def check(*argv):
+        return subprocess.run([sys.executable, "-m", "kvstore.tools.services", *argv,
+                               "--check-config"], capture_output=True, text=True, timeout=60)
+
+    auth = tmp_path / "auth"
+    auth.write_text(f"admin {'a' * 20}\n")
+    ok = check("master", "--host", "0.0.0.0", "--port", "7000", "--auth", str(auth),
+               "--metrics-port", "9100", "--drain-s", "5")
+    assert ok.returncode == 0 and ok.stdout.strip() == "kvstore master: configuration ok", ok
+    for argv, words in ((("master", "--host", "0.0.0.0"), "--auth"),
+                        (("master", "--auth", str(tmp_path / "missing")), "missing"),
+                        (("node", "--master", "m:1", "--dram", "lots"), "lots"),
+                        (("conductor", "--master", "m:1", "--prefill", "p:1", "--decode", "d:1",
+                          "--http-port", "0", "--http-host", "0.0.0.0"), "--auth")):
+        bad = check(*argv)
+        assert bad.returncode == 2, (argv, bad)
+        assert len(bad.stderr.strip().splitlines()) == 1 and words in bad.stderr, bad.stderr
+    typo = check("master", "--metrics-prot", "9100")
+    assert typo.returncode == 2 and "unrecognized arguments" in typo.stderr
