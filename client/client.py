@@ -366,6 +366,14 @@ class KVClient:
         """Each master shard's stats (nodes, objects, counters)."""
         return self._control.stat()
 
+    def answering_master(self, shard_id: int) -> str:
+        """host:port of the master of shard ``shard_id`` that answered the latest call
+        to it (after :meth:`stat`, the shard's leader); "" for a shard not in the map."""
+        for r in self.shard_map.ranges:
+            if r.shard_id == shard_id:
+                return self._control.answering(r.addresses)
+        return ""
+
     def close(self) -> None:
         """Close the data connections of every thread and the master channels;
         later calls raise Unavailable."""

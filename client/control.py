@@ -288,6 +288,11 @@ class Control:
         return [wire.shard_status(self.call(r.addresses, "Stat", pb.StatRequest()))
                 for r in self.shard_map.ranges]
 
+    def answering(self, addresses: tuple[str, ...]) -> str:
+        """Which of a shard's masters ``addresses`` answered its latest call (the
+        first before any call): the one the next call tries first."""
+        return addresses[self._leader.get(addresses, 0)]
+
     def report_failure(self, key: str, node_id: NodeId, reason: str) -> None:
         """Tell the shard of ``key`` that a transfer with ``node_id`` failed.
 
