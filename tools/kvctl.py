@@ -31,6 +31,7 @@ from rich.table import Table
 from kvstore.errors import KVStoreError, NotFound
 from kvstore.keys import key_slot, validate_key
 from kvstore.sizes import format_size
+from kvstore.tools import top as top_view
 from kvstore.types import NodeStatus, ObjectMeta, ReplicaState, TierKind, TierStats
 
 EXIT_ERROR = 1
@@ -66,15 +67,10 @@ def _client(ctx: typer.Context) -> Iterator[Any]:
     try:
         if not settings.master:
             raise CommandFailed("no master address: pass --master HOST:PORT or set KVSTORE_MASTER")
-        from kvstore.auth import client_token
         from kvstore.client import KVClient   # imported late: --help stays fast
 
-        try:
-            token = client_token(token_file=settings.token_file or None)
-        except OSError as exc:
-            raise CommandFailed(f"cannot read the token file: {exc}") from None
         kv = KVClient(settings.master, prefer_shm=False, timeout_s=settings.timeout_s,
-                      token=token)
+                      token=_token(settings))
         yield kv
     except KVStoreError as err:
         typer.echo(f"kvctl: error: {type(err).__name__}: {err}", err=True)
@@ -85,6 +81,20 @@ def _client(ctx: typer.Context) -> Iterator[Any]:
     finally:
         if kv is not None:
             kv.close()
+
+
+def _token(settings: Settings) -> str | None:
+    """The token of --token-file, else the environment's (None: anonymous).
+
+    Raises:
+        CommandFailed: the token file cannot be read.
+    """
+    from kvstore.auth import client_token
+
+    try:
+        return client_token(token_file=settings.token_file or None)
+    except OSError as exc:
+        raise CommandFailed(f"cannot read the token file: {exc}") from None
 
 
 def _table(**kwargs) -> Table:
@@ -156,13 +166,7 @@ def meta_json(m: ObjectMeta) -> dict:
 
 def _nodes(kv) -> list[NodeStatus]:
     """Every node any shard knows, once each (by node id)."""
-    seen: dict[str, NodeStatus] = {}
-    for st in kv.stat():
-        for n in st.nodes:
-            prev = seen.get(n.address.node_id)
-            if prev is None or n.last_heartbeat_ms > prev.last_heartbeat_ms:
-                seen[n.address.node_id] = n
-    return sorted(seen.values(), key=lambda n: n.address.node_id)
+    return top_view.latest_nodes(kv.stat())
 
 
 # ---- commands ----
@@ -375,6 +379,72 @@ def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         node_counters.add_row(name, str(sum(s["node_counters"].get(name, 0) for s in out)))
     if node_counters.row_count:
         console.print(node_counters)
+
+
+@app.command()
+def top(
+    ctx: typer.Context,
+    interval: Annotated[float, typer.Option(
+        "--interval", min=0.1, help="Seconds between refreshes (with --once: between the "
+                                    "two samples).")] = 2.0,
+    once: Annotated[bool, typer.Option(
+        "--once", help="Take two samples --interval apart, show them once and exit.")] = False,
+    conductors: Annotated[Optional[list[str]], typer.Option(
+        "--conductor-metrics", metavar="HOST:PORT",
+        help="A conductor's metrics port (repeatable): TTFT, rejections.")] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="One JSON object on stdout (implies --once).")] = False,
+) -> None:
+    """Live view: tier use and evictions/s per node; objects, lookups/s and hit rate per
+    shard; requests/s and p99 per op of every process with a metrics port."""
+    from kvstore.tls import TlsFiles
+
+    with _client(ctx) as kv:
+        settings: Settings = ctx.obj
+        scraper = top_view.Scraper(_token(settings), TlsFiles.client_from_env(),
+                                   settings.timeout_s)
+        watched = tuple(conductors or ())
+        before = top_view.take_sample(kv, scraper, watched)
+        if once or as_json:
+            time.sleep(interval)
+            summary = top_view.summarize(before, top_view.take_sample(kv, scraper, watched))
+            if as_json:
+                _emit_json(summary)
+            else:
+                _console().print(top_view.render(summary, _table))
+            return
+        _live(kv, scraper, watched, interval, before)
+
+
+def _live(kv, scraper, watched: tuple[str, ...], interval: float, before) -> None:
+    """Redraw every ``interval`` s until Ctrl-C; a failed Stat shows and is retried."""
+    from rich.console import Group
+    from rich.live import Live
+
+    console = _console()
+    shown = None
+    due = time.monotonic()
+    with Live(f"sampling every {interval:g} s ...", console=console,
+              auto_refresh=False) as live:
+        try:
+            while True:
+                due += interval
+                time.sleep(max(0.0, due - time.monotonic()))
+                try:
+                    after = top_view.take_sample(kv, scraper, watched)
+                except KVStoreError as err:
+                    note = f"[red]{time.strftime('%H:%M:%S')} {type(err).__name__}: {err}[/red]"
+                    live.update(Group(*(x for x in (shown, note) if x is not None)),
+                                refresh=True)
+                    continue
+                summary = top_view.summarize(before, after)
+                title = (f"[bold]kvctl top[/bold]  {time.strftime('%H:%M:%S')}  window "
+                         f"{summary['interval_s']:.1f} s  (Ctrl-C quits)")
+                shown = top_view.render(summary, _table, title)
+                live.update(shown, refresh=True)
+                before = after
+        except KeyboardInterrupt:
+            pass
 
 
 def main() -> None:
