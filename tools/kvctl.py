@@ -3,6 +3,7 @@
     kvctl --master 127.0.0.1:50051 nodes
     KVSTORE_MASTER=127.0.0.1:50051 kvctl ls block/ --limit 20
     kvctl inspect KEY | evict KEY | rm KEY | stats
+    kvctl top [--interval 2] [--conductor-metrics HOST:PORT]   (live; --once --json: one sample)
     KVSTORE_TOKEN=... kvctl --master HOST:PORT evict KEY     (a cluster started with --auth)
 
 Every command takes ``--json``: machine-readable JSON on stdout, sizes as raw
