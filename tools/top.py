@@ -421,15 +421,15 @@ def render(summary: dict, make_table: Callable[..., Table], title: str = "") -> 
     makes an empty rich Table in kvctl's style."""
     parts: list = [title] if title else []
     shards = make_table(title="shards")
-    for col in ("shard", "leader", "objects", "bytes", "pending", "nodes", "puts/s",
-                "lookups/s", "hit %"):
+    for col in ("shard", "leader", "objects", "bytes", "pending", "puts/s", "lookups/s",
+                "hit %"):
         shards.add_column(col, justify="left" if col in ("shard", "leader") else "right",
                           overflow="fold" if col == "leader" else "ellipsis")
     for s in summary["shards"]:
         hit = None if s["hit_rate"] is None else 100.0 * s["hit_rate"]
         shards.add_row(str(s["shard_id"]), s["leader"], str(s["num_objects"]),
                        format_size(s["total_bytes"]), str(s["pending_puts"]),
-                       f"{s['nodes_alive']}/{s['nodes']}", _num(s["puts_per_s"]),
+                       _num(s["puts_per_s"]),
                        _num(s["lookups_per_s"]), _num(hit))
     parts.append(shards)
 
