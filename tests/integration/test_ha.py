@@ -68,6 +68,9 @@ def test_failover_keeps_data_and_service(ha):
         for k, v in data.items():
             assert bytes(kv.get(k)) == v
         assert sum(serving(m.address) for m in ha.shards[0] if m.proc.poll() is None) == 1
+        kv.stat()                               # what kvctl top names each shard's leader by
+        assert [kv.answering_master(i) for i in (0, 1)] == [
+            ha.shards[0][1 - who[0]].address, ha.shards[1][who[1]].address]
     with KVClient(ha.master, prefer_shm=False) as fresh:     # no cached metadata
         for k, v in data.items():
             assert bytes(fresh.get(k)) == v
