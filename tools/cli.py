@@ -202,7 +202,16 @@ _service("conductor", "Run the conductor (see --help).")
 _service("http", "Run the OpenAI-style HTTP front alone, before a conductor (see --help).")
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main() -> None:
+    """Console-script entry point (``kvstore``). SIGTERM is handled as Ctrl-C, so a
+    command that started processes (up, demo, hosts, bench, ...) stops them first."""
+    import signal
+
+    signal.signal(signal.SIGTERM, _interrupt)
     app()
 
 
