@@ -41,31 +41,25 @@ BASE = DEPLOY / "kubernetes"
 K8S_VERSION = "1.33.0"
 ROLES = ("admin", "client", "node", "metrics")
 CHECK_TIMEOUT_S = 120.0
-SERVICES = {"master", "node", "prefill", "decode", "conductor", "http"}
+README_BASE = "../kvstore/deploy/kubernetes"     # the base, as the README's overlay names it
 
 
 # ---- rendering ----
 
 def with_secrets(tmp: Path, base: Path) -> Path:
-    """An overlay of ``base`` whose secret holds freshly generated tokens (as the
-    README tells an operator to make one)."""
+    """The README's overlay of ``base`` (its kustomization.yaml, word for word but
+    for the path of the base), with freshly generated tokens."""
+    readme = (REPO / "README.md").read_text()
+    kustomization = re.search(r"cat > kustomization.yaml <<'YAML'\n(.*?)\nYAML\n", readme, re.S)
+    assert kustomization and README_BASE in kustomization.group(1), "README's overlay moved"
     overlay = tmp / "overlay"
     overlay.mkdir()
     tokens = {role: secrets.token_hex(16) for role in ROLES}
     (overlay / "tokens").write_text("".join(f"{r} {t}\n" for r, t in tokens.items()))
     for role in ("node", "client", "metrics"):
         (overlay / f"{role}.token").write_text(tokens[role] + "\n")
-    (overlay / "kustomization.yaml").write_text(f"""\
-namespace: kvstore
-bases:
-  - {Path(os.path.relpath(base, overlay)).as_posix()}
-generatorOptions:
-  disableNameSuffixHash: true
-secretGenerator:
-  - name: kvstore-secrets
-    behavior: replace
-    files: [tokens, node.token, client.token, metrics.token]
-""")
+    (overlay / "kustomization.yaml").write_text(kustomization.group(1).replace(
+        README_BASE, Path(os.path.relpath(base, overlay)).as_posix()) + "\n")
     return overlay
 
 
@@ -246,8 +240,9 @@ def test_each_master_serves_the_shard_that_lists_its_address(docs, tmp_path):
         shard_map = ShardMap.parse(flag(argv, "--shard-map"))
         shard = int(flag(argv, "--shard-id"))
         me = f"{flag(argv, '--advertise-host')}:{flag(argv, '--port')}"
-        (mine,) = [r for r in shard_map.ranges if r.shard_id == shard]
-        assert me in mine.addresses, f"{pod.name} serves shard {shard}, listed elsewhere"
+        mine = [r for r in shard_map.ranges if r.shard_id == shard]
+        assert len(mine) == 1, f"{pod.name}: shard {shard} is not in the shard map"
+        assert me in mine[0].addresses, f"{pod.name} serves shard {shard}, listed elsewhere"
         served.add(me)
         listed |= {a for r in shard_map.ranges for a in r.addresses}
     assert listed == served                   # every listed master is a pod, and back
