@@ -185,15 +185,19 @@ def mount_folders(pod: Pod, container: dict, docs: list[dict], root: Path) -> di
     return out
 
 
+def _mount_pattern(paths) -> re.Pattern:
+    """Any of ``paths`` where it starts a path: ``/dev/shm/x``, not ``/x/dev/shm``
+    nor ``/dev/shmx`` (longest first)."""
+    alt = "|".join(re.escape(p.rstrip("/")) for p in sorted(paths, key=len, reverse=True))
+    return re.compile(rf"(?<![\w./-])({alt})(?=/|$|[^\w.-])")
+
+
 def _relocate(text: str, mounts: dict[str, Path]) -> str:
-    """``text`` with each mount path that starts a path (``/dev/shm/x``, not
-    ``/x/dev/shm``) replaced by its folder, in one pass (longest path first)."""
+    """``text`` with each mount path replaced by its folder, in one pass."""
     if not mounts:
         return text
     paths = {p.rstrip("/"): str(f) for p, f in mounts.items()}
-    pattern = "|".join(re.escape(p) for p in sorted(paths, key=len, reverse=True))
-    return re.sub(rf"(?<![\w./-])({pattern})(?=/|$|[^\w.-])",
-                  lambda m: paths[m.group(1)], text)
+    return _mount_pattern(paths).sub(lambda m: paths[m.group(1)], text)
 
 
 def runs_kvstore(container: dict) -> bool:
@@ -216,6 +220,12 @@ def launch(pod: Pod, container: dict, docs: list[dict], root: Path,
     mounts = mount_folders(pod, container, docs, root)
     command = [_relocate(expand(a, env), mounts) for a in container.get("command", [])]
     args = [_relocate(expand(a, env), mounts) for a in container.get("args", [])]
+    for a in command + args:     # e.g. a wrapper's rm of /dev/shm/... must stay in root
+        for folder in sorted(map(str, mounts.values()), key=len, reverse=True):
+            a = a.replace(folder, "<mounted>")
+        left = _mount_pattern(mounts).search(a) if mounts else None
+        if left:
+            raise AssertionError(f"{pod.name}: mount path {left[1]} not relocated in {a!r}")
     argv = []
     for a in command + args + list(extra_args):
         argv += list(program) if a == "kvstore" else [a]

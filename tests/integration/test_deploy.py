@@ -22,7 +22,6 @@ import re
 import secrets
 import shutil
 import subprocess
-import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -346,8 +345,10 @@ def test_dashboard_charts_every_exported_metric_by_its_real_name():
 def test_dockerfile_copies_every_package_folder():
     text = (DEPLOY / "Dockerfile").read_text()
     copied = set(re.findall(r"^COPY (\w+) \1$", text, flags=re.M))
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())
-    folders = set(project["tool"]["setuptools"]["package-dir"].values()) | {"kvstore", "proto"}
+    pyproject = (REPO / "pyproject.toml").read_text()
+    section = pyproject.split("[tool.setuptools.package-dir]", 1)[1].split("\n[", 1)[0]
+    folders = set(re.findall(r'^"[\w.]+" = "(\w+)"$', section, flags=re.M)) | {"kvstore", "proto"}
+    assert len(folders) >= 6, folders
     assert folders <= copied, f"not copied into the image: {sorted(folders - copied)}"
     assert "-c /tmp/constraints.txt" in text
 
