@@ -11,7 +11,8 @@ copy with a misspelled flag must fail the same check. The rest reads the
 rendered resources: the masters' shard layout, every in-cluster address, the
 node's memory rule, probes, scrape settings, the dashboard and the image.
 
-Skipped without kubectl (CI installs Debian's kubernetes-client; .ci/run).
+What needs kubectl is skipped without it (CI installs Debian's kubernetes-client;
+.ci/run).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import pytest
 import k8stest
 from k8stest import find, launch, pods, quantity_bytes, render, runs_kvstore
 
-pytestmark = pytest.mark.skipif(
+needs_kubectl = pytest.mark.skipif(
     k8stest.kubectl() is None,
     reason="kubectl is not installed (Debian: apt-get install kubernetes-client; .ci/run does)")
 
@@ -134,6 +135,7 @@ def check_configs(docs: list[dict], root: Path, only: str | None = None,
 
 # ---- render and validate ----
 
+@needs_kubectl
 def test_base_renders_and_every_resource_validates(base_docs):
     kinds = sorted({(d["kind"], d["metadata"]["name"]) for d in base_docs})
     for expected in [("StatefulSet", "kvstore-etcd"), ("StatefulSet", "kvstore-master"),
@@ -145,6 +147,7 @@ def test_base_renders_and_every_resource_validates(base_docs):
     validate(base_docs)
 
 
+@needs_kubectl
 def test_external_etcd_overlay_drops_etcd_and_points_the_masters_away(docs):
     ext = in_one_namespace(render(DEPLOY / "overlays" / "external-etcd"))
     validate(ext)
@@ -157,6 +160,7 @@ def test_external_etcd_overlay_drops_etcd_and_points_the_masters_away(docs):
     assert env["ETCD_URL"] == url
 
 
+@needs_kubectl
 def test_service_monitor_scrapes_every_metrics_port_with_the_metrics_token(docs):
     """The ServiceMonitor's CRD is not in kubernetes-validate's schemas: its shape is
     checked here, against the Services and the secret it names."""
@@ -181,6 +185,7 @@ def test_service_monitor_scrapes_every_metrics_port_with_the_metrics_token(docs)
 
 # ---- the command lines, run ----
 
+@needs_kubectl
 def test_every_kvstore_command_line_passes_check_config(docs, tmp_path):
     results = check_configs(docs, tmp_path)
     assert len(results) >= 8          # 4 masters, a node, prefill, decode, conductor
@@ -189,6 +194,7 @@ def test_every_kvstore_command_line_passes_check_config(docs, tmp_path):
         assert "configuration ok" in proc.stdout, name
 
 
+@needs_kubectl
 def test_placeholder_secrets_are_refused(base_docs, tmp_path):
     """The committed secret is placeholders: applied as is, every server refuses."""
     results = check_configs(base_docs, tmp_path, first_pods=True)
@@ -198,6 +204,7 @@ def test_placeholder_secrets_are_refused(base_docs, tmp_path):
         assert "16 characters" in proc.stderr, name
 
 
+@needs_kubectl
 def test_a_misspelled_flag_fails_the_check(tmp_path):
     base = tmp_path / "kubernetes"
     shutil.copytree(BASE, base)
@@ -228,6 +235,7 @@ def flag(argv: list[str], name: str) -> str:
     return values[0]
 
 
+@needs_kubectl
 def test_each_master_serves_the_shard_that_lists_its_address(docs, tmp_path):
     from kvstore.shardmap import ShardMap
 
@@ -250,6 +258,7 @@ def test_each_master_serves_the_shard_that_lists_its_address(docs, tmp_path):
                for s in shards), "every shard has a standby"
 
 
+@needs_kubectl
 def test_in_cluster_addresses_name_services_and_pods_that_exist(docs, tmp_path):
     services = {s["metadata"]["name"]: s for s in docs if s["kind"] == "Service"}
     sets = {d["spec"]["serviceName"]: d for d in docs if d["kind"] == "StatefulSet"}
@@ -281,6 +290,7 @@ def test_in_cluster_addresses_name_services_and_pods_that_exist(docs, tmp_path):
     assert int(port) in {p["port"] for p in services[host]["spec"]["ports"]}
 
 
+@needs_kubectl
 def test_node_memory_limit_is_dram_plus_headroom(docs):
     from kvstore.sizes import parse_size
 
@@ -299,6 +309,7 @@ def test_node_memory_limit_is_dram_plus_headroom(docs):
     assert any(m["mountPath"] == ssd for m in node["volumeMounts"])
 
 
+@needs_kubectl
 def test_probes_drain_and_scrape_settings(docs):
     for pod, c in kvstore_containers(docs):
         tpl = pod.workload["spec"]["template"]
