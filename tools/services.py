@@ -140,6 +140,23 @@ def _checked(name: str, a: argparse.Namespace, cfg) -> bool:
     return True
 
 
+def _check_shard(cfg) -> None:
+    """What a master's ``serve`` refuses about ``--shard-id`` and ``--port``, for
+    ``--check-config`` (it would otherwise say "configuration ok" to both).
+
+    Raises:
+        ValueError: the shard map does not name the shard, or names several
+            masters for it and no ``--port`` says which one this process is.
+    """
+    if cfg.shard_map is None:
+        return
+    mine = [r for r in cfg.shard_map.ranges if r.shard_id == cfg.shard_id]
+    if not mine:
+        raise ValueError(f"shard {cfg.shard_id} is not in the shard map")
+    if not cfg.port and len(mine[0].addresses) > 1:
+        raise ValueError("the shard has several addresses; pick one with --port")
+
+
 def master_main(argv: list[str]) -> None:
     from kvstore.master.server import MasterConfig, serve
     from kvstore.shardmap import ShardMap
@@ -163,6 +180,8 @@ def master_main(argv: list[str]) -> None:
         host=a.host, port=a.port, node_ttl_ms=a.node_ttl_ms, shard_id=a.shard_id,
         shard_map=ShardMap.parse(a.shard_map) if a.shard_map else None, etcd=a.etcd,
         cluster_name=a.cluster_name, lease_ttl_s=a.lease_ttl_s, **_secured(a))
+    if a.check_config:
+        _check_shard(cfg)
     if not _checked("master", a, cfg):
         asyncio.run(serve(cfg))
 
