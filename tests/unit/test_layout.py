@@ -132,3 +132,12 @@ def test_no_source_file_passes_the_size_limit():
             if n > MAX_LINES:
                 big.append(f"{f.relative_to(ROOT)}: {n} lines")
     assert big == []
+
+
+def test_no_two_test_files_share_a_name():
+    # tests/ has no __init__.py: pytest imports test files by basename, and a
+    # second file of the same name stops the whole run at collection.
+    seen: dict[str, pathlib.Path] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        other = seen.setdefault(path.name, path)
+        assert other == path, f"{path} and {other} share a name"
