@@ -13,10 +13,11 @@ Thread safety: owned by the master's event loop; not locked.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from dataclasses import dataclass, field
 
-from kvstore.errors import PermissionDenied
+from kvstore.errors import InvalidArgument, PermissionDenied
 from kvstore.types import CopyOrder, DropOrder, NodeAddress, NodeId, ObjectId, ObjectKey, TierStats
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,45 @@ class NodeInfo:
         return max(0, self.capacity_bytes - self.used_bytes - self.reserved_bytes)
 
 
+MAX_NODE_ID_CHARS = 128
+MAX_HOST_CHARS = 253          # a DNS name's limit
+MAX_NAME_CHARS = 255          # shm names, host ids, metrics addresses
+
+
+def check_address(a: NodeAddress) -> None:
+    """Refuse a node address no client could use, before it is handed to any.
+
+    Raises:
+        InvalidArgument: an empty or overlong node id, host or name; a host that
+            is neither an IP address nor a DNS name (IDNA); a port outside 1-65535.
+    """
+    def bad(what: str) -> InvalidArgument:
+        return InvalidArgument(f"node address: {what}")
+
+    if not a.node_id or len(a.node_id) > MAX_NODE_ID_CHARS or not a.node_id.isprintable():
+        raise bad(f"node id must be 1-{MAX_NODE_ID_CHARS} printable characters")
+    if not 1 <= a.data_port <= 65535:
+        raise bad(f"data port {a.data_port} is outside 1-65535")
+    for name, value in (("shm name", a.shm_name), ("host id", a.host_id),
+                        ("metrics address", a.metrics_address)):
+        if len(value) > MAX_NAME_CHARS or not value.isprintable():
+            raise bad(f"{name} must be at most {MAX_NAME_CHARS} printable characters")
+    host = a.host
+    if not host or len(host) > MAX_HOST_CHARS:
+        raise bad(f"host must be 1-{MAX_HOST_CHARS} characters")
+    try:
+        ipaddress.ip_address(host)
+        return
+    except ValueError:
+        pass
+    try:
+        host.encode("idna")
+    except UnicodeError as exc:
+        raise bad(f"host {host[:64]!r} is not a host name ({exc})") from None
+    if any(c.isspace() or c in "/:@[]" for c in host):
+        raise bad(f"host {host[:64]!r} is not a host name")
+
+
 class Membership:
     """The nodes a master shard knows.
 
@@ -96,10 +136,12 @@ class Membership:
         """Add or re-add a node. Returns (info, was_known).
 
         Raises:
+            InvalidArgument: an address clients could not use (see :func:`check_address`).
             PermissionDenied: the id is alive under another incarnation or token
                 (a second process claiming a live node's id is refused, not obeyed;
                 a restarted node is accepted once its old registration expired).
         """
+        check_address(reg.address)
         node_id = reg.address.node_id
         old = self.nodes.get(node_id)
         if old is not None and self._alive_now(old, now_ms):

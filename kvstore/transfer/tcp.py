@@ -74,8 +74,10 @@ class NodeConnection:
                     except OSError:
                         self.sock.close()
                         raise
-        except OSError as exc:
-            where = f"{host}:{port}" if not unix_address else repr(unix_address)
+        except (OSError, UnicodeError, ValueError, OverflowError) as exc:
+            # UnicodeError: a host no resolver takes (an IDNA label over 63 chars);
+            # OverflowError: a port outside 0-65535. Both are the address's fault.
+            where = f"{host[:80]}:{port}" if not unix_address else repr(unix_address)
             raise Unavailable(f"cannot connect to store node {where}: {exc}") from exc
         tune_socket(self.sock)
         self.reader = FrameReader(self.sock, _READ_AHEAD_BYTES)

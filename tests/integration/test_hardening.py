@@ -1,0 +1,55 @@
+"""Issue 13's bugs, each on real processes (a test per bug; see the issue).
+
+    malformed node address   the master refuses to register it (INVALID_ARGUMENT), and
+                             the SDK turns an unusable address into Unavailable (a typed,
+                             retryable error that revokes the put), never a UnicodeError
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import grpc
+import pytest
+
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.errors import Unavailable
+from kvstore.tools.processes import ProcessGroup, service_args
+from kvstore.transfer.tcp import NodeConnection
+
+
+@pytest.fixture()
+def master(tmp_path):
+    with ProcessGroup(log_dir=str(tmp_path)) as procs:
+        yield procs.start("master", service_args("master"))
+
+
+@pytest.mark.parametrize("host,port,node_id", [
+    ("a" * 70, 7000, "n"),                 # an IDNA label over 63 characters
+    ("h" * 300, 7000, "n"),                # longer than any DNS name
+    ("", 7000, "n"),
+    ("bad host/x", 7000, "n"),
+    ("127.0.0.1", 0, "n"),
+    ("127.0.0.1", 70000, "n"),
+    ("127.0.0.1", 7000, "n" * 500),
+    ("127.0.0.1", 7000, "tab\there"),
+])
+def test_the_master_refuses_an_address_no_client_could_use(master, host, port, node_id):
+    with grpc.insecure_channel(master.address) as ch:
+        stub = pb_grpc.MasterStub(ch)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.RegisterNode(pb.RegisterNodeRequest(
+                address=pb.NodeAddress(node_id=node_id, host=host, data_port=port),
+                tier=pb.DRAM, capacity_bytes=1 << 30, max_object_bytes=1 << 30,
+                incarnation=secrets.token_hex(16)), timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "node address" in err.value.details()
+        reply = stub.Stat(pb.StatRequest(), timeout=10)
+        assert not reply.nodes                     # nothing half-registered
+
+
+@pytest.mark.parametrize("host", ["a" * 70, "x" * 300])
+def test_the_sdk_transport_gives_a_typed_error_for_an_unusable_host(host):
+    with pytest.raises(Unavailable):
+        NodeConnection(host, 7000, timeout_s=1)
