@@ -36,7 +36,7 @@ from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.errors import (RETRYABLE, InvalidArgument, KVStoreError, NotFound, Unavailable,
                             WrongShard, error_for_code, from_rpc_error)
 from kvstore.keys import validate_key
-from kvstore.rpc import ClientCredentials
+from kvstore.rpc import MAX_KEYS_PER_CALL, ClientCredentials
 from kvstore.shardmap import ShardMap, ShardRange
 from kvstore.types import NodeId, ObjectMeta, RemoveReason, ShardStatus
 
@@ -166,15 +166,20 @@ class Control:
         """The shard owning ``key``'s slot in the current map."""
         return self.shard_map.shard_for_key(key)
 
-    def _group(self, keys: Sequence[str], idxs: list[int]) -> dict[tuple[str, ...], list[int]]:
-        """``idxs`` (of ``str`` keys) by the masters of the shard owning each key."""
+    def _group(self, keys: Sequence[str],
+               idxs: list[int]) -> list[tuple[tuple[str, ...], list[int]]]:
+        """``idxs`` (of ``str`` keys) by the masters of the shard owning each key, in
+        calls of at most :data:`~kvstore.rpc.MAX_KEYS_PER_CALL` keys."""
         ranges = self.shard_map.ranges
         if len(ranges) == 1:     # one shard: no per-key hashing
-            return {ranges[0].addresses: idxs}
-        groups: dict[tuple[str, ...], list[int]] = defaultdict(list)
-        for i in idxs:
-            groups[self.shard_map.shard_for_key(keys[i]).addresses].append(i)
-        return groups
+            groups = {ranges[0].addresses: idxs}
+        else:
+            groups = defaultdict(list)
+            for i in idxs:
+                groups[self.shard_map.shard_for_key(keys[i]).addresses].append(i)
+        n = MAX_KEYS_PER_CALL
+        return [(addresses, part[j:j + n]) for addresses, part in groups.items()
+                for j in range(0, len(part), n)]
 
     def routed(self, keys: Sequence[str],
                call: Callable[[tuple[str, ...], list[str]], list[R | KVStoreError]],
@@ -201,7 +206,7 @@ class Control:
         todo = [i for i, k in enumerate(keys) if isinstance(k, str)]
         for attempt in range(2):
             moved: list[int] = []
-            for addresses, idxs in self._group(keys, todo).items():
+            for addresses, idxs in self._group(keys, todo):
                 sub_keys = [keys[i] for i in idxs]
                 try:
                     results = call(addresses, sub_keys)

@@ -29,6 +29,12 @@ from kvstore.tls import TlsFiles, grpc_channel_credentials, grpc_server_credenti
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
+#: Keys in one Lookup, Exists, Remove, PutStart or PutRevoke call, at most. A
+#: larger call is INVALID_ARGUMENT (the limit in the message): one call of a
+#: million keys held a master's event loop for 2 s. The SDK splits larger
+#: batches into calls of this many keys by itself.
+MAX_KEYS_PER_CALL = 10_000
+
 _MESSAGE_SIZES = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
 

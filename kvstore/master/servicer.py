@@ -29,7 +29,7 @@ from kvstore.master.index import ObjectIndex, PutItem
 from kvstore.master.membership import NodeHeartbeat, NodeRegistration
 from kvstore.master.repair import RepairPlanner
 from kvstore.auth import Role, fingerprint
-from kvstore.rpc import ServerSecurity, bearer, caller_role
+from kvstore.rpc import MAX_KEYS_PER_CALL, ServerSecurity, bearer, caller_role
 from kvstore.types import NodeId, ObjectId, RemoveReason
 
 log = logging.getLogger(__name__)
@@ -139,6 +139,13 @@ class MasterServicer(pb_grpc.MasterServicer):
             return ""
         return fingerprint(bearer(context.invocation_metadata()))
 
+    async def _bounded(self, context, n: int) -> None:
+        """Refuse a call of more than MAX_KEYS_PER_CALL keys (INVALID_ARGUMENT)."""
+        if n > MAX_KEYS_PER_CALL:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"{n} keys in one call; at most {MAX_KEYS_PER_CALL} "
+                                f"(the SDK splits larger batches)")
+
     async def _refuse(self, context, err: KVStoreError):
         log.warning("refused: %s", err.message)
         await context.abort(status_code(err), err.message)
@@ -210,6 +217,7 @@ class MasterServicer(pb_grpc.MasterServicer):
     # ---- client RPCs ----
     async def PutStart(self, request, context):
         await self._gate(context)
+        await self._bounded(context, len(request.items))
         items = [PutItem(it.key, it.size_bytes, it.checksum, it.checksum_at_end)
                  for it in request.items]
         results = self.index.put_start(items, now_ms(), request.config.replica_num or 1,
@@ -223,11 +231,13 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     async def PutRevoke(self, request, context):
         await self._gate(context)
+        await self._bounded(context, len(request.items))
         results = self.index.put_revoke([(it.key, ObjectId(it.object_id)) for it in request.items])
         return pb.PutRevokeResponse(statuses=[_status(r) for r in results])
 
     async def Lookup(self, request, context):
         await self._gate(context)
+        await self._bounded(context, len(request.keys))
         return pb.LookupResponse(results=[
             pb.LookupResult(status=to_status(r)) if isinstance(r, KVStoreError) else
             pb.LookupResult(status=OK_STATUS, meta=wire.object_meta_pb(r))
@@ -235,6 +245,7 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     async def Exists(self, request, context):
         await self._gate(context)
+        await self._bounded(context, len(request.keys))
         exists, errors = self.index.exists_checked(list(request.keys))
         return pb.ExistsResponse(exists=exists, statuses=[_status(e) for e in errors])
 
@@ -248,6 +259,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         if reason is RemoveReason.EVICT and caller_role(context, self.security) is not Role.ADMIN:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "only an admin may evict")
         await self._gate(context)
+        await self._bounded(context, len(request.keys))
         results = self.index.remove(list(request.keys), reason)
         return pb.RemoveResponse(statuses=[_status(r) for r in results])
 

@@ -53,3 +53,27 @@ def test_the_master_refuses_an_address_no_client_could_use(master, host, port, n
 def test_the_sdk_transport_gives_a_typed_error_for_an_unusable_host(host):
     with pytest.raises(Unavailable):
         NodeConnection(host, 7000, timeout_s=1)
+
+
+# ---- one huge request (bug 6) ----
+
+def test_a_call_over_the_key_limit_is_refused_and_the_sdk_splits_batches(master):
+    from kvstore.client import KVClient
+    from kvstore.rpc import MAX_KEYS_PER_CALL
+
+    too_many = MAX_KEYS_PER_CALL + 1
+    with grpc.insecure_channel(master.address) as ch:
+        stub = pb_grpc.MasterStub(ch)
+        for call, request in (
+                (stub.Exists, pb.ExistsRequest(keys=[f"k{i}" for i in range(too_many)])),
+                (stub.Lookup, pb.LookupRequest(keys=[f"k{i}" for i in range(too_many)])),
+                (stub.Remove, pb.RemoveRequest(keys=[f"k{i}" for i in range(too_many)])),
+                (stub.PutStart, pb.PutStartRequest(items=[
+                    pb.PutStartItem(key=f"k{i}", size_bytes=1) for i in range(too_many)]))):
+            with pytest.raises(grpc.RpcError) as err:
+                call(request, timeout=30)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert str(MAX_KEYS_PER_CALL) in err.value.details()
+    with KVClient(master.address) as kv:
+        keys = [f"k{i}" for i in range(2 * MAX_KEYS_PER_CALL + 5)]
+        assert kv.batch_exists(keys) == [False] * len(keys)      # three calls, no error
