@@ -13,7 +13,8 @@ every prompt through a :class:`Backend` (the in-process :class:`Conductor`,
 or a remote one over gRPC) and writes OpenAI-shaped JSON. Decoding is
 greedy, so ``temperature``, ``top_p``, ``seed`` and the penalties are
 accepted and ignored; ``n``, ``best_of``, ``echo``, ``logprobs``, ``stop``
-and ``suffix`` are refused with 400 unless they ask for the default.
+and ``suffix`` are refused with 400 unless they ask for the default, and any
+other field (images, tools, ...) is refused with 400 naming it, never ignored.
 
 Extensions to the OpenAI schema: every choice (and every streamed chunk)
 carries ``token_ids``, the generated token ids; a finished choice carries
@@ -161,6 +162,15 @@ class CompletionRequest:
     include_usage: bool                    # stream_options.include_usage
 
 
+#: Every field of a /v1/completions body the front honours or checks; any other is 400.
+#: temperature, top_p, seed and the penalties are accepted and change nothing
+#: (greedy decoding); user is the caller's label.
+KNOWN_FIELDS = frozenset({
+    "model", "prompt", "max_tokens", "stream", "stream_options", "n", "best_of", "echo",
+    "logprobs", "suffix", "stop", "temperature", "top_p", "seed", "frequency_penalty",
+    "presence_penalty", "logit_bias", "user"})
+
+
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -173,6 +183,15 @@ def parse_completion(body, model_name: str, tokenizer: ByteTokenizer) -> Complet
     """
     if not isinstance(body, dict):
         raise HttpError(400, "the body must be a JSON object")
+    unknown = sorted(set(body) - KNOWN_FIELDS)
+    if unknown:
+        # Never ignored: a field the front cannot honour (an image, a tool call,
+        # a sampling option it has no code for) would change what the caller
+        # gets, or which cached KV a different input reuses.
+        raise HttpError(400, f"'{unknown[0]}' is not supported here (known fields: "
+                             f"{', '.join(sorted(KNOWN_FIELDS))})", unknown[0])
+    if body.get("logit_bias") not in (None, {}):
+        raise HttpError(400, "'logit_bias' is not supported (greedy decoding)", "logit_bias")
     model = body.get("model")
     if not isinstance(model, str):
         raise HttpError(400, "'model' is required", "model")
@@ -199,6 +218,9 @@ def parse_completion(body, model_name: str, tokenizer: ByteTokenizer) -> Complet
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise HttpError(400, "'stream_options' must be an object", "stream_options")
+    if set(options) - {"include_usage"}:
+        raise HttpError(400, f"'stream_options.{sorted(set(options) - {'include_usage'})[0]}' "
+                             f"is not supported", "stream_options")
     return CompletionRequest(model, prompts, max_tokens, stream,
                              bool(stream and options.get("include_usage")))
 

@@ -77,3 +77,39 @@ def test_a_call_over_the_key_limit_is_refused_and_the_sdk_splits_batches(master)
     with KVClient(master.address) as kv:
         keys = [f"k{i}" for i in range(2 * MAX_KEYS_PER_CALL + 5)]
         assert kv.batch_exists(keys) == [False] * len(keys)      # three calls, no error
+
+
+# ---- the OpenAI front drops nothing silently (bug 7) ----
+
+def test_the_http_front_refuses_fields_it_cannot_honour(tmp_path):
+    import json
+    import urllib.error
+    import urllib.request
+
+    with ProcessGroup(log_dir=str(tmp_path)) as procs:
+        # A conductor address nothing listens on: parsing comes first, so a
+        # refused body is 400, and an accepted one only then fails (503).
+        front = procs.start("http", service_args("http", "--conductor", "127.0.0.1:9"))
+
+        def post(body: dict) -> tuple[int, dict]:
+            req = urllib.request.Request(f"http://{front.address}/v1/completions",
+                                         data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    return r.status, json.loads(r.read())
+            except urllib.error.HTTPError as exc:
+                return exc.code, json.loads(exc.read())
+
+        base = {"model": "tiny", "prompt": "hello", "max_tokens": 2}
+        for extra, field in (({"images": ["data:image/png;base64,AAAA"]}, "images"),
+                             ({"multi_modal_data": {"image": "x"}}, "multi_modal_data"),
+                             ({"tools": []}, "tools"),
+                             ({"logit_bias": {"5": 100}}, "logit_bias"),
+                             ({"stream": True, "stream_options": {"continuous": 1}},
+                              "stream_options")):
+            code, body = post({**base, **extra})
+            assert code == 400, (extra, body)
+            assert body["error"]["param"] == field, body
+        code, body = post({**base, "temperature": 0.7, "user": "me"})
+        assert code == 503, body          # accepted, then no conductor to run it
