@@ -164,7 +164,12 @@ def master_main(argv: list[str]) -> None:
     p = _parser("master", "Run a master shard.", client=False)
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
     p.add_argument("--port", type=_port, default=0, help="0 picks a free port")
-    p.add_argument("--node-ttl-ms", type=int, default=3000)
+    p.add_argument("--node-ttl-ms", type=int, default=3000,
+                   help="a node without a heartbeat this long is dead (no reads or puts go there)")
+    p.add_argument("--node-forget-ms", type=int, default=600_000,
+                   help="a node without a heartbeat this long is removed, with its replicas "
+                        "(an object on no other node is forgotten; the node re-announces "
+                        "what it kept if it returns)")
     p.add_argument("--shard-id", type=int, default=0, help="this master's shard in --shard-map")
     p.add_argument("--shard-map", default="",
                    help='static shard map: "addr0,addr1,..." (slots split evenly) or a JSON '
@@ -177,7 +182,8 @@ def master_main(argv: list[str]) -> None:
     a = p.parse_args(argv)
     setup_logging(a.log_level)
     cfg = MasterConfig(
-        host=a.host, port=a.port, node_ttl_ms=a.node_ttl_ms, shard_id=a.shard_id,
+        host=a.host, port=a.port, node_ttl_ms=a.node_ttl_ms, node_forget_ms=a.node_forget_ms,
+        shard_id=a.shard_id,
         shard_map=ShardMap.parse(a.shard_map) if a.shard_map else None, etcd=a.etcd,
         cluster_name=a.cluster_name, lease_ttl_s=a.lease_ttl_s, **_secured(a))
     if a.check_config:

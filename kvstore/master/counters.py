@@ -30,3 +30,4 @@ class MasterCounter(str, enum.Enum):
     REPAIR_TIMEOUTS = "repair_timeouts"          # ... given up unanswered
     TRANSFER_FAILURES_REPORTED = "transfer_failures_reported"  # ReportFailure node ids
     QUARANTINED = "quarantined"                  # nodes quarantined by those reports
+    FORGOTTEN = "forgotten"                      # objects deleted with the last node holding them

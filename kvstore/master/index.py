@@ -153,6 +153,27 @@ class ObjectIndex:
             for node_id in entry.targets:
                 self.membership.unreserve(node_id, entry.size_bytes)
 
+    def forget_nodes(self, now_ms: int) -> list[NodeId]:
+        """Forget the nodes dead past the membership's ``forget_ms``, and their
+        replicas: an object left with no replica anywhere is deleted (a node
+        that returns re-announces what it kept). Returns the nodes forgotten."""
+        gone = set(self.membership.forget(now_ms))
+        if not gone:
+            return []
+        for entry in list(self.entries.values()):
+            if not (gone & set(entry.replicas) or gone & set(entry.targets)):
+                continue
+            entry.replicas = [n for n in entry.replicas if n not in gone]
+            entry.targets = [n for n in entry.targets if n not in gone]
+            for n in gone:
+                entry.tiers.pop(n, None)
+            if entry.repair_target in gone:
+                entry.repair_target = None
+            if entry.state is ReplicaState.COMPLETE and not entry.replicas:
+                self._delete(entry, [])
+                self.counters[C.FORGOTTEN] += 1
+        return sorted(gone)
+
     def _place(self, size_bytes: int, replica_num: int, preferred: str,
                now_ms: int) -> list[NodeInfo]:
         """Choose up to ``replica_num`` distinct live nodes, most free space first.

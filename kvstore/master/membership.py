@@ -122,10 +122,14 @@ class Membership:
     Args:
         node_ttl_ms: a node with no heartbeat for this long is dead.
         heartbeat_interval_ms: what nodes are told to use.
+        forget_ms: a node with no heartbeat for this long is removed, with its
+            replicas (:meth:`ObjectIndex.forget_nodes`); at least ``node_ttl_ms``.
     """
 
-    def __init__(self, node_ttl_ms: int = 3000, heartbeat_interval_ms: int = 500):
+    def __init__(self, node_ttl_ms: int = 3000, heartbeat_interval_ms: int = 500,
+                 forget_ms: int = 600_000):
         self.node_ttl_ms = node_ttl_ms
+        self.forget_ms = max(forget_ms, node_ttl_ms)
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.nodes: dict[NodeId, NodeInfo] = {}
         self.failures_to_quarantine = 5      # reported transfer failures ...
@@ -266,6 +270,17 @@ class Membership:
                 log.warning("node %s missed heartbeats for %d ms: dead", info.node_id,
                             now_ms - info.last_heartbeat_ms)
         return dead
+
+    def forget(self, now_ms: int) -> list[NodeId]:
+        """Remove nodes dead for longer than ``forget_ms`` (their heartbeats stopped
+        ``forget_ms`` ago); returns their ids. A forgotten node that comes back
+        registers as new, its inventory indexed again."""
+        gone = [info.node_id for info in self.nodes.values()
+                if not info.alive and now_ms - info.last_heartbeat_ms > self.forget_ms]
+        for node_id in gone:
+            del self.nodes[node_id]
+            log.info("node %s dead for over %d ms: forgotten", node_id, self.forget_ms)
+        return gone
 
     def _alive_now(self, info: NodeInfo, now_ms: int) -> bool:
         return info.alive and now_ms - info.last_heartbeat_ms <= self.node_ttl_ms

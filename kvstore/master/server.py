@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 async def create_server(host: str = "127.0.0.1", port: int = 0, *,
                         node_ttl_ms: int = 3000, heartbeat_interval_ms: int = 500,
+                        node_forget_ms: int = 600_000,
                         put_timeout_ms: int = 30_000, shard_map: ShardMap | None = None,
                         shard_id: int = 0, election=None,
                         security: ServerSecurity | None = None, advertise_host: str = "",
@@ -61,14 +62,16 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
     """
     server = rpc.aio_server(security, METHOD_ROLES, metrics)
     bound = rpc.listen(server, host, port, security)
-    membership = Membership(node_ttl_ms=node_ttl_ms, heartbeat_interval_ms=heartbeat_interval_ms)
+    membership = Membership(node_ttl_ms=node_ttl_ms, heartbeat_interval_ms=heartbeat_interval_ms,
+                            forget_ms=node_forget_ms)
     if shard_map is None:
         shard_map = ShardMap.single(f"{advertised_host(host, advertise_host)}:{bound}")
     index = ObjectIndex(membership, shard_map, shard_id=shard_id, put_timeout_ms=put_timeout_ms)
 
     def new_index() -> ObjectIndex:
         return ObjectIndex(Membership(node_ttl_ms=node_ttl_ms,
-                                      heartbeat_interval_ms=heartbeat_interval_ms),
+                                      heartbeat_interval_ms=heartbeat_interval_ms,
+                                      forget_ms=node_forget_ms),
                            shard_map, shard_id=shard_id, put_timeout_ms=put_timeout_ms)
     servicer = MasterServicer(index, election=election, new_index=new_index, security=security)
     pb_grpc.add_MasterServicer_to_server(servicer, server)
@@ -96,6 +99,7 @@ async def _maintenance(servicer: MasterServicer, period_s: float,
             continue
         now = now_ms()
         servicer.index.membership.expire(now)
+        servicer.index.forget_nodes(now)
         servicer.index.expire_puts(now)
         if not servicer.warming_up():
             servicer.repairs.plan(now)
@@ -108,6 +112,7 @@ class MasterConfig:
     host: str = "127.0.0.1"            # bind address (loopback by default)
     port: int = 0                      # 0: a free port (or this shard's in shard_map)
     node_ttl_ms: int = 3000            # a node without heartbeats this long is dead
+    node_forget_ms: int = 600_000      # ... this long: removed, with its replicas
     shard_map: ShardMap | None = None  # None: the only shard, owning every slot
     shard_id: int = 0                  # this master's shard in shard_map
     etcd: str = ""                     # etcd URL: elect the shard's leader through a lease
@@ -148,6 +153,7 @@ async def serve(cfg: MasterConfig) -> None:
     metrics = ProcessMetrics("master")
     health = Health(("kvstore.Master",))
     server, bound, index = await create_server(cfg.host, port, node_ttl_ms=cfg.node_ttl_ms,
+                                               node_forget_ms=cfg.node_forget_ms,
                                                shard_map=cfg.shard_map, shard_id=cfg.shard_id,
                                                election=election, security=cfg.security,
                                                advertise_host=cfg.advertise_host,

@@ -113,3 +113,44 @@ def test_the_http_front_refuses_fields_it_cannot_honour(tmp_path):
             assert body["error"]["param"] == field, body
         code, body = post({**base, "temperature": 0.7, "user": "me"})
         assert code == 503, body          # accepted, then no conductor to run it
+
+
+# ---- the master forgets dead nodes (bug 5) ----
+
+def test_dead_nodes_are_forgotten_with_their_replicas(tmp_path):
+    import time
+
+    from kvstore.client import KVClient, NotFound
+
+    with ProcessGroup(log_dir=str(tmp_path)) as procs:
+        m = procs.start("master", service_args("master", "--node-ttl-ms", "1000",
+                                               "--node-forget-ms", "2000"))
+        with grpc.insecure_channel(m.address) as ch:
+            stub = pb_grpc.MasterStub(ch)
+            for i in range(200):                       # junk registrations that never beat
+                stub.RegisterNode(pb.RegisterNodeRequest(
+                    address=pb.NodeAddress(node_id=f"junk{i}", host="127.0.0.1", data_port=9),
+                    tier=pb.DRAM, capacity_bytes=1 << 20, max_object_bytes=1 << 20,
+                    incarnation=secrets.token_hex(16)), timeout=10)
+            node = procs.start("node", service_args("node", "--master", m.address,
+                                                    "--node-id", "real", "--dram", "16MiB"))
+            with KVClient(m.address) as kv:
+                kv.put("kept", b"v" * 1000)
+                assert len(stub.Stat(pb.StatRequest(), timeout=10).nodes) == 201
+                deadline = time.monotonic() + 15
+                while len(stub.Stat(pb.StatRequest(), timeout=10).nodes) > 1:
+                    assert time.monotonic() < deadline, "junk nodes were never forgotten"
+                    time.sleep(0.2)
+                (st,) = kv.stat()
+                assert [n.address.node_id for n in st.nodes] == ["real"]
+                assert kv.get("kept") == b"v" * 1000      # a live node's objects stay
+                node.proc.kill()
+                node.proc.wait(10)
+                deadline = time.monotonic() + 15
+                while stub.Stat(pb.StatRequest(), timeout=10).nodes:
+                    assert time.monotonic() < deadline, "the dead node was never forgotten"
+                    time.sleep(0.2)
+                (st,) = kv.stat()
+                assert st.num_objects == 0 and st.counters["forgotten"] == 1
+                assert kv.batch_exists(["kept"]) == [False]
+                assert isinstance(kv.lookup(["kept"])[0], NotFound)
