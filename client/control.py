@@ -33,7 +33,7 @@ import grpc
 from kvstore import rpc, wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.errors import (RETRYABLE, InvalidArgument, KVStoreError, NotFound, Unavailable,
+from kvstore.errors import (INDEX_INCOMPLETE, RETRYABLE, InvalidArgument, KVStoreError, NotFound, Unavailable,
                             WrongShard, error_for_code, from_rpc_error)
 from kvstore.keys import validate_key
 from kvstore.rpc import MAX_KEYS_PER_CALL, ClientCredentials
@@ -144,15 +144,26 @@ class Control:
                 time.sleep(0.1)
 
     def _call_one(self, address: str, method: str, request):
-        for attempt in range(_MASTER_ATTEMPTS):
+        # A master rebuilding its index (just restarted) is waited out for up to
+        # failover_wait_s; any other Unavailable is tried _MASTER_ATTEMPTS times.
+        deadline = time.monotonic() + self.failover_wait_s
+        attempt = 0
+        while True:
             try:
                 return getattr(self._stub(address), method)(request, timeout=self.timeout_s)
             except grpc.RpcError as exc:
                 err = from_rpc_error(exc)
-                if not isinstance(err, RETRYABLE) or attempt == _MASTER_ATTEMPTS - 1:
+                if not isinstance(err, RETRYABLE):
                     raise err from None
-                time.sleep(0.05 * 2 ** attempt)
-        raise AssertionError("unreachable")
+                if err.message.startswith(INDEX_INCOMPLETE):
+                    if time.monotonic() > deadline:
+                        raise err from None
+                    time.sleep(0.05)
+                    continue
+                attempt += 1
+                if attempt == _MASTER_ATTEMPTS:
+                    raise err from None
+                time.sleep(0.05 * 2 ** (attempt - 1))
 
     # ---- the shard map and routing ----
     def _fetch_shard_map(self) -> ShardMap:

@@ -118,6 +118,11 @@ RETRYABLE: tuple[type[KVStoreError], ...] = (Unavailable,)
 #: ... and their gRPC codes, for callers that see a status code (the conductor).
 RETRYABLE_STATUS: frozenset[grpc.StatusCode] = frozenset(ERRORS[c] for c in RETRYABLE)
 
+#: How an Unavailable from a master that is rebuilding its index (just started,
+#: or a new leader, while the store nodes re-register) begins: the SDK waits
+#: that out (up to its failover_wait_s) instead of giving up after a few tries.
+INDEX_INCOMPLETE = "index incomplete"
+
 
 def error_for_code(code: int, message: str = "", *, key: str | None = None,
                    redirect: str = "") -> KVStoreError:

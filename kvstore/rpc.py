@@ -7,7 +7,9 @@ Messages may carry up to :data:`MAX_MESSAGE_BYTES` (a Lookup of thousands
 of keys, a node's inventory). Servers bind exclusively: gRPC sets
 SO_REUSEPORT by default, and a second server on a busy port would start
 "fine" and split the clients between two processes. Channels reconnect to a
-restarted peer within seconds (gRPC's default backoff grows to two minutes).
+restarted peer within about a second (gRPC's default backoff grows to two
+minutes; here it stops at 1 s, so store nodes are back with a restarted
+master well inside its warm-up).
 
 Security (:mod:`kvstore.auth`, :mod:`kvstore.tls`): a server given a token
 file checks every call in one interceptor (:class:`AuthInterceptor`) against
@@ -43,7 +45,7 @@ SERVER_OPTIONS: list[tuple[str, int]] = _MESSAGE_SIZES + [("grpc.so_reuseport", 
 CHANNEL_OPTIONS: list[tuple[str, int]] = _MESSAGE_SIZES + [
     ("grpc.initial_reconnect_backoff_ms", 250),
     ("grpc.min_reconnect_backoff_ms", 250),
-    ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 
 #: The standard health service answers everyone: probes carry no tokens, and it

@@ -78,7 +78,7 @@ def shard_status(msg: pb.StatResponse) -> ShardStatus:
                        nodes=tuple(node_status(n) for n in msg.nodes),
                        num_objects=msg.num_objects, total_bytes=msg.total_bytes,
                        pending_puts=msg.pending_puts, counters=Counter(msg.counters),
-                       metrics_address=msg.metrics_address)
+                       metrics_address=msg.metrics_address, warmup_left_ms=msg.warmup_left_ms)
 
 
 def shard_status_pb(s: ShardStatus) -> pb.StatResponse:
@@ -86,7 +86,8 @@ def shard_status_pb(s: ShardStatus) -> pb.StatResponse:
                            nodes=[node_status_pb(n) for n in s.nodes],
                            num_objects=s.num_objects, total_bytes=s.total_bytes,
                            pending_puts=s.pending_puts, counters=s.counters,
-                           metrics_address=s.metrics_address)
+                           metrics_address=s.metrics_address,
+                           warmup_left_ms=s.warmup_left_ms)
 
 
 def node_event(msg: pb.ReplicaEvent) -> NodeEvent:

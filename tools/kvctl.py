@@ -328,6 +328,7 @@ def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
             "shard_id": st.shard_id, "address": addresses.get(st.shard_id, ""),
             "shard_map_version": st.shard_map_version, "num_objects": st.num_objects,
             "total_bytes": st.total_bytes, "pending_puts": st.pending_puts,
+            "index_complete": st.warmup_left_ms == 0, "warmup_left_ms": st.warmup_left_ms,
             "nodes": len(st.nodes), "nodes_alive": len(alive),
             "capacity_bytes": sum(n.capacity_bytes for n in alive),
             "used_bytes": sum(n.used_bytes for n in alive),
@@ -353,6 +354,11 @@ def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
                       f"{s['nodes_alive']}/{s['nodes']}", format_size(s["used_bytes"]),
                       format_size(s["capacity_bytes"]))
     console.print(table)
+    for s in out:
+        if not s["index_complete"]:
+            console.print(f"[yellow]shard {s['shard_id']}: index incomplete for about "
+                          f"{s['warmup_left_ms']} ms more (its master just started; nodes "
+                          f"are re-registering; client calls answer Unavailable)[/]")
     counters = _table(title="counters")
     counters.add_column("counter")
     counters.add_column("value", justify="right")

@@ -23,7 +23,7 @@ import grpc
 from kvstore import wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.errors import OK_STATUS, KVStoreError, status_code, to_status
+from kvstore.errors import INDEX_INCOMPLETE, OK_STATUS, KVStoreError, status_code, to_status
 from kvstore.master.counters import MasterCounter as C
 from kvstore.master.index import ObjectIndex, PutItem
 from kvstore.master.membership import NodeHeartbeat, NodeRegistration
@@ -64,24 +64,28 @@ class MasterServicer(pb_grpc.MasterServicer):
             each time this process becomes leader again).
         election: the shard's leader election (None: always the leader).
         new_index: builds an empty index for a new term.
-        warmup_ms: after winning, client RPCs answer UNAVAILABLE this long
-            while store nodes re-register and rebuild the index from their
-            inventories (node RPCs are served at once).
+        warmup_ms: after starting and after each win, client RPCs answer
+            UNAVAILABLE (:data:`~kvstore.errors.INDEX_INCOMPLETE`) this long while
+            store nodes re-register and rebuild the index from their inventories
+            (node RPCs are served at once). None: the nodes' ttl, since a node
+            that has not reached the master by then counts as dead anyway; so no
+            key a live node holds is reported NotFound, and no existing key is
+            taken for a new one, across a master restart.
         security: the server's tokens, for the checks a method's table cannot
             express (an eviction is admin's).
     """
 
     def __init__(self, index: ObjectIndex, election=None,
-                 new_index: Callable[[], ObjectIndex] | None = None, warmup_ms: int = 1500,
-                 security: ServerSecurity | None = None):
+                 new_index: Callable[[], ObjectIndex] | None = None,
+                 warmup_ms: int | None = None, security: ServerSecurity | None = None):
         self.index = index
         self.security = security
         self.repairs = RepairPlanner(index)
         self.election = election
         self.new_index = new_index
-        self.warmup_ms = warmup_ms
+        self.warmup_ms = index.membership.node_ttl_ms if warmup_ms is None else warmup_ms
         self._term = 0
-        self.term_start_ms = 0
+        self.term_start_ms = now_ms()       # a term starts with the process (and each win)
         self.past_counters: Counter[C] = Counter()   # of earlier terms' indexes (metrics)
         self.leader_changes = 0        # this process won or lost its shard's lead
         self.metrics_address = ""      # its /metrics, for kvctl top (set by serve)
@@ -120,8 +124,9 @@ class MasterServicer(pb_grpc.MasterServicer):
         return True
 
     def warming_up(self) -> bool:
-        """A new leader's first ``warmup_ms``: nodes are still re-registering."""
-        return self.election is not None and now_ms() - self.term_start_ms < self.warmup_ms
+        """The first ``warmup_ms`` of a process or a new leader's term: nodes are
+        still re-registering."""
+        return now_ms() - self.term_start_ms < self.warmup_ms
 
     async def _gate(self, context, client_rpc: bool = True) -> None:
         if not self.leading():
@@ -131,7 +136,9 @@ class MasterServicer(pb_grpc.MasterServicer):
                                 + (f" (leader: {hint})" if hint else ""))
         if client_rpc and self.warming_up():
             await context.abort(grpc.StatusCode.UNAVAILABLE,
-                                "new shard leader: rebuilding the index from node inventories")
+                                f"{INDEX_INCOMPLETE}: shard {self.index.shard_id}'s master "
+                                f"(re)started {now_ms() - self.term_start_ms} ms ago; store "
+                                f"nodes are re-registering (up to {self.warmup_ms} ms)")
 
     def _owner(self, context) -> str:
         """The fingerprint of the caller's token ("" without --auth)."""
@@ -272,6 +279,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         await self._gate(context, client_rpc=False)
         reply = wire.shard_status_pb(self.index.stat())
         reply.metrics_address = self.metrics_address
+        reply.warmup_left_ms = max(0, self.term_start_ms + self.warmup_ms - now_ms())
         return reply
 
     async def ReportFailure(self, request, context):

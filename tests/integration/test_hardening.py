@@ -154,3 +154,88 @@ def test_dead_nodes_are_forgotten_with_their_replicas(tmp_path):
                 assert st.num_objects == 0 and st.counters["forgotten"] == 1
                 assert kv.batch_exists(["kept"]) == [False]
                 assert isinstance(kv.lookup(["kept"])[0], NotFound)
+
+
+# ---- a master restart keeps every key and every rule (bug 1) ----
+
+def _lookup_codes(address: str, keys: list[str], seconds: float) -> dict[str, int]:
+    """What a master answers to Lookup of ``keys``, polled for ``seconds``: per outcome
+    (``found``, ``not_found``, ``unavailable``, ``other``) the number of answers."""
+    import time
+
+    out = {"found": 0, "not_found": 0, "unavailable": 0, "other": 0}
+    end = time.monotonic() + seconds
+    with grpc.insecure_channel(address) as ch:
+        stub = pb_grpc.MasterStub(ch)
+        while time.monotonic() < end:
+            try:
+                reply = stub.Lookup(pb.LookupRequest(keys=keys), timeout=2)
+                for r in reply.results:
+                    out["found" if r.status.code == pb.OK else
+                        "not_found" if r.status.code == pb.NOT_FOUND else "other"] += 1
+            except grpc.RpcError as exc:
+                out["unavailable" if exc.code() == grpc.StatusCode.UNAVAILABLE else "other"] += 1
+            time.sleep(0.05)
+    return out
+
+
+@pytest.mark.parametrize("outage_s", [1, 5, 30])
+def test_a_master_restart_answers_no_false_not_found_and_overwrites_nothing(tmp_path, outage_s):
+    import os
+    import signal
+    import threading
+    import time
+
+    from kvstore.client import KVClient, KeyConflict, Unavailable as SdkUnavailable
+    from kvstore.tools.launcher import start_store_cluster
+
+    with start_store_cluster(1, 2, dram="32MiB", log_dir=str(tmp_path)) as cluster:
+        values = {f"live/{i}": os.urandom(4096 + i) for i in range(20)}
+        with KVClient(cluster.master) as kv:
+            for k, v in values.items():
+                kv.put(k, v)
+        master = cluster.shards[0][0]
+        master.proc.send_signal(signal.SIGKILL)
+        master.proc.wait(10)
+        time.sleep(outage_s)
+        restarted = cluster.restart_master(0)
+        ready_at = time.monotonic()
+        accepted = []
+
+        def overwrite():
+            with KVClient(cluster.master) as w:
+                for k in list(values)[:5]:
+                    try:
+                        w.put(k, b"other bytes " + k.encode())
+                        accepted.append(k)
+                    except (KeyConflict, SdkUnavailable):
+                        pass
+
+        back: list[float] = []
+
+        def nodes_back():
+            with grpc.insecure_channel(restarted.address) as ch:
+                stub = pb_grpc.MasterStub(ch)
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    st = stub.Stat(pb.StatRequest(), timeout=5)
+                    if sum(n.alive for n in st.nodes) == 2:
+                        back.append(time.monotonic() - ready_at)
+                        return
+                    time.sleep(0.02)
+
+        threads = [threading.Thread(target=overwrite), threading.Thread(target=nodes_back)]
+        for t in threads:
+            t.start()
+        codes = _lookup_codes(restarted.address, list(values), 5.0)
+        for t in threads:
+            t.join(30)
+        print(f"HARDENING outage {outage_s} s: lookups {codes}, overwrites accepted "
+              f"{len(accepted)}, nodes back {back[0] if back else None} s after READY")
+        assert codes["not_found"] == 0 and codes["other"] == 0, codes
+        assert codes["found"] > 0
+        assert accepted == []
+        assert back and back[0] < 2.0, back
+        with KVClient(cluster.master) as kv:
+            for k, v in values.items():
+                assert kv.get(k) == v
