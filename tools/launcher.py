@@ -181,9 +181,13 @@ def start_store_cluster(masters: int = 1, nodes: int = 2, *, standbys: int = 0,
                 cluster.shards[i].append(procs.start(name, service_args("master", *args),
                                                      env=cluster.env))
                 say(f"{name}: shard {i} at {addr}")
+        masters_ready = time.monotonic()
         for k in range(nodes):
             child = cluster.start_node(f"{node_prefix}{k}")
             say(f"{node_prefix}{k}: node at {child.address}")
+        # A master's first node-ttl answers clients "index incomplete" (nodes may
+        # be re-registering): hand the cluster over once that is past.
+        time.sleep(max(0.0, masters_ready + node_ttl_ms / 1000 - time.monotonic()))
     except BaseException:
         procs.stop()
         if etcd_server is not None:

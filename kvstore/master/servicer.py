@@ -223,8 +223,8 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     # ---- client RPCs ----
     async def PutStart(self, request, context):
+        await self._bounded(context, len(request.items))      # bad input first
         await self._gate(context)
-        await self._bounded(context, len(request.items))
         items = [PutItem(it.key, it.size_bytes, it.checksum, it.checksum_at_end)
                  for it in request.items]
         results = self.index.put_start(items, now_ms(), request.config.replica_num or 1,
@@ -237,22 +237,22 @@ class MasterServicer(pb_grpc.MasterServicer):
             for r in results])
 
     async def PutRevoke(self, request, context):
+        await self._bounded(context, len(request.items))      # bad input first
         await self._gate(context)
-        await self._bounded(context, len(request.items))
         results = self.index.put_revoke([(it.key, ObjectId(it.object_id)) for it in request.items])
         return pb.PutRevokeResponse(statuses=[_status(r) for r in results])
 
     async def Lookup(self, request, context):
+        await self._bounded(context, len(request.keys))      # bad input first
         await self._gate(context)
-        await self._bounded(context, len(request.keys))
         return pb.LookupResponse(results=[
             pb.LookupResult(status=to_status(r)) if isinstance(r, KVStoreError) else
             pb.LookupResult(status=OK_STATUS, meta=wire.object_meta_pb(r))
             for r in self.index.lookup(list(request.keys), now_ms())])
 
     async def Exists(self, request, context):
+        await self._bounded(context, len(request.keys))      # bad input first
         await self._gate(context)
-        await self._bounded(context, len(request.keys))
         exists, errors = self.index.exists_checked(list(request.keys))
         return pb.ExistsResponse(exists=exists, statuses=[_status(e) for e in errors])
 
@@ -265,8 +265,8 @@ class MasterServicer(pb_grpc.MasterServicer):
                                 f"{[r.value for r in RemoveReason]}")
         if reason is RemoveReason.EVICT and caller_role(context, self.security) is not Role.ADMIN:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "only an admin may evict")
-        await self._gate(context)
         await self._bounded(context, len(request.keys))
+        await self._gate(context)
         results = self.index.remove(list(request.keys), reason)
         return pb.RemoveResponse(statuses=[_status(r) for r in results])
 

@@ -266,9 +266,10 @@ def test_metrics_need_an_admin_or_metrics_token(tmp_path):
             assert err.value.code == want, token
         assert "kvstore_master_is_leader" in scrape(maddr, tokens["admin"])
         assert "kvstore_master_is_leader" in scrape(maddr, "m" * 32)
-        assert http_status(maddr, "/health") == 200 and http_status(maddr, "/ready") == 200
-        # The gRPC health service answers without a token too (probes carry none).
-        assert grpc_health(master.address) == "SERVING"
+        # SERVING once its warm-up (nodes re-registering) is over; no token needed.
+        wait_for(lambda: http_status(maddr, "/health") == 200, 10, "/health")
+        assert http_status(maddr, "/ready") == 200
+        assert grpc_health(master.address) == "SERVING"    # probes carry no token
 
 
 def test_check_config_reads_the_files_and_serves_nothing(tmp_path):

@@ -10,6 +10,7 @@ every module of the installed package and checks that no top-level
 
 from __future__ import annotations
 
+import os
 import pathlib
 import shutil
 import subprocess
@@ -46,7 +47,10 @@ def env_python(wheel, tmp_path_factory) -> pathlib.Path:
                           check=True, capture_output=True, text=True).stdout.strip()
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", site,
                     str(wheel)], check=True, capture_output=True, timeout=300)
-    pathlib.Path(site, "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # Every site-packages this interpreter sees (a venv made with
+    # --system-site-packages sees the system's too).
+    deps = [p for p in sys.path if p.endswith("-packages") and os.path.isdir(p)]
+    pathlib.Path(site, "deps.pth").write_text("".join(d + "\n" for d in deps))
     return python
 
 
