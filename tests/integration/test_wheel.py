@@ -15,7 +15,6 @@ import pathlib
 import shutil
 import subprocess
 import sys
-import sysconfig
 import venv
 import zipfile
 
