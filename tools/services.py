@@ -223,6 +223,9 @@ def node_main(argv: list[str]) -> None:
     p.add_argument("--rdma-device", default="",
                    help="serve one-sided RDMA on this device (e.g. mlx5_0, rxe0; needs pyverbs)")
     p.add_argument("--rdma-port", type=int, default=d.rdma_port, help="port of --rdma-device")
+    p.add_argument("--write-timeout-s", type=float, default=d.write_timeout_s,
+                   help="a writer that sends no byte of its value (or leaves a shared-memory "
+                        "reservation uncommitted) this long loses its connection and the space")
     p.add_argument("--rdma-gid-index", type=int, default=None,
                    help="GID index (default: the port's first non-zero GID)")
     a = p.parse_args(argv)
@@ -236,7 +239,8 @@ def node_main(argv: list[str]) -> None:
         eviction_policy=a.eviction_policy, high_watermark=a.high_watermark,
         low_watermark=a.low_watermark, ssd_high_watermark=a.ssd_high_watermark,
         ssd_low_watermark=a.ssd_low_watermark, rdma_device=a.rdma_device,
-        rdma_port=a.rdma_port, rdma_gid_index=a.rdma_gid_index, creds=_creds(a), **_secured(a))
+        rdma_port=a.rdma_port, rdma_gid_index=a.rdma_gid_index,
+        write_timeout_s=a.write_timeout_s, creds=_creds(a), **_secured(a))
     if not _checked("node", a, cfg):
         run_node(cfg)
 

@@ -27,6 +27,7 @@ so do lmdb reads.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import logging
@@ -42,6 +43,8 @@ from kvstore.errors import (Internal, InvalidArgument, KVStoreError, NotFound, U
 from kvstore.store.events import Ticket
 from kvstore.store.node import StoreNode
 from kvstore.store.objects import StoredObject
+from kvstore.store.stats import NodeCounter
+from kvstore.store.traffic import Traffic
 from kvstore.store.tiers.base import TierIOError
 from kvstore.transfer.protocol import (REQUEST, RESPONSE, FrameReader, Op, send_gathered,
                                        tune_socket)
@@ -82,6 +85,10 @@ class DataServer:
             handshake in :mod:`kvstore.transfer.protocol`); None: trust them.
         tls: a server context (:func:`kvstore.tls.server_context`): the TCP
             port speaks TLS (the Unix socket, same host only, does not).
+        write_timeout_s: longest wait (s) for the rest of a value being written
+            (a PUT's bytes, or the SHM_COMMIT of a reservation); a writer that
+            stalls longer loses its connection and its reservation, counted as
+            ``stalled_writes``, so a stalled client never holds space for long.
         metrics: a :class:`kvstore.metrics.ProcessMetrics`: every request is
             counted and timed on its connection's own tally; None: not timed.
             Bytes and connections are counted in :attr:`traffic` either way.
@@ -93,9 +100,10 @@ class DataServer:
     def __init__(self, node: StoreNode, host: str = "127.0.0.1", port: int = 0,
                  local_address: str | None = None, rdma=None, ack_timeout_s: float = 2.0,
                  tokens: TokenFile | None = None, tls: ssl.SSLContext | None = None,
-                 metrics=None):
+                 metrics=None, write_timeout_s: float = 30.0):
         self.node = node
         self.metrics = metrics           # a kvstore.metrics.ProcessMetrics, or None
+        self.write_timeout_s = write_timeout_s
         self.traffic = Traffic()
         self.rdma = rdma
         self.ack_timeout_s = ack_timeout_s
@@ -179,7 +187,8 @@ class DataServer:
             return
         transport = "shm" if raw.family == socket.AF_UNIX else "tcp"
         session = _Session(self.node, conn, self.rdma, self._pollers, self.ack_timeout_s,
-                           self.tokens, self.metrics.tally() if self.metrics else None)
+                           self.tokens, self.metrics.tally() if self.metrics else None,
+                           self.write_timeout_s)
         self.traffic.opened(transport, session)
         try:
             session.run()
@@ -196,47 +205,6 @@ class DataServer:
             with self._lock:
                 self._conns.discard(raw)
                 self._threads.discard(threading.current_thread())
-
-
-class Traffic:
-    """Bytes moved and connections open, by transport (``tcp``; ``shm``: the Unix
-    socket of same-host clients, whose values move through the segment).
-
-    A session counts its own bytes (no lock); closed sessions are folded in.
-    One-sided RDMA reads never reach the node's CPU and are not counted.
-    """
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._open: dict[str, set] = {"tcp": set(), "shm": set()}
-        self._done: dict[tuple[str, str], int] = {}
-
-    def opened(self, transport: str, session: "_Session") -> None:
-        with self._lock:
-            self._open[transport].add(session)
-
-    def closed(self, transport: str, session: "_Session") -> None:
-        with self._lock:
-            self._open[transport].discard(session)
-            for direction, n in (("in", session.bytes_in), ("out", session.bytes_out)):
-                self._done[(transport, direction)] = self._done.get((transport, direction), 0) + n
-
-    def connections(self) -> dict[str, int]:
-        with self._lock:
-            return {t: len(s) for t, s in self._open.items()}
-
-    def bytes(self) -> dict[tuple[str, str], int]:
-        """(transport, direction) -> bytes, ``in`` (written to the node) and ``out``."""
-        with self._lock:
-            out = dict(self._done)
-            for t, sessions in self._open.items():
-                for s in sessions:
-                    out[(t, "in")] = out.get((t, "in"), 0) + s.bytes_in
-                    out[(t, "out")] = out.get((t, "out"), 0) + s.bytes_out
-        for t in self._open:
-            for d in ("in", "out"):
-                out.setdefault((t, d), 0)
-        return out
 
 
 class _Pollers:
@@ -279,8 +247,9 @@ class _Session:
 
     def __init__(self, node: StoreNode, conn: socket.socket, rdma=None,
                  pollers: "_Pollers | None" = None, ack_timeout_s: float = 2.0,
-                 tokens: TokenFile | None = None, tally=None):
+                 tokens: TokenFile | None = None, tally=None, write_timeout_s: float = 30.0):
         self.node = node
+        self.write_timeout_s = write_timeout_s
         self.tally = tally               # a kvstore.metrics.RequestTally, or None
         self.bytes_in = 0                # value bytes written to the node (PUT, SHM_COMMIT)
         self.bytes_out = 0               # ... read from it (GET, SHM_ACQUIRE)
@@ -326,8 +295,14 @@ class _Session:
                     finally:
                         self.pollers.give()
             blocked_at = time.perf_counter() if self.reader.buffered() < REQUEST.size else 0.0
-            op, _flags, key_len, parent_len, object_id, size, checksum = REQUEST.unpack(
-                self.reader.read(REQUEST.size))
+            if self.writing:
+                # Reservations held (SHM_ALLOC without its SHM_COMMIT yet): the
+                # next frame must come within write_timeout_s.
+                with self._timed(f"{len(self.writing)} shm reservation(s) not committed"):
+                    header = self.reader.read(REQUEST.size)
+            else:
+                header = self.reader.read(REQUEST.size)
+            op, _flags, key_len, parent_len, object_id, size, checksum = REQUEST.unpack(header)
             if blocked_at:
                 # A client that comes back this soon runs a tight loop (a get
                 # per copy): poll for its next request instead of sleeping.
@@ -444,23 +419,42 @@ class _Session:
 
     # ---- ops ----
     def _put(self, key: str, object_id: int, size: int, checksum: int) -> None:
+        # The value's bytes must keep coming (within write_timeout_s each), whether
+        # they are stored or discarded: a stalled writer holds nothing for long.
         try:
             obj, present = self.node.begin_write(key, object_id, size, checksum, self.parent)
         except KVStoreError:
-            self.reader.discard(size)
+            with self._timed(f"a refused PUT of {size} B"):
+                self.reader.discard(size)
             raise
         if present:
-            self.reader.discard(size)
+            with self._timed(f"a PUT of {size} B already stored"):
+                self.reader.discard(size)
             self._reply(object_id=object_id, size=size, checksum=checksum)
             return
         try:
             if size:
-                self.reader.read_into(self.node.write_view(obj))
+                with self._timed(f"a PUT of {size} B"):
+                    self.reader.read_into(self.node.write_view(obj))
         except BaseException:
             self.node.abort_write(obj)
             raise
         self.bytes_in += size
         self._reply_stored(self.node.commit_write(obj), obj)
+
+    @contextlib.contextmanager
+    def _timed(self, what: str):
+        """Blocking reads inside wait at most write_timeout_s for each byte; a stall
+        ends the connection (Unavailable) and is counted."""
+        self.conn.settimeout(self.write_timeout_s)
+        try:
+            yield
+        except Unavailable as exc:
+            if isinstance(exc.__cause__, TimeoutError):
+                self._stalled(what)
+            raise
+        finally:
+            self.conn.settimeout(None)
 
     def _get(self, key: str, object_id: int, _size: int, _checksum: int) -> None:
         # An object only on SSD (or GPU) is promoted to DRAM first; when DRAM has
@@ -483,6 +477,11 @@ class _Session:
             self._flush()    # the staging buffer is this connection's only one
         finally:
             self.node.release(obj)
+
+    def _stalled(self, what: str) -> None:
+        self.node.count(NodeCounter.STALLED_WRITES)
+        log.warning("a data client stalled over %.1f s in %s: dropping its connection and "
+                    "reservations", self.write_timeout_s, what)
 
     def _staging(self, size_bytes: int) -> memoryview:
         if len(self.staging) < size_bytes:

@@ -160,6 +160,10 @@ class StoreNode:
             if present is not None:
                 return present, True
             alloc = self._tiering.allocate_locked(0, record)
+            if alloc is None and not self._tiering.could_fit_locked(0, size_bytes):
+                self.counters[NodeCounter.NO_FIT] += 1
+                raise NoSpace(self._tiering.no_space_message_locked(0, size_bytes)
+                              + "; nothing was evicted for it", key=key)
             if alloc is None:
                 alloc = self._tiering.wait_for_room_locked(0, record, self._tiering.room_wait_s)
             if alloc is None:
@@ -446,6 +450,11 @@ class StoreNode:
                     for o in self._table.objects.values() if o.state is ObjectState.COMPLETE]
 
     # ================================================================ stats
+    def count(self, counter: NodeCounter, n: int = 1) -> None:
+        """Add ``n`` to one of the node's counters (any thread)."""
+        with self._table.cond:
+            self.counters[counter] += n
+
     def stats(self) -> NodeStats:
         """Everything, counted now: O(objects) under the lock (see :meth:`refresh_usage`)."""
         with self._table.cond:

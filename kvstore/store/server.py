@@ -73,6 +73,7 @@ class NodeConfig:
     rdma_device: str = ""              # serve one-sided RDMA on this device ("" none)
     rdma_port: int = 1
     rdma_gid_index: int | None = None
+    write_timeout_s: float = 30.0      # a writer silent this long mid-value loses its space
     security: ServerSecurity = ServerSecurity()   # --auth (data port) and --tls-* (TCP port)
     creds: ClientCredentials = ClientCredentials()   # the node's own token, to its masters
     insecure: bool = False             # allow a non-loopback bind without --auth (warned)
@@ -179,7 +180,8 @@ def run_node(cfg: NodeConfig) -> None:
                 raise SystemExit(f"kvstore node: --rdma-device {cfg.rdma_device}: "
                                  f"{exc.message}") from None
         server = DataServer(node, cfg.host, cfg.port, local_address(dram.name), rdma,
-                            tokens=tokens, tls=tls, metrics=metrics).start()
+                            tokens=tokens, tls=tls, metrics=metrics,
+                            write_timeout_s=cfg.write_timeout_s).start()
         if tokens is not None:
             signal.signal(signal.SIGHUP, lambda *_: tokens.reload())
         host = advertised_host(cfg.host, cfg.advertise_host, toward=cfg.masters[0])

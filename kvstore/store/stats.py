@@ -20,6 +20,9 @@ The node's counters (since start)::
     prefetch_wasted            ... ended by the deadline (or a drop) without a read
     pins, unpins               PIN ops, UNPIN ops that removed a pin
     recovered                  objects adopted from the SSD at start
+    stalled_writes             writers dropped for stalling mid-value (their space freed)
+    no_fit                     puts refused at once: not even evicting everything evictable
+                               would make room (nothing was evicted for them)
 
 The node counts with :class:`NodeCounter`; what leaves the node (heartbeat
 ``counters``, the STATS JSON, :attr:`NodeStats.counters`) is keyed by the
@@ -55,6 +58,8 @@ class NodeCounter(str, enum.Enum):
     PINS = "pins"
     UNPINS = "unpins"
     RECOVERED = "recovered"
+    STALLED_WRITES = "stalled_writes"
+    NO_FIT = "no_fit"
 
 
 def counters_by_name(counters: Mapping[NodeCounter, int]) -> dict[str, int]:

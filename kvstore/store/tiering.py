@@ -172,6 +172,8 @@ class Tiering:
         extent = tier.allocate(record)
         if extent is not None:
             return extent
+        if not self.could_fit_locked(level, record.size_bytes):
+            return None        # evicting everything evictable would not do: evict nothing
         bottom = self._is_bottom(level)
         gen = self._victims(level, time.monotonic())
         try:
@@ -188,6 +190,28 @@ class Tiering:
         finally:
             gen.close()
         return None
+
+    #: Objects under this fraction of a tier skip :meth:`could_fit_locked`'s count:
+    #: a few victims make room for them, and the count is O(objects).
+    FIT_CHECK_FRACTION = 1 / 64
+
+    def could_fit_locked(self, level: int, size_bytes: int) -> bool:
+        """Whether ``size_bytes`` could fit at ``level`` once every copy that may go
+        now is given up (free + evictable >= size). False means: refuse at once,
+        evicting nothing (a 30 MiB put must not empty a 64 MiB tier and then fail).
+        Small objects are assumed to fit (see FIT_CHECK_FRACTION)."""
+        tier = self._levels[level].tier
+        if size_bytes <= tier.free_bytes or size_bytes < tier.capacity_bytes * self.FIT_CHECK_FRACTION:
+            return True
+        now = time.monotonic()
+        room = tier.free_bytes
+        for o in self._table.objects.values():
+            copy = o.copies[level] if level < len(o.copies) else None
+            if copy is not None and o.can_give_up(level, True, now):
+                room += copy.reserved_bytes
+                if room >= size_bytes:
+                    return True
+        return False
 
     def wait_for_room_locked(self, level: int, record: ObjectRecord,
                              timeout_s: float) -> Extent | None:

@@ -239,3 +239,77 @@ def test_a_master_restart_answers_no_false_not_found_and_overwrites_nothing(tmp_
         with KVClient(cluster.master) as kv:
             for k, v in values.items():
                 assert kv.get(k) == v
+
+
+# ---- a put that cannot fit evicts nothing; a stalled writer frees its space (bug 3) ----
+
+@pytest.fixture()
+def crowded(tmp_path):
+    """One node: 64 MiB DRAM, a 40 MiB object pinned, 50 small evictable objects."""
+    import os
+
+    from kvstore.client import KVClient
+    from kvstore.tools.launcher import start_store_cluster
+
+    with start_store_cluster(1, 1, dram="64MiB", eviction_policy="default",
+                             node_args=("--write-timeout-s", "1"),
+                             log_dir=str(tmp_path)) as cluster:
+        kv = KVClient(cluster.master, prefer_shm=False)
+        kv.put("big", os.urandom(40 << 20))
+        kv.pin("big")
+        small = {f"small/{i}": os.urandom(100_000) for i in range(50)}
+        for k, v in small.items():
+            kv.put(k, v)
+        try:
+            yield cluster, kv, small
+        finally:
+            kv.close()
+
+
+def _evictions(kv) -> int:
+    (own,) = kv.node_stats().values()
+    return own["counters"]["evictions"]
+
+
+def test_a_put_that_cannot_fit_fails_at_once_and_evicts_nothing(crowded):
+    import time
+
+    from kvstore.client import NoSpace
+
+    cluster, kv, small = crowded
+    t0 = time.monotonic()
+    with pytest.raises(NoSpace) as err:
+        kv.put("huge", b"x" * (30 << 20))
+    assert time.monotonic() - t0 < 2.0
+    assert "nothing was evicted" in str(err.value)
+    assert _evictions(kv) == 0
+    assert all(kv.get(k) == v for k, v in small.items())
+    (own,) = kv.node_stats().values()
+    assert own["counters"]["no_fit"] >= 1
+
+
+def test_a_stalled_writer_loses_its_reservation_in_bounded_time(crowded):
+    import time
+
+    from kvstore.transfer.protocol import Op
+
+    cluster, kv, small = crowded
+    host, port = cluster.nodes["n0"].address.rsplit(":", 1)
+    (before,) = kv.node_stats().values()
+    stalled = NodeConnection(host, int(port), timeout_s=10)
+    size = 15 << 20                                  # fits: reserved, then never sent
+    stalled.send(Op.PUT, "stalled", 999_999, size, 12345, memoryview(b"x" * 1000))
+    time.sleep(0.3)
+    (during,) = kv.node_stats().values()
+    assert during["tiers"][0]["used_bytes"] >= before["tiers"][0]["used_bytes"] + size
+    deadline = time.monotonic() + 5
+    while True:
+        (after,) = kv.node_stats().values()
+        if after["counters"]["stalled_writes"] == 1:
+            break
+        assert time.monotonic() < deadline, "the stalled reservation was never freed"
+        time.sleep(0.1)
+    assert after["tiers"][0]["used_bytes"] == before["tiers"][0]["used_bytes"]
+    assert _evictions(kv) == 0
+    assert all(kv.get(k) == v for k, v in small.items())
+    stalled.close()
