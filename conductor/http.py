@@ -132,6 +132,9 @@ class ByteStreamDecoder:
 
 # --------------------------------------------------------------------------- requests
 
+_ROUTES = frozenset({"POST /v1/completions", "GET /v1/models", "GET /health"})
+
+
 class HttpError(Exception):
     """An error answered in OpenAI's shape: ``{"error": {message, type, param, code}}``."""
 
@@ -336,12 +339,15 @@ class HttpFront:
     """
 
     def __init__(self, backend: Backend, model_name: str, tokenizer: ByteTokenizer,
-                 security: ServerSecurity | None = None):
+                 security: ServerSecurity | None = None, draining=lambda: False,
+                 metrics=None):
         self.backend = backend
+        self.draining = draining       # () -> bool: the process got SIGTERM
+        self.metrics = metrics         # a kvstore.metrics.ProcessMetrics: requests counted
         self.model_name = model_name
         self.tokenizer = tokenizer
         self.security = security or ServerSecurity()
-        self.app = web.Application(middlewares=[self._authenticate])
+        self.app = web.Application(middlewares=[self._count, self._authenticate])
         self.app.add_routes([web.post("/v1/completions", self.completions),
                              web.get("/v1/models", self.models),
                              web.get("/health", self.health)])
@@ -349,6 +355,26 @@ class HttpFront:
 
     def _role(self, request: web.Request) -> Role | None:
         return self.security.role_of([("authorization", request.headers.get("Authorization", ""))])
+
+    @web.middleware
+    async def _count(self, request: web.Request, handler):
+        """kvstore_requests_total{op="POST /v1/completions", code="200"} and its duration
+        (op: the route, or "other" for paths the front does not serve)."""
+        if self.metrics is None:
+            return await handler(request)
+        t0 = time.perf_counter()
+        route = f"{request.method} {request.path}"
+        op = route if route in _ROUTES else "other"
+        code = "500"
+        try:
+            response = await handler(request)
+            code = str(response.status)
+            return response
+        except web.HTTPException as exc:
+            code = str(exc.status)
+            raise
+        finally:
+            self.metrics.observe(op, code, time.perf_counter() - t0)
 
     @web.middleware
     async def _authenticate(self, request: web.Request, handler):
@@ -384,6 +410,8 @@ class HttpFront:
             {"id": self.model_name, "object": "model", "created": 0, "owned_by": "kvstore"}]})
 
     async def health(self, request: web.Request) -> web.Response:
+        if self.draining():
+            return web.json_response({"status": "draining"}, status=503)
         try:
             st = await self.backend.status()
         except grpc.aio.AioRpcError as exc:
@@ -401,6 +429,9 @@ class HttpFront:
         return web.json_response(body, status=200 if ok else 503)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
+        if self.draining():
+            return HttpError(503, "this front is draining (shutting down); retry on "
+                                  "another").response()
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):

@@ -52,7 +52,7 @@ from kvstore.binding import advertised_host, check_binding
 from kvstore.conductor.metrics import ConductorMetrics
 from kvstore.errors import RETRYABLE_STATUS
 from kvstore.health import Health, State, drain
-from kvstore.metrics import MetricsConfig, ProcessMetrics, start_metrics
+from kvstore.metrics import MetricsConfig, ProcessMetrics, check_metrics_binding, start_metrics
 from kvstore.process import announce_ready, wait_for_stop_signal
 from kvstore.rpc import ClientCredentials, ServerSecurity
 
@@ -419,12 +419,22 @@ CONDUCTOR_METHOD_ROLES: dict[str, frozenset[Role]] = {
 }
 
 
+async def _watch_engines(scheduler: Scheduler, health: Health, period_s: float = 0.25) -> None:
+    """SERVING while a prefill and a decode instance are alive; otherwise up but
+    not serving (``/health`` 503, ``/ready`` 200), as the HTTP front's /health says."""
+    while True:
+        live = (any(p.alive for p in scheduler.prefill) and any(d.alive for d in scheduler.decode))
+        health.set(State.SERVING if live else State.STANDBY)
+        await asyncio.sleep(period_s)
+
+
 async def serve(cfg: ConductorConfig) -> None:
     """Serve until SIGTERM / SIGINT (announces READY, with ``http_address`` when the front runs)."""
     authenticated = cfg.security.tokens is not None
     check_binding("conductor", cfg.host, authenticated, cfg.insecure)
     if cfg.http_port is not None:
         check_binding("conductor HTTP front", cfg.http_host, authenticated, cfg.insecure)
+    check_metrics_binding("conductor", cfg.metrics, cfg.host, authenticated, cfg.insecure)
     namespace = namespace_for_model(cfg.model, cfg.block_tokens)
     scheduler = Scheduler(_parse_instances(cfg.prefill, PrefillInstance),
                           _parse_instances(cfg.decode, DecodeInstance))
@@ -451,7 +461,8 @@ async def serve(cfg: ConductorConfig) -> None:
 
         http = HttpFront(LocalBackend(conductor), model_name=cfg.served_model_name or cfg.model,
                          tokenizer=ByteTokenizer(model_config(cfg.model).vocab_size),
-                         security=cfg.security)
+                         security=cfg.security, draining=lambda: health.state is State.DRAINING,
+                         metrics=metrics if observed else None)
         http_port = await http.start(cfg.http_host, cfg.http_port)
         http_host = advertised_host(cfg.http_host, cfg.advertise_host,
                                     toward=cfg.master.split("|")[0])
@@ -459,10 +470,11 @@ async def serve(cfg: ConductorConfig) -> None:
     mserver, maddress = start_metrics(cfg.metrics, cfg.host, metrics, health, cfg.security, host)
     if maddress:
         info["metrics_address"] = maddress
-    health.set(State.SERVING)
+    watch = asyncio.create_task(_watch_engines(scheduler, health))
     announce_ready(info)
     await wait_for_stop_signal()
     health.set(State.DRAINING)
+    watch.cancel()
     if cfg.drain_s > 0:
         await asyncio.sleep(cfg.drain_s)
     if http is not None:

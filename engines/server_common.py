@@ -20,7 +20,8 @@ from kvstore.client.models import TINY, model_config, namespace_for_model
 from kvstore.errors import InvalidArgument, NoSpace, status_code
 from kvstore.keys import Namespace
 from kvstore.health import Health, State, drain
-from kvstore.metrics import MetricsConfig, MetricsServer, ProcessMetrics, start_metrics
+from kvstore.metrics import (MetricsConfig, MetricsServer, ProcessMetrics, check_metrics_binding,
+                             start_metrics)
 from kvstore.process import announce_ready, wait_for_stop_signal
 
 
@@ -102,6 +103,8 @@ def load_engine(cfg: EngineConfig, role: str) -> tuple[LlamaModel, PagedKVCache]
             --insecure (checked first: no model is loaded for nothing).
     """
     check_binding(role, cfg.host, cfg.security.tokens is not None, cfg.insecure)
+    check_metrics_binding(role, cfg.metrics, cfg.host, cfg.security.tokens is not None,
+                          cfg.insecure)
     torch.set_num_threads(cfg.threads)
     mcfg = model_config(cfg.model)
     model = LlamaModel.random(mcfg) if cfg.model == TINY else LlamaModel.from_pretrained(cfg.model)

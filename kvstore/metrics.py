@@ -30,7 +30,9 @@ own (no lock, about a microsecond), and a scrape sums the tallies.
 
 from __future__ import annotations
 
+import inspect
 import logging
+import socket
 import threading
 from bisect import bisect_left
 import time
@@ -45,6 +47,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from kvstore.auth import Role
+from kvstore.binding import check_binding
 from kvstore.health import Health
 from kvstore.tls import TlsFiles, server_context
 
@@ -220,8 +223,8 @@ class RequestMetrics(grpc.aio.ServerInterceptor):
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
-        if handler is None:
-            return None
+        if handler is None or details.method.startswith("/grpc.health.v1.Health/"):
+            return handler           # probes are not requests (and Watch streams forever)
         op = details.method.rsplit("/", 1)[-1]
         observe = self.metrics.observe
         kw = dict(request_deserializer=handler.request_deserializer,
@@ -243,7 +246,8 @@ class RequestMetrics(grpc.aio.ServerInterceptor):
                     observe(op, code, time.perf_counter() - t0)
 
             return grpc.unary_unary_rpc_method_handler(unary, **kw)
-        if handler.unary_stream is not None:
+        if handler.unary_stream is not None and inspect.isasyncgenfunction(
+                getattr(handler.unary_stream, "__func__", handler.unary_stream)):
             inner_stream = handler.unary_stream
 
             async def stream(request, context):
@@ -295,7 +299,8 @@ class MetricsServer:
     def __init__(self, metrics: ProcessMetrics, health: Health, host: str = "127.0.0.1",
                  port: int = 0, tokens=None, tls: TlsFiles | None = None):
         handler = _handler(metrics, health, tokens)
-        self._httpd = _QuietServer((host, port), handler)
+        server_class = _QuietServer6 if ":" in host else _QuietServer
+        self._httpd = server_class((host.strip("[]"), port), handler)
         self._httpd.daemon_threads = True
         if tls is not None:
             ctx = server_context(TlsFiles(tls.cert, tls.key))
@@ -316,13 +321,19 @@ class MetricsServer:
 
 
 class _QuietServer(ThreadingHTTPServer):
+    request_queue_size = 128      # scrapers and probes arrive in bursts
     def handle_error(self, request, client_address):
         # A failed TLS handshake or a dropped scrape: not worth a traceback.
         log.debug("metrics request from %s failed", client_address, exc_info=True)
 
 
+class _QuietServer6(_QuietServer):
+    address_family = socket.AF_INET6
+
+
 def _handler(metrics: ProcessMetrics, health: Health, tokens):
     from kvstore.auth import allows
+    from kvstore.rpc import bearer
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "kvstore-metrics"
@@ -338,9 +349,8 @@ def _handler(metrics: ProcessMetrics, health: Health, tokens):
             if path != "/metrics":
                 return self._reply(404, b"not found\n")
             if tokens is not None:
-                header = self.headers.get("Authorization", "")
-                token = header[7:].strip() if header.startswith("Bearer ") else None
-                role = tokens.role_of(token)
+                role = tokens.role_of(bearer([("authorization",
+                                                self.headers.get("Authorization", ""))]))
                 if role is None:
                     return self._reply(401, b"missing or unknown credentials "
                                             b"(Authorization: Bearer TOKEN)\n",
@@ -380,6 +390,19 @@ class MetricsConfig:
     host: str = ""              # "" : the service's own bind address
 
 
+def check_metrics_binding(service: str, cfg: MetricsConfig, service_host: str,
+                          authenticated: bool, insecure: bool) -> None:
+    """The binding rule (kvstore.binding) for a service's metrics port, checked
+    before the service starts serving.
+
+    Raises:
+        BindRefused: a non-loopback metrics port without ``--auth`` or ``--insecure``.
+    """
+    if cfg.port is not None:
+        check_binding(f"{service} metrics port", cfg.host or service_host, authenticated,
+                      insecure)
+
+
 def start_metrics(cfg: MetricsConfig, service_host: str, metrics: ProcessMetrics,
                   health: Health, security=None,
                   advertise: str = "") -> tuple[MetricsServer | None, str]:
@@ -403,4 +426,6 @@ def start_metrics(cfg: MetricsConfig, service_host: str, metrics: ProcessMetrics
                            tokens=security.tokens if security is not None else None,
                            tls=security.tls if security is not None else None).start()
     shown = advertise if host in ("0.0.0.0", "::", "") and advertise else host
+    if ":" in shown and not shown.startswith("["):
+        shown = f"[{shown}]"            # an IPv6 address
     return server, f"{shown}:{server.port}"

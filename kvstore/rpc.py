@@ -96,8 +96,9 @@ def bearer(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:
     for k, v in metadata or ():
         if k == "authorization":
             value = v.decode() if isinstance(v, bytes) else v
-            if value.startswith("Bearer "):
-                return value[7:].strip()
+            scheme, _, token = value.strip().partition(" ")
+            if scheme.lower() == "bearer" and token.strip():    # the scheme is case-blind
+                return token.strip()
     return None
 
 
@@ -170,10 +171,11 @@ def listen(server: grpc.aio.Server, host: str, port: int,
     Raises:
         OSError: the address cannot be bound (taken, or not an address of this host).
     """
+    where = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     try:
         if security is not None and security.tls is not None:
-            return server.add_secure_port(f"{host}:{port}", grpc_server_credentials(security.tls))
-        return server.add_insecure_port(f"{host}:{port}")
+            return server.add_secure_port(where, grpc_server_credentials(security.tls))
+        return server.add_insecure_port(where)
     except RuntimeError as exc:        # grpc's way of saying the address is taken
         raise OSError(f"cannot listen on {host}:{port}: {exc}") from None
 

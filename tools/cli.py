@@ -99,6 +99,7 @@ def up(
     try:
         c = start_store_cluster(masters, nodes, standbys=standbys, etcd=etcd, dram=dram,
                                 log_dir=log_dir, on_step=console.print,
+                                eviction_policy="default",
                                 master_args=observed, node_args=observed)
     except ChildFailed as exc:
         console.print(f"[red]a cluster process failed:[/] {exc} (logs in {log_dir})")
@@ -110,15 +111,22 @@ def up(
     if c.etcd is not None:
         console.print(f"etcd: {c.etcd.url}")
     console.print(f"clients: KVClient({c.master!r}); logs in {log_dir}; Ctrl-C stops")
+    gone: set[str] = set()
     try:
-        while True:
-            c.procs.check()
-            time.sleep(1.0)
+        # A process that exits (killed to try a failover, say) is reported; the
+        # others keep running until Ctrl-C, or until none is left.
+        while len(gone) < len(c.procs.children):
+            for child in c.procs.children:
+                rc = child.proc.poll()
+                if rc is not None and child.name not in gone:
+                    gone.add(child.name)
+                    console.print(f"[yellow]{child.name} exited with code {rc}[/] (the others "
+                                  f"keep running; logs in {log_dir})")
+            time.sleep(0.5)
+        console.print("[red]every process has exited[/]")
+        raise typer.Exit(1)
     except KeyboardInterrupt:
         console.print("[yellow]stopping[/]")
-    except ChildFailed as exc:
-        console.print(f"[red]{exc}[/] (logs in {log_dir})")
-        raise typer.Exit(1)
     finally:
         c.stop()
 

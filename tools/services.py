@@ -107,12 +107,36 @@ def _creds(a: argparse.Namespace):
     return ClientCredentials.resolve(token_file=getattr(a, "token_file", "") or None, tls=tls)
 
 
+def _require(ok: bool, message: str) -> None:
+    """A check of the options that --check-config and a real start share.
+
+    Raises:
+        ValueError: ``message`` (one line, exit 2).
+    """
+    if not ok:
+        raise ValueError(message)
+
+
+def _check_common(a: argparse.Namespace) -> None:
+    import logging
+    import math
+
+    _require(isinstance(logging.getLevelName(a.log_level.upper()), int),
+             f"--log-level {a.log_level!r}: not a logging level (DEBUG, INFO, WARNING, ERROR)")
+    _require(math.isfinite(a.drain_s) and a.drain_s >= 0,
+             f"--drain-s must be a number of seconds >= 0, got {a.drain_s}")
+    port = getattr(a, "port", 0)
+    for other in ("metrics_port", "http_port"):
+        value = getattr(a, other, None)
+        _require(not (port and value and value == port),
+                 f"--{other.replace('_', '-')} {value} is the service's own --port")
+
+
 def _secured(a: argparse.Namespace) -> dict:
     """The config fields every service takes: security, metrics, draining."""
     from kvstore.metrics import MetricsConfig
 
-    if a.drain_s < 0:
-        raise ValueError(f"--drain-s must be >= 0, got {a.drain_s}")
+    _check_common(a)
     return dict(security=_security(a), insecure=a.insecure, advertise_host=a.advertise_host,
                 metrics=MetricsConfig(a.metrics_port, a.metrics_host), drain_s=a.drain_s)
 
@@ -181,6 +205,8 @@ def master_main(argv: list[str]) -> None:
     p.add_argument("--lease-ttl-s", type=int, default=3, help="leader lease ttl")
     a = p.parse_args(argv)
     setup_logging(a.log_level)
+    _require(not a.etcd or a.etcd.startswith(("http://", "https://")),
+             f"--etcd {a.etcd!r}: give a URL, http://HOST:PORT")
     cfg = MasterConfig(
         host=a.host, port=a.port, node_ttl_ms=a.node_ttl_ms, node_forget_ms=a.node_forget_ms,
         shard_id=a.shard_id,
@@ -230,6 +256,7 @@ def node_main(argv: list[str]) -> None:
                    help="GID index (default: the port's first non-zero GID)")
     a = p.parse_args(argv)
     setup_logging(a.log_level)
+    _check_node(a)
     cfg = NodeConfig(
         masters=tuple(a.master.split("|")), host=a.host, port=a.port, node_id=a.node_id,
         dram_bytes=parse_size(a.dram), gpu_bytes=parse_size(a.gpu) if a.gpu else 0,
@@ -243,6 +270,23 @@ def node_main(argv: list[str]) -> None:
         write_timeout_s=a.write_timeout_s, creds=_creds(a), **_secured(a))
     if not _checked("node", a, cfg):
         run_node(cfg)
+
+
+def _check_node(a: argparse.Namespace) -> None:
+    from kvstore.store.eviction import make_policy
+
+    try:
+        make_policy(a.eviction_policy)
+    except (KeyError, ValueError):
+        raise ValueError(f"--eviction-policy {a.eviction_policy!r}: not a policy "
+                         f"(default, lru, lfu, none)") from None
+    _require(parse_size(a.dram) > 0, "--dram must be larger than 0 B")
+    for lo, hi, name in ((a.low_watermark, a.high_watermark, ""),
+                         (a.ssd_low_watermark, a.ssd_high_watermark, "ssd-")):
+        _require(0 < lo <= hi <= 1, f"--{name}low-watermark {lo} and --{name}high-watermark "
+                                    f"{hi}: need 0 < low <= high <= 1")
+    _require(bool(a.ssd) == bool(a.ssd_path), "--ssd SIZE and --ssd-path DIR go together")
+    _require(a.write_timeout_s > 0, "--write-timeout-s must be > 0")
 
 
 def _engine_parser(name: str, description: str) -> argparse.ArgumentParser:
@@ -261,6 +305,10 @@ def _engine_parser(name: str, description: str) -> argparse.ArgumentParser:
 def _engine_config(a: argparse.Namespace, save_mode: str = ""):
     from kvstore.engines.server_common import EngineConfig
 
+    _require(a.threads >= 1, f"--threads must be >= 1, got {a.threads}")
+    _require(a.model == "tiny" or os.path.isdir(a.model),
+             f"--model {a.model!r}: neither 'tiny' nor a model folder")
+    _require(a.block_tokens >= 1 and a.kv_pages >= 1, "--block-tokens and --kv-pages must be >= 1")
     return EngineConfig(master=a.master, model=a.model, block_tokens=a.block_tokens,
                         kv_pages=a.kv_pages, instance_id=a.instance_id, threads=a.threads,
                         host=a.host, port=a.port, save_mode=save_mode, creds=_creds(a),

@@ -21,7 +21,7 @@ import grpc
 from kvstore import rpc
 from kvstore.binding import advertised_host, check_binding
 from kvstore.health import Health, State, drain
-from kvstore.metrics import MetricsConfig, ProcessMetrics, start_metrics
+from kvstore.metrics import MetricsConfig, ProcessMetrics, check_metrics_binding, start_metrics
 from kvstore.rpc import ServerSecurity
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.master import metrics as master_metrics
@@ -133,6 +133,8 @@ async def serve(cfg: MasterConfig) -> None:
             addresses for it and no ``port`` says which one is this process.
     """
     check_binding("master", cfg.host, cfg.security.tokens is not None, cfg.insecure)
+    check_metrics_binding("master", cfg.metrics, cfg.host, cfg.security.tokens is not None,
+                          cfg.insecure)
     port = cfg.port
     if cfg.shard_map is not None:
         mine = next((r for r in cfg.shard_map.ranges if r.shard_id == cfg.shard_id), None)
@@ -151,7 +153,7 @@ async def serve(cfg: MasterConfig) -> None:
                             f"{advertised_host(cfg.host, cfg.advertise_host)}:{port}",
                             ttl_s=cfg.lease_ttl_s)
     metrics = ProcessMetrics("master")
-    health = Health(("kvstore.Master",))
+    health = Health(("kvstore.v1.Master",))
     server, bound, index = await create_server(cfg.host, port, node_ttl_ms=cfg.node_ttl_ms,
                                                node_forget_ms=cfg.node_forget_ms,
                                                shard_map=cfg.shard_map, shard_id=cfg.shard_id,

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from kvstore.binding import advertised_host, check_binding
 from kvstore.errors import Unavailable
 from kvstore.health import Health, State
-from kvstore.metrics import MetricsConfig, ProcessMetrics, start_metrics
+from kvstore.metrics import MetricsConfig, ProcessMetrics, check_metrics_binding, start_metrics
 from kvstore.process import announce_ready
 from kvstore.rpc import ClientCredentials, ServerSecurity
 from kvstore.store.agent import make_agent, no_master_yet
@@ -142,6 +142,8 @@ def run_node(cfg: NodeConfig) -> None:
         grpc.RpcError: no master answered.
     """
     check_binding("node", cfg.host, cfg.security.tokens is not None, cfg.insecure)
+    check_metrics_binding("node", cfg.metrics, cfg.host, cfg.security.tokens is not None,
+                          cfg.insecure)
     tiers = build_tiers(cfg)
     try:
         node_id = resolve_node_id(cfg.node_id, tiers)

@@ -145,7 +145,7 @@ def test_leader_kill_flips_is_leader_health_and_leader_changes(store):
     leader, standby = store.shards[0]
     sm = standby.info["metrics_address"]
     assert value(scrape(sm), "kvstore_master_is_leader") == 0
-    assert grpc_health(standby.address, "kvstore.Master") == "NOT_SERVING"
+    assert grpc_health(standby.address, "kvstore.v1.Master") == "NOT_SERVING"
     assert grpc_health(leader.address) == "SERVING"
     assert http_status(sm, "/health") == 503 and http_status(sm, "/ready") == 200
     assert http_status(leader.info["metrics_address"], "/health") == 200
@@ -155,7 +155,7 @@ def test_leader_kill_flips_is_leader_health_and_leader_changes(store):
     m = scrape(sm)
     assert value(m, "kvstore_leader_changes_total") == 1
     # SERVING once the new term's warm-up (nodes re-registering) is over.
-    wait_for(lambda: grpc_health(standby.address, "kvstore.Master") == "SERVING", 10,
+    wait_for(lambda: grpc_health(standby.address, "kvstore.v1.Master") == "SERVING", 10,
              "gRPC health of the new leader")
     assert http_status(sm, "/health") == 200
 
@@ -295,3 +295,48 @@ def test_check_config_reads_the_files_and_serves_nothing(tmp_path):
         assert len(bad.stderr.strip().splitlines()) == 1 and words in bad.stderr, bad.stderr
     typo = check("master", "--metrics-prot", "9100")
     assert typo.returncode == 2 and "unrecognized arguments" in typo.stderr
+
+
+def test_a_public_metrics_port_needs_auth_at_start_too(tmp_path):
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "kvstore.tools.services", "master", "--port", "0",
+                          "--metrics-port", "0", "--metrics-host", "0.0.0.0"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "READY" not in run.stdout
+    assert len(run.stderr.strip().splitlines()) == 1 and "--auth" in run.stderr
+
+
+def test_health_watch_and_a_lower_case_bearer(tmp_path):
+    auth = tmp_path / "auth"
+    auth.write_text(f"admin {'a' * 20}\n")
+    with ProcessGroup(log_dir=str(tmp_path / "logs")) as procs:
+        master = procs.start("master", service_args("master", "--auth", str(auth), *OBSERVED))
+        with grpc.insecure_channel(master.address) as ch:
+            stream = health_pb2_grpc.HealthStub(ch).Watch(
+                health_pb2.HealthCheckRequest(service="kvstore.v1.Master"), timeout=10)
+            statuses = []
+            for reply in stream:          # NOT_SERVING during the warm-up, then SERVING
+                statuses.append(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+                if statuses[-1] == "SERVING":
+                    break
+        assert statuses[-1] == "SERVING"
+        req = urllib.request.Request(f"http://{master.info['metrics_address']}/metrics",
+                                     headers={"Authorization": "bearer " + "a" * 20})
+        assert urllib.request.urlopen(req, timeout=10).status == 200
+
+
+def test_a_conductor_without_live_engines_is_up_but_not_serving(tmp_path):
+    with ProcessGroup(log_dir=str(tmp_path)) as procs:
+        master = procs.start("master", service_args("master"))
+        conductor = procs.start("conductor", service_args(
+            "conductor", "--master", master.address, "--prefill", "p0=127.0.0.1:9",
+            "--decode", "d0=127.0.0.1:9", "--http-port", "0", "--probe-interval-s", "0.1",
+            "--probe-timeout-s", "0.2", *OBSERVED))
+        maddr = conductor.info["metrics_address"]
+        wait_for(lambda: http_status(maddr, "/health") == 503, 15, "engines marked dead")
+        assert http_status(maddr, "/ready") == 200
+        assert http_status(conductor.info["http_address"], "/health") == 503
+        m = scrape(maddr)               # the HTTP front's requests are counted too
+        assert value(m, "kvstore_requests_total", op="GET /health", code="503") >= 1
