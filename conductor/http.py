@@ -34,7 +34,6 @@ Thread safety: everything runs on the serving event loop.
 from __future__ import annotations
 
 import asyncio
-import codecs
 import json
 import logging
 import signal
@@ -55,6 +54,7 @@ from kvstore.binding import check_binding
 from kvstore.rpc import ClientCredentials, ServerSecurity
 from kvstore.tls import server_context
 from kvstore._proto import serving_pb2_grpc as spb_grpc
+from kvstore.conductor.tokenizer import ByteTokenizer
 from kvstore.process import announce_ready, wait_for_stop_signal
 
 log = logging.getLogger(__name__)
@@ -73,61 +73,6 @@ HTTP_STATUS = {
 _ERROR_TYPE = {400: "invalid_request_error", 401: "authentication_error",
                403: "permission_error", 404: "not_found_error", 429: "rejected",
                503: "service_unavailable", 504: "timeout"}
-
-
-# --------------------------------------------------------------------------- tokenizer
-
-class ByteTokenizer:
-    """A deterministic tokenizer for models without their own (the seeded ``tiny`` model).
-
-    * encode: the text's UTF-8 bytes; token id = byte value (0..255).
-    * decode: ids 0..255 are those bytes, read as UTF-8 (an invalid sequence
-      becomes U+FFFD); any other id is written ``<|id|>``.
-
-    ``decode(encode(text)) == text`` for every string.
-
-    Args:
-        vocab_size: the model's vocabulary; at least 256.
-    """
-
-    def __init__(self, vocab_size: int):
-        if vocab_size < 256:
-            raise ValueError(f"the byte tokenizer needs vocab_size >= 256, the model has {vocab_size}")
-        self.vocab_size = vocab_size
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def decode(self, token_ids: list[int]) -> str:
-        d = self.stream_decoder()
-        return d.feed(token_ids) + d.flush()
-
-    def stream_decoder(self) -> "ByteStreamDecoder":
-        """A decoder for tokens arriving in pieces (a multi-byte character may span pieces)."""
-        return ByteStreamDecoder()
-
-
-class ByteStreamDecoder:
-    """Incremental :meth:`ByteTokenizer.decode`: ``feed(a) + feed(b) + flush() == decode(a + b)``."""
-
-    def __init__(self):
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def feed(self, token_ids: list[int]) -> str:
-        out = []
-        for t in token_ids:
-            if t < 256:
-                out.append(self._utf8.decode(bytes((t,))))
-            else:
-                out.append(self._utf8.decode(b"", final=True))
-                self._utf8.reset()
-                out.append(f"<|{t}|>")
-        return "".join(out)
-
-    def flush(self) -> str:
-        text = self._utf8.decode(b"", final=True)
-        self._utf8.reset()
-        return text
 
 
 # --------------------------------------------------------------------------- requests

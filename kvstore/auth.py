@@ -35,6 +35,7 @@ import hmac
 import logging
 import os
 import secrets
+from typing import Sequence
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +163,17 @@ class TokenFile:
             if hmac.compare_digest(proof(known, nonce), answer):
                 found = role
         return found
+
+
+def bearer(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:
+    """The token of an ``authorization: Bearer TOKEN`` entry, or None."""
+    for k, v in metadata or ():
+        if k == "authorization":
+            value = v.decode() if isinstance(v, bytes) else v
+            scheme, _, token = value.strip().partition(" ")
+            if scheme.lower() == "bearer" and token.strip():    # the scheme is case-blind
+                return token.strip()
+    return None
 
 
 def client_token(token: str | None = None, token_file: str | None = None) -> str | None:

@@ -9,7 +9,8 @@ A process moves through these states::
     state       /health   /ready   gRPC health (grpc.health.v1, "" and the service name)
     STARTING    503       503      NOT_SERVING
     SERVING     200       200      SERVING
-    STANDBY     503       200      NOT_SERVING
+    STANDBY     503       200      NOT_SERVING      (also: a conductor without live
+                                                   engines, a node that cannot accept)
     DRAINING    503       503      NOT_SERVING
 
 ``/health`` says "send me requests"; ``/ready`` says "this process is up and

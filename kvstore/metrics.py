@@ -332,8 +332,7 @@ class _QuietServer6(_QuietServer):
 
 
 def _handler(metrics: ProcessMetrics, health: Health, tokens):
-    from kvstore.auth import allows
-    from kvstore.rpc import bearer
+    from kvstore.auth import allows, bearer
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "kvstore-metrics"

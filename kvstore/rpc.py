@@ -26,7 +26,7 @@ from typing import Mapping, NamedTuple, Sequence
 
 import grpc
 
-from kvstore.auth import Role, TokenFile, allows, client_token
+from kvstore.auth import Role, TokenFile, allows, bearer, client_token  # noqa: F401 (bearer: re-exported)
 from kvstore.tls import TlsFiles, grpc_channel_credentials, grpc_server_credentials
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -89,17 +89,6 @@ class ClientCredentials:
 
     def __repr__(self) -> str:            # never print a token
         return f"ClientCredentials(token={'***' if self.token else None}, tls={bool(self.tls)})"
-
-
-def bearer(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:
-    """The token of an ``authorization: Bearer TOKEN`` entry, or None."""
-    for k, v in metadata or ():
-        if k == "authorization":
-            value = v.decode() if isinstance(v, bytes) else v
-            scheme, _, token = value.strip().partition(" ")
-            if scheme.lower() == "bearer" and token.strip():    # the scheme is case-blind
-                return token.strip()
-    return None
 
 
 # ---- servers ----

@@ -1,67 +1,52 @@
-"""The store node's TCP data server: binary frames, one thread per connection.
+"""The store node's data server: its listeners, the accept loops, one thread per connection.
 
-A connection owns the references and reservations it takes (SHM_ACQUIRE,
-SHM_ALLOC); when it closes, for any reason, they are released in
-``finally`` so a crashed client never pins memory for good.
-
-A write (PUT, SHM_COMMIT) is acknowledged only once the node's master shard
-has applied its STORED event (:mod:`kvstore.store.events`): the reply waits
-in the connection's reply queue, in order, while the rest of a pipelined
-batch is read; before the queue is sent, the session delivers the pending
-events (one report for the batch, and for concurrent connections) and fails
-a write its master refused (NOT_FOUND: the put was revoked or timed out) or
-could not confirm within ``ack_timeout_s`` (UNAVAILABLE; the event stays
-queued, so the object may still become visible, or be refused and dropped).
-
-A frame may block its connection's thread for a bounded time: a put or a
-read of an object that is only on a slower tier waits for the node's mover
-to make room in DRAM (backpressure; see ``node.py``). A TCP GET whose object
-cannot get DRAM room soon is served from its slower copy through a
-per-connection staging buffer; an SHM_ACQUIRE needs DRAM and answers
-NO_SPACE instead (the client then reads that object over TCP).
+Each accepted connection runs a :class:`kvstore.store.session.Session` (the
+frame loop; what a connection owns and how writes are acknowledged is
+described there). The accept loop survives running out of file descriptors
+(it backs off, counts ``accept_errors`` and reports the node degraded until
+it accepts again), and connections over ``max_connections`` are answered
+UNAVAILABLE and closed before the process could run out.
 
 Thread safety: connection threads share only the :class:`StoreNode`, which
-locks itself. Sockets block; ``recv_into``/``sendall`` release the GIL, and
-so do lmdb reads.
+locks itself.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
+import errno
 import logging
+import os
 import socket
 import ssl
 import threading
 import time
 
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.auth import Role, TokenFile, new_nonce
-from kvstore.errors import (Internal, InvalidArgument, KVStoreError, NotFound, Unauthenticated,
-                            Unavailable)
-from kvstore.store.events import Ticket
+from kvstore.auth import TokenFile
+from kvstore.errors import Unavailable
 from kvstore.store.node import StoreNode
-from kvstore.store.objects import StoredObject
+from kvstore.store.session import Pollers, Session
 from kvstore.store.stats import NodeCounter
 from kvstore.store.traffic import Traffic
-from kvstore.store.tiers.base import TierIOError
-from kvstore.transfer.protocol import (REQUEST, RESPONSE, FrameReader, Op, send_gathered,
-                                       tune_socket)
-from kvstore.transfer.rdma_wire import MAX_CONNECT_BYTES, OP_RDMA_CONNECT
+from kvstore.transfer.protocol import RESPONSE, tune_socket
 
 log = logging.getLogger(__name__)
-_MAX_NAMES_BYTES = 8192   # key + parent key; both are at most MAX_KEY_BYTES (512 B)
-_MAX_GATHER_BYTES = 4 * 1024 * 1024    # values held back for one gathered send, at most
-_MAX_GATHER_PARTS = 512
-# After answering a client that keeps coming back within _EAGER_GAP_S, poll its
-# socket for _POLL_S before blocking: a blocking recv's sleep and wake-up cost
-# tens of microseconds here, as much as a shared-memory get's own work.
-_POLL_S = 200e-6
 _TLS_HANDSHAKE_S = 10.0
-_EAGER_GAP_S = 1e-3
-_OP_NAMES = {**{op.value: op.name.lower() for op in Op}, OP_RDMA_CONNECT: "rdma_connect"}
-_CODE_NAMES = {v: k for k, v in pb.Code.items()}
+_ACCEPT_BACKOFF_S = (0.01, 1.0)     # first and longest wait after a failed accept
+_FD_RESERVE = 128                   # fds kept for the node's own files, sockets and channels
+
+
+def default_max_connections() -> int:
+    """The fd soft limit less a reserve (at least 16): the cap on data connections
+    bites before the process runs out of descriptors."""
+    import resource
+
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 65536
+    return max(16, soft - _FD_RESERVE)
+
+
 
 
 class DataServer:
@@ -85,6 +70,10 @@ class DataServer:
             handshake in :mod:`kvstore.transfer.protocol`); None: trust them.
         tls: a server context (:func:`kvstore.tls.server_context`): the TCP
             port speaks TLS (the Unix socket, same host only, does not).
+        max_connections: data connections (TCP and Unix socket) open at once, at
+            most; one more is answered UNAVAILABLE ("too many connections") and
+            closed (counted ``connections_refused``). None: the fd limit less a
+            reserve (:func:`default_max_connections`), so the cap comes first.
         write_timeout_s: longest wait (s) for the rest of a value being written
             (a PUT's bytes, or the SHM_COMMIT of a reservation); a writer that
             stalls longer loses its connection and its reservation, counted as
@@ -100,10 +89,13 @@ class DataServer:
     def __init__(self, node: StoreNode, host: str = "127.0.0.1", port: int = 0,
                  local_address: str | None = None, rdma=None, ack_timeout_s: float = 2.0,
                  tokens: TokenFile | None = None, tls: ssl.SSLContext | None = None,
-                 metrics=None, write_timeout_s: float = 30.0):
+                 metrics=None, write_timeout_s: float = 30.0,
+                 max_connections: int | None = None):
         self.node = node
         self.metrics = metrics           # a kvstore.metrics.ProcessMetrics, or None
         self.write_timeout_s = write_timeout_s
+        self.max_connections = max_connections or default_max_connections()
+        self.degraded = ""               # why new connections cannot be accepted now ("": they can)
         self.traffic = Traffic()
         self.rdma = rdma
         self.ack_timeout_s = ack_timeout_s
@@ -128,7 +120,7 @@ class DataServer:
         self._stopping = threading.Event()
         # Sessions polling at once: one core is left for clients and the node's
         # other work (four pollers on two cores cost concurrent clients a third).
-        self._pollers = _Pollers(max(1, (os.cpu_count() or 2) - 1))
+        self._pollers = Pollers(max(1, (os.cpu_count() or 2) - 1))
         self._acceptors = [threading.Thread(target=self._accept_loop, args=(sock,),
                                             name="data-accept", daemon=True)
                            for sock in self._listeners]
@@ -158,17 +150,50 @@ class DataServer:
             t.join(timeout=5)
 
     def _accept_loop(self, listener: socket.socket) -> None:
+        backoff = _ACCEPT_BACKOFF_S[0]
         while not self._stopping.is_set():
             try:
                 conn, _ = listener.accept()
-            except OSError:
-                return
+            except OSError as exc:
+                if self._stopping.is_set() or exc.errno in (errno.EBADF, errno.EINVAL):
+                    return           # the listener is closed: the server is stopping
+                # Out of fds (EMFILE, ENFILE) or memory: the connection waits in the
+                # listen queue; back off, say so, and accept again once fds are free.
+                self.node.count(NodeCounter.ACCEPT_ERRORS)
+                if not self.degraded:
+                    log.error("data port cannot accept connections: %s; retrying", exc)
+                self.degraded = f"cannot accept connections: {exc.strerror or exc}"
+                time.sleep(backoff)
+                backoff = min(backoff * 2, _ACCEPT_BACKOFF_S[1])
+                continue
+            backoff = _ACCEPT_BACKOFF_S[0]
+            if self.degraded:
+                log.info("data port accepts connections again")
+                self.degraded = ""
+            with self._lock:
+                full = len(self._conns) >= self.max_connections
+            if full:
+                self._refuse(conn)
+                continue
             tune_socket(conn)
             t = threading.Thread(target=self._serve, args=(conn,), name="data-conn", daemon=True)
             with self._lock:
                 self._conns.add(conn)
                 self._threads.add(t)
             t.start()
+
+    def _refuse(self, conn: socket.socket) -> None:
+        """Answer a connection over the cap with UNAVAILABLE, then close it."""
+        self.node.count(NodeCounter.CONNECTIONS_REFUSED)
+        msg = (f"too many connections to this node ({self.max_connections}); retry later "
+               f"or on another replica").encode()
+        try:
+            conn.settimeout(0.5)
+            conn.sendall(RESPONSE.pack(pb.UNAVAILABLE, 0, len(msg), 0, 0, 0, 0, 0, 0) + msg)
+        except OSError:
+            pass
+        finally:
+            conn.close()
 
     def _serve(self, conn: socket.socket) -> None:
         raw = conn
@@ -186,7 +211,7 @@ class DataServer:
             raw.close()
             return
         transport = "shm" if raw.family == socket.AF_UNIX else "tcp"
-        session = _Session(self.node, conn, self.rdma, self._pollers, self.ack_timeout_s,
+        session = Session(self.node, conn, self.rdma, self._pollers, self.ack_timeout_s,
                            self.tokens, self.metrics.tally() if self.metrics else None,
                            self.write_timeout_s)
         self.traffic.opened(transport, session)
@@ -207,392 +232,3 @@ class DataServer:
                 self._threads.discard(threading.current_thread())
 
 
-class _Pollers:
-    """How many sessions may busy-poll at once (see _POLL_S)."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self._active = 0
-        self._lock = threading.Lock()
-
-    def take(self) -> bool:
-        with self._lock:
-            if self._active >= self.limit:
-                return False
-            self._active += 1
-            return True
-
-    def give(self) -> None:
-        with self._lock:
-            self._active -= 1
-
-
-class _Ack:
-    """A write's reply slot in a session's reply queue, filled once its STORED event
-    is resolved (see the module docstring)."""
-
-    __slots__ = ("ticket", "key", "object_id", "size_bytes", "checksum", "reply")
-
-    def __init__(self, ticket: Ticket, key: str, object_id: int, size_bytes: int, checksum: int):
-        self.ticket = ticket
-        self.key = key
-        self.object_id = object_id
-        self.size_bytes = size_bytes
-        self.checksum = checksum
-        self.reply = b""
-
-
-class _Session:
-    """One client connection: its frame loop and what it holds."""
-
-    def __init__(self, node: StoreNode, conn: socket.socket, rdma=None,
-                 pollers: "_Pollers | None" = None, ack_timeout_s: float = 2.0,
-                 tokens: TokenFile | None = None, tally=None, write_timeout_s: float = 30.0):
-        self.node = node
-        self.write_timeout_s = write_timeout_s
-        self.tally = tally               # a kvstore.metrics.RequestTally, or None
-        self.bytes_in = 0                # value bytes written to the node (PUT, SHM_COMMIT)
-        self.bytes_out = 0               # ... read from it (GET, SHM_ACQUIRE)
-        self.ack_timeout_s = ack_timeout_s
-        self.tokens = tokens
-        # The caller's role once it proved a token; every role may use the data
-        # ops (clients read and write, nodes copy repairs, admins everything).
-        self.role: Role | None = Role.ADMIN if tokens is None else None
-        self.nonce = b""
-        self.pollers = pollers or _Pollers(1)
-        self.conn = conn
-        self.rdma = rdma
-        self.rdma_peers: list = []       # queue pairs of this connection (RDMA_CONNECT)
-        self.reader = FrameReader(conn)
-        # Read references (SHM_ACQUIRE) and reservations (SHM_ALLOC) by (key, object_id).
-        self.reading: dict[tuple[str, int], list[StoredObject]] = {}
-        self.writing: dict[tuple[str, int], StoredObject] = {}
-        self.parent: str | None = None   # parent key of the frame being handled
-        self.staging = bytearray()       # GET of an object DRAM had no room for
-        self.out = bytearray()           # reply headers not sent yet (see _reply)
-        self.parts: list = []            # ... before them: headers, values, _Acks, in order
-        self.parts_bytes = 0
-        self.acks: list[_Ack] = []       # writes in parts waiting for their STORED event
-        self.sending: list[StoredObject] = []   # referenced until their values are sent
-        self.closing = False             # the stream cannot be trusted: answer, then close
-        self.eager = False               # poll for the next request after answering
-
-    def run(self) -> None:
-        handlers = {Op.PUT: self._put, Op.GET: self._get, Op.SHM_ALLOC: self._shm_alloc,
-                    Op.SHM_COMMIT: self._shm_commit, Op.SHM_ACQUIRE: self._shm_acquire,
-                    Op.SHM_RELEASE: self._shm_release, Op.SHM_ABORT: self._shm_abort,
-                    Op.PING: self._ping, Op.PIN: self._pin, Op.UNPIN: self._unpin,
-                    Op.PREFETCH: self._prefetch, Op.STATS: self._stats,
-                    Op.AUTH_HELLO: self._auth_hello, Op.AUTH_PROVE: self._auth_prove,
-                    OP_RDMA_CONNECT: self._rdma_connect}
-        while True:
-            if (self.out or self.parts) and self.reader.buffered() < REQUEST.size and not (
-                    self.acks and self._more_requests()):
-                self._flush()   # no further request at hand: answer before blocking
-                if self.eager and self.pollers.take():
-                    try:
-                        self.reader.poll(REQUEST.size, _POLL_S)
-                    finally:
-                        self.pollers.give()
-            blocked_at = time.perf_counter() if self.reader.buffered() < REQUEST.size else 0.0
-            if self.writing:
-                # Reservations held (SHM_ALLOC without its SHM_COMMIT yet): the
-                # next frame must come within write_timeout_s.
-                with self._timed(f"{len(self.writing)} shm reservation(s) not committed"):
-                    header = self.reader.read(REQUEST.size)
-            else:
-                header = self.reader.read(REQUEST.size)
-            op, _flags, key_len, parent_len, object_id, size, checksum = REQUEST.unpack(header)
-            if blocked_at:
-                # A client that comes back this soon runs a tight loop (a get
-                # per copy): poll for its next request instead of sleeping.
-                self.eager = time.perf_counter() - blocked_at < _EAGER_GAP_S
-            if key_len + parent_len > _MAX_NAMES_BYTES:
-                # Not a frame of ours: the stream cannot be trusted any more.
-                self._reply_error(InvalidArgument(f"key and parent of {key_len + parent_len} B"))
-                self._flush()
-                return
-            names = bytes(self.reader.read(key_len + parent_len))
-            key = names[:key_len].decode("utf-8", errors="replace")
-            self.parent = names[key_len:].decode("utf-8", errors="replace") or None
-            handler = handlers.get(op)
-            if handler is None:
-                # Unknown op: the stream cannot be trusted any more.
-                self._reply_error(InvalidArgument(f"unknown op {op}"))
-                self._flush()
-                return
-            if self.role is None and op not in (Op.AUTH_HELLO, Op.AUTH_PROVE):
-                # Anything before the handshake: refuse and close (its value, if
-                # any, is never read).
-                self._reply_error(Unauthenticated("this node needs authentication "
-                                                  "(AUTH_HELLO, AUTH_PROVE) first"))
-                self._flush()
-                return
-            tally = self.tally
-            t0 = time.perf_counter() if tally is not None else 0.0
-            code = "OK"
-            try:
-                handler(key, object_id, size, checksum)
-            except KVStoreError as err:
-                code = _CODE_NAMES.get(err.code, "INTERNAL")
-                self._reply_error(err)
-            if tally is not None:
-                tally.observe(_OP_NAMES.get(op, "unknown"), code, time.perf_counter() - t0)
-            if self.closing:
-                self._flush()
-                return
-
-    # ---- replies ----
-    # Replies are gathered while further requests of a pipelined batch are
-    # already buffered, and sent together: one gathered sendmsg (values
-    # straight from the segment, no copies) and one wake-up of the client per
-    # batch instead of one per key. A value stays referenced until it is sent.
-    def _reply(self, *, object_id: int = 0, size: int = 0, checksum: int = 0, offset: int = 0,
-               serial: int = 0, payload: memoryview | None = None,
-               hold: StoredObject | None = None) -> None:
-        """Queue one OK reply; ``hold`` (the payload's object) is released once it is sent."""
-        self.out += RESPONSE.pack(pb.OK, 0, 0, 0, object_id, size, checksum, offset, serial)
-        if payload is not None and len(payload):
-            self.parts += [bytes(self.out), payload]
-            self.out = bytearray()
-            self.parts_bytes += len(payload)
-        if hold is not None:
-            self.sending.append(hold)
-        if self.parts_bytes >= _MAX_GATHER_BYTES or len(self.parts) >= _MAX_GATHER_PARTS:
-            self._flush()
-
-    def _reply_stored(self, ticket: Ticket, obj: StoredObject) -> None:
-        """Queue a write's OK reply, sent once the master applied its STORED event."""
-        if self.out:
-            self.parts.append(bytes(self.out))
-            self.out = bytearray()
-        ack = _Ack(ticket, obj.key, obj.object_id, obj.size_bytes, obj.checksum)
-        self.parts.append(ack)
-        self.acks.append(ack)
-        if len(self.parts) >= _MAX_GATHER_PARTS:
-            self._flush()
-
-    def _more_requests(self) -> bool:
-        """Whether the next request of a pipelined batch is at hand already (no wait):
-        its write joins the same report to the master."""
-        self.reader.poll(REQUEST.size, 0.0)
-        return self.reader.buffered() >= REQUEST.size
-
-    def _settle_acks(self) -> None:
-        """Deliver the queued writes' events and turn each _Ack into its reply."""
-        acks, self.acks = self.acks, []
-        delivered = self.node.events.wait([a.ticket for a in acks], self.ack_timeout_s)
-        for ack in acks:
-            if ack.ticket.done and ack.ticket.error is None:
-                ack.reply = RESPONSE.pack(pb.OK, 0, 0, 0, ack.object_id, ack.size_bytes,
-                                          ack.checksum, 0, 0)
-                continue
-            err = ack.ticket.error or Unavailable(
-                f"the master did not confirm the write within {self.ack_timeout_s} s"
-                + ("" if delivered else " (unreachable)"), key=ack.key)
-            msg = str(err.message).encode()[:1024]
-            ack.reply = RESPONSE.pack(err.code, 0, len(msg), 0, 0, 0, 0, 0, 0) + msg
-
-    def _reply_error(self, err: KVStoreError) -> None:
-        msg = str(err.message).encode()[:1024]
-        self.out += RESPONSE.pack(err.code, 0, len(msg), 0, 0, 0, 0, 0, 0) + msg
-
-    def _flush(self) -> None:
-        if self.acks:
-            self._settle_acks()
-        parts, self.parts, self.parts_bytes = self.parts, [], 0
-        if self.out:
-            parts.append(bytes(self.out))
-            self.out = bytearray()
-        parts = [p.reply if type(p) is _Ack else p for p in parts]
-        try:
-            send_gathered(self.conn, parts)
-        except OSError as exc:        # the client went away: not a node failure
-            raise Unavailable(f"client connection lost: {exc}") from exc
-        finally:
-            self._release_sent()
-
-    def _release_sent(self) -> None:
-        held, self.sending = self.sending, []
-        for obj in held:
-            self.node.release(obj)
-
-    # ---- ops ----
-    def _put(self, key: str, object_id: int, size: int, checksum: int) -> None:
-        # The value's bytes must keep coming (within write_timeout_s each), whether
-        # they are stored or discarded: a stalled writer holds nothing for long.
-        try:
-            obj, present = self.node.begin_write(key, object_id, size, checksum, self.parent)
-        except KVStoreError:
-            with self._timed(f"a refused PUT of {size} B"):
-                self.reader.discard(size)
-            raise
-        if present:
-            with self._timed(f"a PUT of {size} B already stored"):
-                self.reader.discard(size)
-            self._reply(object_id=object_id, size=size, checksum=checksum)
-            return
-        try:
-            if size:
-                with self._timed(f"a PUT of {size} B"):
-                    self.reader.read_into(self.node.write_view(obj))
-        except BaseException:
-            self.node.abort_write(obj)
-            raise
-        self.bytes_in += size
-        self._reply_stored(self.node.commit_write(obj), obj)
-
-    @contextlib.contextmanager
-    def _timed(self, what: str):
-        """Blocking reads inside wait at most write_timeout_s for each byte; a stall
-        ends the connection (Unavailable) and is counted."""
-        self.conn.settimeout(self.write_timeout_s)
-        try:
-            yield
-        except Unavailable as exc:
-            if isinstance(exc.__cause__, TimeoutError):
-                self._stalled(what)
-            raise
-        finally:
-            self.conn.settimeout(None)
-
-    def _get(self, key: str, object_id: int, _size: int, _checksum: int) -> None:
-        # An object only on SSD (or GPU) is promoted to DRAM first; when DRAM has
-        # no room soon, it is served from its slower copy through a staging buffer.
-        obj = self.node.acquire(key, object_id, require_dram=False)
-        self.bytes_out += obj.size_bytes
-        if obj.alloc is not None:
-            # Sent from the segment with the batch; released once sent.
-            self._reply(object_id=obj.object_id, size=obj.size_bytes, checksum=obj.checksum,
-                        payload=self.node.read_view(obj), hold=obj)
-            return
-        try:
-            payload = self._staging(obj.size_bytes)
-            try:
-                self.node.read_into(obj, payload)
-            except TierIOError as exc:
-                raise Internal(f"reading the slower copy failed: {exc}", key=key) from exc
-            self._reply(object_id=obj.object_id, size=obj.size_bytes, checksum=obj.checksum,
-                        payload=payload)
-            self._flush()    # the staging buffer is this connection's only one
-        finally:
-            self.node.release(obj)
-
-    def _stalled(self, what: str) -> None:
-        self.node.count(NodeCounter.STALLED_WRITES)
-        log.warning("a data client stalled over %.1f s in %s: dropping its connection and "
-                    "reservations", self.write_timeout_s, what)
-
-    def _staging(self, size_bytes: int) -> memoryview:
-        if len(self.staging) < size_bytes:
-            self.staging = bytearray(size_bytes)
-        return memoryview(self.staging)[:size_bytes]
-
-    def _shm_alloc(self, key: str, object_id: int, size: int, checksum: int) -> None:
-        obj, present = self.node.begin_write(key, object_id, size, checksum, self.parent)
-        if present:
-            self._reply(object_id=object_id, size=size, checksum=checksum, offset=2**64 - 1)
-            return
-        self.writing[(key, object_id)] = obj
-        self._reply(object_id=object_id, size=size, checksum=checksum, offset=obj.alloc.offset,
-                    serial=obj.alloc.serial)
-
-    def _shm_commit(self, key: str, object_id: int, _size: int, checksum: int) -> None:
-        # A non-zero checksum is the value's, announced late (a value written
-        # part by part, see kvstore.client.parts); 0 keeps the one SHM_ALLOC gave.
-        obj = self.writing.pop((key, object_id), None)
-        if obj is None:
-            raise NotFound("no reservation for this key on this connection", key=key)
-        ticket = self.node.commit_write(obj, checksum or None)
-        self.bytes_in += obj.size_bytes
-        self._reply_stored(ticket, obj)
-
-    def _shm_abort(self, key: str, object_id: int, _size: int, _checksum: int) -> None:
-        obj = self.writing.pop((key, object_id), None)
-        if obj is not None:
-            self.node.abort_write(obj)
-        self._reply(object_id=object_id)
-
-    def _shm_acquire(self, key: str, object_id: int, _size: int, _checksum: int) -> None:
-        obj = self.node.acquire(key, object_id)
-        self.reading.setdefault((key, obj.object_id), []).append(obj)
-        self.bytes_out += obj.size_bytes
-        self._reply(object_id=obj.object_id, size=obj.size_bytes, checksum=obj.checksum,
-                    offset=obj.alloc.offset, serial=obj.alloc.serial)
-
-    def _shm_release(self, key: str, object_id: int, _size: int, _checksum: int) -> None:
-        held = self.reading.get((key, object_id))
-        if not held:
-            raise NotFound("no read reference on this key on this connection", key=key)
-        self.node.release(held.pop())
-        if not held:
-            del self.reading[(key, object_id)]
-        self._reply(object_id=object_id)
-
-    def _ping(self, key: str, object_id: int, size: int, checksum: int) -> None:
-        self._reply()
-
-    def _pin(self, key: str, object_id: int, ttl_ms: int, _checksum: int) -> None:
-        self.node.pin(key, object_id, ttl_ms)
-        self._reply(object_id=object_id)
-
-    def _unpin(self, key: str, object_id: int, soft: int, _checksum: int) -> None:
-        self.node.unpin(key, object_id, soft=bool(soft))
-        self._reply(object_id=object_id)
-
-    def _prefetch(self, key: str, object_id: int, deadline_ms: int, _checksum: int) -> None:
-        in_dram = self.node.prefetch(key, object_id, deadline_ms)
-        self._reply(object_id=object_id, offset=int(in_dram))
-
-    def _stats(self, _key: str, _object_id: int, _size: int, _checksum: int) -> None:
-        payload = json.dumps(self.node.stats().to_dict()).encode()
-        self._reply(size=len(payload), payload=memoryview(payload))
-
-    def _auth_hello(self, _key: str, _object_id: int, _size: int, _checksum: int) -> None:
-        if self.tokens is None:
-            self._reply()                   # no authentication needed: an empty nonce
-            return
-        self.nonce = new_nonce()
-        self._reply(size=len(self.nonce), payload=memoryview(self.nonce))
-
-    def _auth_prove(self, _key: str, _object_id: int, size: int, _checksum: int) -> None:
-        if size > 64:
-            self.closing = True             # not a proof: its bytes cannot be trusted
-            raise InvalidArgument(f"AUTH_PROVE of {size} B")
-        answer = bytes(self.reader.read(size))
-        if self.tokens is None:
-            self._reply()
-            return
-        role = self.tokens.role_of_proof(self.nonce, answer) if self.nonce else None
-        self.nonce = b""                    # one answer per nonce
-        if role is None:
-            self.closing = True
-            raise Unauthenticated("unknown credentials")
-        self.role = role
-        self._reply()
-
-    def _rdma_connect(self, _key: str, _object_id: int, size: int, _checksum: int) -> None:
-        if size > MAX_CONNECT_BYTES:
-            self.closing = True     # not a frame of ours: its payload cannot be skipped safely
-            raise InvalidArgument(f"RDMA_CONNECT of {size} B")
-        request = bytes(self.reader.read(size))
-        if self.rdma is None:
-            raise Unavailable("this node serves no RDMA (start it with --rdma-device)")
-        peer, reply = self.rdma.accept(request)
-        self.rdma_peers.append(peer)
-        self._reply(size=len(reply), payload=memoryview(reply))
-
-    def release_all(self) -> None:
-        self._release_sent()
-        # Queue pairs first: no remote access to the segment once reservations
-        # and references go back.
-        for peer in self.rdma_peers:
-            peer.close()
-        self.rdma_peers.clear()
-        for objs in self.reading.values():
-            for obj in objs:
-                self.node.release(obj)
-        self.reading.clear()
-        for obj in self.writing.values():
-            self.node.abort_write(obj)
-        self.writing.clear()

@@ -74,6 +74,7 @@ class NodeConfig:
     rdma_port: int = 1
     rdma_gid_index: int | None = None
     write_timeout_s: float = 30.0      # a writer silent this long mid-value loses its space
+    max_connections: int | None = None   # data connections at once (None: fd limit - 128)
     security: ServerSecurity = ServerSecurity()   # --auth (data port) and --tls-* (TCP port)
     creds: ClientCredentials = ClientCredentials()   # the node's own token, to its masters
     insecure: bool = False             # allow a non-loopback bind without --auth (warned)
@@ -183,7 +184,8 @@ def run_node(cfg: NodeConfig) -> None:
                                  f"{exc.message}") from None
         server = DataServer(node, cfg.host, cfg.port, local_address(dram.name), rdma,
                             tokens=tokens, tls=tls, metrics=metrics,
-                            write_timeout_s=cfg.write_timeout_s).start()
+                            write_timeout_s=cfg.write_timeout_s,
+                            max_connections=cfg.max_connections).start()
         if tokens is not None:
             signal.signal(signal.SIGHUP, lambda *_: tokens.reload())
         host = advertised_host(cfg.host, cfg.advertise_host, toward=cfg.masters[0])
@@ -206,7 +208,9 @@ def run_node(cfg: NodeConfig) -> None:
         announce_ready(info)
         log.info("node %s serving %s:%d, tiers %s", node_id, host, server.port,
                  ", ".join(f"{t.kind.name} {t.capacity_bytes} B" for t in tiers))
-        stop.wait()
+        # Degraded (the data port cannot accept: out of fds): /health 503 until it can.
+        while not stop.wait(0.25):
+            health.set(State.STANDBY if server.degraded else State.SERVING)
         health.set(State.DRAINING)      # probes see it first; then the port closes
         if cfg.drain_s > 0:
             time.sleep(cfg.drain_s)

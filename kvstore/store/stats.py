@@ -21,6 +21,8 @@ The node's counters (since start)::
     pins, unpins               PIN ops, UNPIN ops that removed a pin
     recovered                  objects adopted from the SSD at start
     stalled_writes             writers dropped for stalling mid-value (their space freed)
+    accept_errors              failed accepts (out of fds): retried with a backoff
+    connections_refused        connections over --max-connections, answered UNAVAILABLE
     no_fit                     puts refused at once: not even evicting everything evictable
                                would make room (nothing was evicted for them)
 
@@ -59,6 +61,8 @@ class NodeCounter(str, enum.Enum):
     UNPINS = "unpins"
     RECOVERED = "recovered"
     STALLED_WRITES = "stalled_writes"
+    ACCEPT_ERRORS = "accept_errors"
+    CONNECTIONS_REFUSED = "connections_refused"
     NO_FIT = "no_fit"
 
 

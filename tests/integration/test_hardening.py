@@ -313,3 +313,98 @@ def test_a_stalled_writer_loses_its_reservation_in_bounded_time(crowded):
     assert _evictions(kv) == 0
     assert all(kv.get(k) == v for k, v in small.items())
     stalled.close()
+
+
+# ---- running out of file descriptors (bug 2) ----
+
+def _ping(address: str) -> str:
+    """``ok``, ``refused`` (UNAVAILABLE) or ``timeout`` for one PING on a new connection."""
+    from kvstore.transfer.protocol import Op
+
+    host, port = address.rsplit(":", 1)
+    try:
+        conn = NodeConnection(host, int(port), timeout_s=2)
+    except Unavailable:
+        return "timeout"
+    try:
+        conn.send(Op.PING, "")
+        code = conn.recv_header()[0]
+        return "ok" if code == pb.OK else "refused" if code == pb.UNAVAILABLE else str(code)
+    except Unavailable as exc:
+        return "timeout" if "timed out" in str(exc) else "refused"
+    finally:
+        conn.close()
+
+
+def _node_with_fd_limit(procs, master, nofile: int, *extra: str):
+    import shutil
+
+    if shutil.which("prlimit") is None:
+        pytest.skip("prlimit (util-linux) is not installed")
+    return procs.start("node", service_args("node", "--master", master.address, "--node-id",
+                                            "fd", "--dram", "16MiB", *extra),
+                       prefix=["prlimit", f"--nofile={nofile}:{nofile}"])
+
+
+def test_connections_over_the_cap_are_refused_clearly(tmp_path):
+    import socket
+
+    with ProcessGroup(log_dir=str(tmp_path)) as procs:
+        master = procs.start("master", service_args("master"))
+        node = _node_with_fd_limit(procs, master, 1024, "--max-connections", "40")
+        host, port = node.address.rsplit(":", 1)
+        idle = [socket.create_connection((host, int(port))) for _ in range(40)]
+        try:
+            assert _ping(node.address) == "refused"
+        finally:
+            for s in idle[:10]:
+                s.close()
+        import time
+        time.sleep(0.3)
+        assert _ping(node.address) == "ok"
+        for s in idle[10:]:
+            s.close()
+
+
+def test_the_accept_loop_survives_running_out_of_fds(tmp_path):
+    import socket
+    import time
+
+    with ProcessGroup(log_dir=str(tmp_path)) as procs:
+        master = procs.start("master", service_args("master"))
+        # A cap above the fd limit: the limit is hit first, as with no cap at all.
+        node = _node_with_fd_limit(procs, master, 160, "--max-connections", "10000",
+                                   "--metrics-port", "0")
+        host, port = node.address.rsplit(":", 1)
+        idle = []
+        for _ in range(200):                  # more than the node has fds for
+            idle.append(socket.create_connection((host, int(port)), timeout=5))
+        time.sleep(0.5)
+        assert _ping(node.address) == "timeout"         # queued, never accepted
+        health = f"http://{node.info['metrics_address']}/health"
+
+        def status() -> int:
+            import urllib.error
+            import urllib.request
+            try:
+                return urllib.request.urlopen(health, timeout=5).status
+            except urllib.error.HTTPError as exc:
+                return exc.code
+
+        # The metrics port's own accept needs an fd too; it gets one once any frees.
+        for s in idle[:150]:
+            s.close()
+        deadline = time.monotonic() + 10
+        while _ping(node.address) != "ok":
+            assert time.monotonic() < deadline, "the node never accepted again"
+        for s in idle[150:]:
+            s.close()
+        deadline = time.monotonic() + 5
+        while status() != 200:
+            assert time.monotonic() < deadline, "still degraded"
+            time.sleep(0.1)
+        from kvstore.client import KVClient
+
+        with KVClient(master.address) as kv:
+            (own,) = kv.node_stats().values()
+        assert own["counters"]["accept_errors"] > 0
