@@ -7,7 +7,8 @@ A process moves through these states::
                                                   listener stops, then in-flight work ends)
 
     state       /health   /ready   gRPC health (grpc.health.v1, "" and the service name)
-    STARTING    503       503      NOT_SERVING
+    STARTING    503       503      NOT_SERVING      (also: a standby master that cannot
+                                                   reach etcd, so could never take over)
     SERVING     200       200      SERVING
     STANDBY     503       200      NOT_SERVING      (also: a conductor without live
                                                    engines, a node that cannot accept)

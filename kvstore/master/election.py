@@ -123,6 +123,7 @@ class Election:
         self.ttl_s = ttl_s
         self.margin_s = margin_s
         self.term = 0                  # +1 each time this process becomes leader
+        self.etcd_ok_at = time.monotonic()   # last etcd answer (start: grace of 2 ttls)
         self.term_revision = 0         # etcd revision of the winning transaction
         self.leader_hint = ""          # the leader's address, as last seen
         self._deadline = 0.0           # monotonic: serve until then
@@ -147,6 +148,11 @@ class Election:
     def is_leader(self) -> bool:
         return time.monotonic() < self._deadline
 
+    def etcd_reachable(self) -> bool:
+        """Whether etcd answered within the last two lease ttls (a standby that cannot
+        reach it could never take over: not ready)."""
+        return time.monotonic() - self.etcd_ok_at < 2 * max(self.ttl_s, 1)
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
@@ -154,8 +160,11 @@ class Election:
                     self._renew()
                 else:
                     self._campaign()
+                self.etcd_ok_at = time.monotonic()
             except EtcdError as exc:
                 log.warning("election: %s", exc)
+            except Exception:      # a bug or a malformed answer: keep campaigning, loudly
+                log.exception("election round failed")
             self._stop.wait(0.3 if not self.is_leader() else max(0.1, self._ttl / 6))
 
     def _campaign(self) -> None:

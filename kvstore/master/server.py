@@ -92,8 +92,13 @@ async def _maintenance(servicer: MasterServicer, period_s: float,
     while True:
         leading = servicer.leading()
         if health is not None:
-            health.set(State.SERVING if leading and not servicer.warming_up()
-                       else State.STANDBY)
+            e = servicer.election
+            if leading and not servicer.warming_up():
+                health.set(State.SERVING)
+            elif e is not None and not leading and not e.etcd_reachable():
+                health.set(State.STARTING)     # cannot reach etcd: could never take over
+            else:
+                health.set(State.STANDBY)
         await asyncio.sleep(period_s)
         if not servicer.leading():
             continue

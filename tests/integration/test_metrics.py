@@ -340,3 +340,14 @@ def test_a_conductor_without_live_engines_is_up_but_not_serving(tmp_path):
         assert http_status(conductor.info["http_address"], "/health") == 503
         m = scrape(maddr)               # the HTTP front's requests are counted too
         assert value(m, "kvstore_requests_total", op="GET /health", code="503") >= 1
+
+
+def test_a_standby_that_cannot_reach_etcd_is_not_ready(tmp_path):
+    with ProcessGroup(log_dir=str(tmp_path)) as procs:
+        master = procs.start("master", service_args(
+            "master", "--etcd", "http://127.0.0.1:9", "--lease-ttl-s", "1", *OBSERVED))
+        maddr = master.info["metrics_address"]
+        wait_for(lambda: http_status(maddr, "/ready") == 200, 15, "a standby at first")
+        wait_for(lambda: http_status(maddr, "/ready") == 503, 15, "/ready 503 without etcd")
+        assert http_status(maddr, "/health") == 503
+        assert master.proc.poll() is None            # it keeps trying
