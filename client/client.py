@@ -355,7 +355,18 @@ class KVClient:
         for k in keys:
             if isinstance(k, str):
                 self._meta.drop(k)
-        return self._control.remove(keys, reason)
+        removed = self._control.remove(keys, reason)
+        # The nodes drop what was removed before this returns (their master's drop
+        # orders come later, with a heartbeat): no reader with a cached copy of the
+        # metadata gets the value afterwards. A node that cannot be reached gets
+        # the drop order; it cannot serve the value meanwhile either.
+        found = [m for m in removed if not isinstance(m, KVStoreError) and m.object_id]
+        if found:
+            self._connections.send_ops(Op.DROP, 0, found, _replica_nodes)
+        for k in keys:
+            if isinstance(k, str):
+                self._meta.drop(k)       # again: a concurrent get may have cached it
+        return [m if isinstance(m, KVStoreError) else None for m in removed]
 
     def list(self, prefix: str = "", *, page_size: int = 1000) -> Iterator[ObjectMeta]:
         """Every visible object whose key starts with ``prefix``, in key order, all shards

@@ -263,13 +263,14 @@ class Control:
             return out
         return self.routed(keys, call, invalid=lambda err: False, per_key_errors=False)
 
-    def remove(self, keys: Sequence[str], reason: RemoveReason) -> list[KVStoreError | None]:
-        """Remove: per key None or the error (NotFound)."""
-        def call(addresses: tuple[str, ...], ks: list[str]) -> list[KVStoreError | None]:
+    def remove(self, keys: Sequence[str], reason: RemoveReason) -> list[ObjectMeta | KVStoreError]:
+        """Remove: per key the removed object (version, replicas) or the error (NotFound)."""
+        def call(addresses: tuple[str, ...], ks: list[str]) -> list[ObjectMeta | KVStoreError]:
             resp = self.call(addresses, "Remove", pb.RemoveRequest(keys=ks, reason=reason.value))
-            return [None if s.code == pb.OK else
+            removed = list(resp.removed) or [pb.ObjectMeta(key=k) for k in ks]   # older masters
+            return [wire.object_meta(m) if s.code == pb.OK else
                     error_for_code(s.code, s.message, key=k, redirect=s.redirect)
-                    for k, s in zip(ks, resp.statuses)]
+                    for k, s, m in zip(ks, resp.statuses, removed)]
         return self.routed(keys, call)
 
     def list(self, prefix: str, page_size: int) -> Iterator[ObjectMeta]:

@@ -382,11 +382,14 @@ class ObjectIndex:
         return out, errors if failed else []
 
     def remove(self, keys: Sequence[str], reason: RemoveReason = RemoveReason.REMOVE) -> Results:
-        """Remove each visible key (drop orders to its nodes): per key None or the error."""
-        def one(key: str) -> None:
+        """Remove each visible key (drop orders to its nodes): per key the removed
+        object's metadata (its version and live replicas) or the error."""
+        def one(key: str) -> ObjectMeta:
             entry = self._visible_entry(key)
+            meta = self._meta(entry)
             self._delete(entry, entry.replicas)
             self.counters[C.EVICTS if reason is RemoveReason.EVICT else C.REMOVES] += 1
+            return meta
         return self._each(keys, one)
 
     def list(self, prefix: str, start_after: str, limit: int) -> tuple[list[ObjectMeta], str]:

@@ -268,7 +268,9 @@ class MasterServicer(pb_grpc.MasterServicer):
         await self._bounded(context, len(request.keys))
         await self._gate(context)
         results = self.index.remove(list(request.keys), reason)
-        return pb.RemoveResponse(statuses=[_status(r) for r in results])
+        return pb.RemoveResponse(statuses=[_status(r) for r in results], removed=[
+            pb.ObjectMeta() if isinstance(r, KVStoreError) else wire.object_meta_pb(r)
+            for r in results])
 
     async def List(self, request, context):
         await self._gate(context)

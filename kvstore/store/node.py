@@ -404,6 +404,28 @@ class StoreNode:
             return False
 
     # ================================================================ removal, events
+    def drop_removed(self, key: str, object_id: int) -> bool:
+        """Drop a version its master removed, at the remover's request (the DROP data
+        op): no reader gets it once ``remove`` returned. Reported EVICTED, so a master
+        that still indexes this replica (a DROP nobody's remove ordered) forgets it.
+        Returns True when an object was dropped.
+
+        Raises:
+            InvalidArgument: ``object_id`` 0 (a DROP names one version).
+        """
+        if not object_id:
+            raise InvalidArgument("DROP needs the object id of the version removed", key=key)
+        with self._table.cond:
+            obj = self._table.objects.get(key)
+            if obj is None or obj.object_id != object_id:
+                obj = self._table.staged.get((key, object_id))
+            if obj is None:
+                return False
+            self._table.retire(obj)
+            self.counters[NodeCounter.DROPS] += 1
+            self._table.emit(EventKind.EVICTED, obj, None)
+            return True
+
     def drop(self, key: str, object_id: int = 0) -> bool:
         """Free an object (``object_id`` 0 = whatever version is there).
 

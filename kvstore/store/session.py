@@ -136,6 +136,7 @@ class Session:
                     Op.PING: self._ping, Op.PIN: self._pin, Op.UNPIN: self._unpin,
                     Op.PREFETCH: self._prefetch, Op.STATS: self._stats,
                     Op.AUTH_HELLO: self._auth_hello, Op.AUTH_PROVE: self._auth_prove,
+                    Op.DROP: self._drop,
                     OP_RDMA_CONNECT: self._rdma_connect}
         while True:
             if (self.out or self.parts) and self.reader.buffered() < REQUEST.size and not (
@@ -395,6 +396,11 @@ class Session:
     def _prefetch(self, key: str, object_id: int, deadline_ms: int, _checksum: int) -> None:
         in_dram = self.node.prefetch(key, object_id, deadline_ms)
         self._reply(object_id=object_id, offset=int(in_dram))
+
+    def _drop(self, key: str, object_id: int, _size: int, _checksum: int) -> None:
+        # OK whether or not this node still had it: it does not now.
+        self.node.drop_removed(key, object_id)
+        self._reply(object_id=object_id)
 
     def _stats(self, _key: str, _object_id: int, _size: int, _checksum: int) -> None:
         payload = json.dumps(self.node.stats().to_dict()).encode()

@@ -63,6 +63,8 @@ class Op(enum.IntEnum):
     AUTH_HELLO = 13  # start of the handshake: the reply's value is the node's nonce
                      # (NONCE_BYTES), or empty when the node needs no authentication
     AUTH_PROVE = 14  # the value is HMAC-SHA256(token, nonce) (kvstore.auth.proof)
+    DROP = 15        # drop this version (object_id required) of a key its master removed:
+                     # the remover's SDK sends it before remove returns (reported EVICTED)
 
 
 def recv_exact_into(sock: socket.socket, view: memoryview) -> None:

@@ -408,3 +408,30 @@ def test_the_accept_loop_survives_running_out_of_fds(tmp_path):
         with KVClient(master.address) as kv:
             (own,) = kv.node_stats().values()
         assert own["counters"]["accept_errors"] > 0
+
+
+# ---- once remove returns, nobody reads the value (bug 8) ----
+
+@pytest.mark.parametrize("prefer_shm", [True, False])
+def test_no_reader_gets_a_value_once_remove_returned(tmp_path, prefer_shm):
+    from kvstore.client import KVClient, NotFound
+    from kvstore.tools.launcher import start_store_cluster
+
+    with start_store_cluster(1, 2, dram="32MiB", log_dir=str(tmp_path)) as cluster:
+        with KVClient(cluster.master, prefer_shm=prefer_shm) as writer, \
+                KVClient(cluster.master, prefer_shm=prefer_shm) as reader:
+            keys = [f"rm/{i}" for i in range(30)]
+            for k in keys:
+                writer.put(k, k.encode() * 100, replica_num=2)
+            for k in keys:                      # both hold the metadata in their caches
+                assert reader.get(k) == writer.get(k) == k.encode() * 100
+            served = 0
+            for k in keys:
+                writer.remove(k)
+                for kv in (writer, reader):     # at once, no sleep
+                    try:
+                        kv.get(k)
+                        served += 1
+                    except NotFound:
+                        pass
+            assert served == 0

@@ -342,10 +342,11 @@ def test_remove_and_evict(index):
     r = put(index, "a")
     put(index, "b")
     results = index.remove(["a", "missing", ""], RemoveReason.REMOVE)
-    assert [type(x) for x in results] == [type(None), NotFound, InvalidArgument]
+    assert [type(x) for x in results] == [ObjectMeta, NotFound, InvalidArgument]
+    assert results[0].object_id == r.object_id and results[0].replicas  # where to drop it
     assert index.exists(["a", "b"]) == [False, True]
     assert ("a", r.object_id) in all_drops(index)[r.targets[0].node_id]
-    assert index.remove(["b"], RemoveReason.EVICT) == [None]
+    assert [m.key for m in index.remove(["b"], RemoveReason.EVICT)] == ["b"]
     counters = index.stat().counters
     assert (counters["removes"], counters["evicts"]) == (1, 1)
     # A removed key can be put again with other bytes.
