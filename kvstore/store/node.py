@@ -416,15 +416,10 @@ class StoreNode:
         if not object_id:
             raise InvalidArgument("DROP needs the object id of the version removed", key=key)
         with self._table.cond:
-            obj = self._table.objects.get(key)
-            if obj is None or obj.object_id != object_id:
-                obj = self._table.staged.get((key, object_id))
-            if obj is None:
-                return False
-            self._table.retire(obj)
-            self.counters[NodeCounter.DROPS] += 1
-            self._table.emit(EventKind.EVICTED, obj, None)
-            return True
+            obj = self._retire_locked(key, object_id)
+            if obj is not None:
+                self._table.emit(EventKind.EVICTED, obj, None)
+            return obj is not None
 
     def drop(self, key: str, object_id: int = 0) -> bool:
         """Free an object (``object_id`` 0 = whatever version is there).
@@ -433,14 +428,17 @@ class StoreNode:
         Returns True when an object was dropped.
         """
         with self._table.cond:
-            obj = self._table.objects.get(key)
-            if obj is None or (object_id and obj.object_id != object_id):
-                obj = self._table.staged.get((key, object_id)) if object_id else None
-            if obj is None:
-                return False
+            return self._retire_locked(key, object_id) is not None
+
+    def _retire_locked(self, key: str, object_id: int) -> StoredObject | None:
+        """Retire that version (0: whichever is in service), counted as a drop."""
+        obj = self._table.objects.get(key)
+        if obj is None or (object_id and obj.object_id != object_id):
+            obj = self._table.staged.get((key, object_id)) if object_id else None
+        if obj is not None:
             self._table.retire(obj)
             self.counters[NodeCounter.DROPS] += 1
-            return True
+        return obj
 
     def take_events(self) -> list[NodeEvent]:
         """Changes not yet handed to a delivering agent, in order (see ``events``).
