@@ -57,7 +57,7 @@ def test_kill9_reads_fall_back_then_repair_restores_two_replicas(three):
             kv.put(f"rep-new-{i}", b"n" * 100)
             assert victim not in live_replicas(kv, f"rep-new-{i}")
         # ... and the objects that lost a replica get a new one on n1/n2.
-        wait_for(lambda: all(len(live_replicas(kv, k)) == 2 for k in keys), timeout_s=10)
+        wait_for(lambda: all(len(live_replicas(kv, k)) == 2 for k in keys), timeout_s=20)
         assert kv.stat()[0].counters["repairs"] >= 1
     with KVClient(three.master, prefer_shm=False) as fresh:   # bytes through TCP, checked
         for k in keys:
