@@ -175,7 +175,7 @@ class ProcessMetrics:
 
     def collect(self, fn: Callable[[], Iterable[Metric]]) -> None:
         """Register ``fn``, called at each scrape, returning metric families
-        (:func:`gauge`, :func:`counter`, :func:`histogram`)."""
+        (:func:`gauge`, :func:`counter`)."""
         self.registry.register(_Collector(fn))
 
     def text(self) -> bytes:
