@@ -62,7 +62,9 @@ class StoreCluster:
     def restart_master(self, shard_id: int, which: int = 0) -> Child:
         """Start a (stopped or killed) master of a shard again on the same port."""
         old = self.shards[shard_id][which]
-        child = self.procs.start(f"{old.name}-r", service_args(
+        base, _, n = old.name.partition("-r")
+        name = f"{base}-r{int(n or 0) + 1}"          # master0-r1, master0-r2, ...
+        child = self.procs.start(name, service_args(
             "master", "--shard-id", str(shard_id), "--shard-map", self.shard_map,
             "--port", str(old.info["port"]), *self.master_args), env=self.env)
         self.shards[shard_id][which] = child
