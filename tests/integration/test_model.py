@@ -152,6 +152,10 @@ class StoreModel(RuleBasedStateMachine):
     @precondition(lambda self: not self.down)
     @rule(which=st.sampled_from(NODES))
     def kill_node(self, which):
+        # replica_num 2 tolerates one node's loss once every object has its two
+        # replicas again: a put acknowledged by one target (the other had just
+        # died) gets its second copy from repair. Wait for that first, then kill.
+        self._await_replicas(2)
         child = self.c.nodes[which]
         child.proc.send_signal(signal.SIGKILL)
         child.proc.wait(10)
@@ -169,6 +173,19 @@ class StoreModel(RuleBasedStateMachine):
         master.proc.send_signal(signal.SIGKILL)
         master.proc.wait(10)
         self.c.restart_master(0)
+
+    def _await_replicas(self, n: int, timeout_s: float = 30.0) -> None:
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            metas = self.kv.lookup(sorted(self.model)) if self.model else []
+            short = [m.key if not isinstance(m, Exception) else str(m)
+                     for m in metas if isinstance(m, Exception) or len(m.replicas) < n]
+            if not short:
+                return
+            assert time.monotonic() < deadline, f"repair left {short[:3]} under {n} replicas"
+            time.sleep(0.2)
 
     # ---- what must hold ----
     def _check(self, key: str) -> None:
