@@ -153,13 +153,16 @@ class ProcessGroup:
                 raise ChildFailed(f"{c.name} exited with code {rc}")
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """SIGTERM every child (reverse start order), then SIGKILL stragglers."""
+        """SIGTERM every child (reverse start order), then SIGKILL stragglers. A child
+        stopped with SIGSTOP (a test's hung process) is resumed first: a stopped
+        process cannot act on SIGTERM."""
         if self._closed:
             return
         self._closed = True
         for c in reversed(self.children):
             if c.proc.poll() is None:
                 try:
+                    c.proc.send_signal(signal.SIGCONT)
                     c.proc.send_signal(signal.SIGTERM)
                 except ProcessLookupError:
                     pass

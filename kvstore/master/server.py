@@ -90,23 +90,23 @@ async def _maintenance(servicer: MasterServicer, period_s: float,
     keep ``health`` SERVING while leading (past a new term's warm-up, while nodes
     re-register), STANDBY otherwise."""
     while True:
-        leading = servicer.leading()
+        await asyncio.sleep(period_s)
+        leading, warming = servicer.leading(), servicer.warming_up()
         if health is not None:
             e = servicer.election
-            if leading and not servicer.warming_up():
+            if leading and not warming:
                 health.set(State.SERVING)
             elif e is not None and not leading and not e.etcd_reachable():
                 health.set(State.STARTING)     # cannot reach etcd: could never take over
             else:
                 health.set(State.STANDBY)
-        await asyncio.sleep(period_s)
-        if not servicer.leading():
+        if not leading:
             continue
         now = now_ms()
         servicer.index.membership.expire(now)
         servicer.index.forget_nodes(now)
         servicer.index.expire_puts(now)
-        if not servicer.warming_up():
+        if not warming:
             servicer.repairs.plan(now)
 
 

@@ -27,16 +27,9 @@ pytestmark = pytest.mark.skipif(shutil.which("etcd") is None,
 
 @pytest.fixture
 def ha(tmp_path):
-    c = start_store_cluster(masters=2, nodes=2, standbys=1, etcd="local", node_ttl_ms=2000,
-                            log_dir=str(tmp_path))
-    try:
-        yield c
-    finally:
-        for shard in c.shards:
-            for m in shard:
-                if m.proc.poll() is None:
-                    os.kill(m.proc.pid, signal.SIGCONT)
-        c.stop()
+    with start_store_cluster(masters=2, nodes=2, standbys=1, etcd="local", node_ttl_ms=2000,
+                             log_dir=str(tmp_path)) as c:
+        yield c             # stopping resumes a master a test left stopped
 
 
 def leaders(c) -> list[list[bool]]:

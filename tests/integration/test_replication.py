@@ -23,14 +23,8 @@ from kvtest import wait_for
 
 @pytest.fixture
 def three(tmp_path):
-    c = start_store_cluster(masters=1, nodes=3, node_ttl_ms=1500, log_dir=str(tmp_path))
-    try:
-        yield c
-    finally:
-        for child in c.nodes.values():     # a stopped child cannot take SIGTERM
-            if child.proc.poll() is None:
-                os.kill(child.proc.pid, signal.SIGCONT)
-        c.stop()
+    with start_store_cluster(masters=1, nodes=3, node_ttl_ms=1500, log_dir=str(tmp_path)) as c:
+        yield c             # stopping resumes a node a test left stopped
 
 
 def live_replicas(kv, key) -> list[str]:

@@ -24,15 +24,8 @@ from kvstore.transfer.tcp import NodeConnection
 
 @pytest.fixture
 def two_shards(tmp_path):
-    c = start_store_cluster(masters=2, nodes=1, log_dir=str(tmp_path))
-    try:
-        yield c
-    finally:
-        for shard in c.shards:
-            for m in shard:
-                if m.proc.poll() is None:
-                    os.kill(m.proc.pid, signal.SIGCONT)
-        c.stop()
+    with start_store_cluster(masters=2, nodes=1, log_dir=str(tmp_path)) as c:
+        yield c             # stopping resumes a master a test left stopped
 
 
 def keys_of(kv: KVClient, shard_id: int, n: int, prefix: str) -> list[str]:

@@ -108,13 +108,13 @@ class _Scraper:
         return self
 
     def _run(self) -> None:
-        import urllib.request
+        from kvstore.tools.top import Scraper
 
+        scraper = Scraper()
         while not self._stop.wait(METRICS_SCRAPE_S):
             for a in self.addresses:
                 try:
-                    with urllib.request.urlopen(f"http://{a}/metrics", timeout=5) as r:
-                        r.read()
+                    scraper.text(a)
                     self.scrapes += 1
                 except OSError:      # the cluster is stopping
                     return
