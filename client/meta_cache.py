@@ -3,11 +3,14 @@
 Objects are immutable and every read names the exact version it wants
 (``object_id``): a node answers NotFound for any other version. So a stale
 entry can never yield wrong bytes -- at worst the read misses, the entry is
-dropped, and the client asks the master again. What the cache trades away:
-a value removed by *another* client stays readable through this client's
-entry until the node applies the removal (its next heartbeat, <= 500 ms by
-default). Reads then skip the master round trip, which dominates small and
-medium gets (``kvstore bench``).
+dropped, and the client asks the master again. A value removed by *another*
+client is not readable through this client's entry either once the remove
+returned: the remover's SDK has the nodes drop that version first. What the
+cache trades away is the narrow case of a node the remover could not reach:
+it drops the value with its next heartbeat reply (<= 500 ms by default), or,
+cut off from its master too, stops serving before its master may declare it
+dead (:mod:`kvstore.store.lease`). Reads skip the master round trip, which
+dominates small and medium gets (``kvstore bench``).
 
 Thread safety: all methods take the cache's lock.
 """

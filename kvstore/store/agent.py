@@ -41,6 +41,7 @@ from kvstore.errors import Unavailable, error_for_code, from_rpc_error
 from kvstore.rpc import ClientCredentials
 from kvstore.shardmap import ShardMap
 from kvstore.store.events import EventLog, Ticket
+from kvstore.store.lease import MasterLease
 from kvstore.store.node import StoreNode
 from kvstore.store.repair import Copier
 from kvstore.store.stats import NodeStats
@@ -116,13 +117,18 @@ class NodeAgent:
         full_stats_interval_s: how often a heartbeat recounts the per-object
             stats (evictable, pinned, ...: O(objects) under the node's lock);
             the beats in between refresh only usage and counters.
+        lease: renewed by each acknowledged registration and heartbeat (after
+            its drop orders were applied); see :mod:`kvstore.store.lease`.
     """
 
     def __init__(self, node: StoreNode, address: NodeAddress, masters: tuple[str, ...],
                  router: EventRouter, shard: int = 0, owns: Callable[[str], bool] | None = None,
                  creds: ClientCredentials | None = None, incarnation: str = "",
-                 min_beat_interval_s: float = 0.02, full_stats_interval_s: float = 1.0):
+                 min_beat_interval_s: float = 0.02, full_stats_interval_s: float = 1.0,
+                 lease: MasterLease | None = None):
         self.node = node
+        self.lease = lease
+        self.ttl_ms = 0                        # the master's node ttl (from registration)
         self.creds = creds
         self.incarnation = incarnation or secrets.token_hex(16)
         self.address = address
@@ -177,6 +183,7 @@ class NodeAgent:
             deadline = time.monotonic() + timeout_s
             while True:
                 single = len(self._addrs) == 1
+                sent = time.monotonic()
                 try:
                     resp = self.stub.RegisterNode(
                         req, timeout=max(0.1, deadline - time.monotonic()) if single else 1.0,
@@ -198,6 +205,9 @@ class NodeAgent:
                     self.failover()
                     time.sleep(0.05)
             self.interval_s = resp.heartbeat_interval_ms / 1000.0
+            self.ttl_ms = resp.node_ttl_ms
+            if self.lease is not None:
+                self.lease.renew(self.shard, sent, self.ttl_ms)
             if inventory:
                 log.info("registered with %d object(s) in the inventory", len(inventory))
 
@@ -258,6 +268,7 @@ class NodeAgent:
             self._stats = self.node.refresh_usage(self._stats)
         stats = self._stats
         self._copied.extend(self.copier.take_results())
+        sent = time.monotonic()
         resp = self.stub.Heartbeat(pb.HeartbeatRequest(
             node_id=self.address.node_id, used_bytes=stats.used_bytes,
             num_objects=stats.num_objects, tiers=[wire.tier_stats_pb(t) for t in stats.tiers],
@@ -273,6 +284,8 @@ class NodeAgent:
             self.copier.submit(wire.copy_order(order))
         for d in map(wire.drop_order, resp.drops):
             self.node.drop(d.key, d.object_id)
+        if self.lease is not None:
+            self.lease.renew(self.shard, sent, self.ttl_ms)
 
     def start(self) -> None:
         self._thread.start()
@@ -327,7 +340,7 @@ class Agents:
     """
 
     def __init__(self, node: StoreNode, address: NodeAddress, shard_map: ShardMap,
-                 creds: ClientCredentials | None = None):
+                 creds: ClientCredentials | None = None, lease: MasterLease | None = None):
         self.node = node
         ranges = shard_map.ranges
         sharded = len(ranges) > 1
@@ -337,10 +350,13 @@ class Agents:
             return index_of[shard_map.shard_for_key(key).shard_id]
 
         self.router = EventRouter(node.events, shard_of if sharded else None, len(ranges))
+        if lease is not None:
+            lease.shard_of = shard_of if sharded else None
+            lease.reset(len(ranges))
         self.incarnation = secrets.token_hex(16)
         self.agents = [NodeAgent(node, address, r.addresses, self.router, i,
                                  owns=(lambda k, i=i: shard_of(k) == i) if sharded else None,
-                                 creds=creds, incarnation=self.incarnation)
+                                 creds=creds, incarnation=self.incarnation, lease=lease)
                        for i, r in enumerate(ranges)]
 
     def register(self, timeout_s: float = 10.0) -> None:
@@ -390,7 +406,8 @@ def no_master_yet(tickets: list[Ticket], timeout_s: float) -> None:
 
 
 def make_agent(node: StoreNode, address: NodeAddress, seeds: tuple[str, ...],
-               timeout_s: float = 30.0, creds: ClientCredentials | None = None) -> Agents:
+               timeout_s: float = 30.0, creds: ClientCredentials | None = None,
+               lease: MasterLease | None = None) -> Agents:
     """The node's link to the control plane, from the shard map its ``seeds`` serve.
 
     Asks the seeds (one shard's masters) for the shard map, waiting up to
@@ -417,4 +434,4 @@ def make_agent(node: StoreNode, address: NodeAddress, seeds: tuple[str, ...],
     shard_map = wire.shard_map(msg)
     if len(shard_map.ranges) > 1:
         log.info("shard map v%d: %d master shards", shard_map.version, len(shard_map.ranges))
-    return Agents(node, address, shard_map, creds)
+    return Agents(node, address, shard_map, creds, lease)

@@ -81,6 +81,8 @@ class DataServer:
         metrics: a :class:`kvstore.metrics.ProcessMetrics`: every request is
             counted and timed on its connection's own tally; None: not timed.
             Bytes and connections are counted in :attr:`traffic` either way.
+        lease: reads and writes only while it holds (a node linked to master
+            shards: :mod:`kvstore.store.lease`); None: always.
 
     Raises:
         OSError: an address is taken.
@@ -90,8 +92,9 @@ class DataServer:
                  local_address: str | None = None, rdma=None, ack_timeout_s: float = 2.0,
                  tokens: TokenFile | None = None, tls: ssl.SSLContext | None = None,
                  metrics=None, write_timeout_s: float = 30.0,
-                 max_connections: int | None = None):
+                 max_connections: int | None = None, lease=None):
         self.node = node
+        self.lease = lease               # a kvstore.store.lease.MasterLease, or None (no master)
         self.metrics = metrics           # a kvstore.metrics.ProcessMetrics, or None
         self.write_timeout_s = write_timeout_s
         self.max_connections = max_connections or default_max_connections()
@@ -213,7 +216,7 @@ class DataServer:
         transport = "shm" if raw.family == socket.AF_UNIX else "tcp"
         session = Session(self.node, conn, self.rdma, self._pollers, self.ack_timeout_s,
                            self.tokens, self.metrics.tally() if self.metrics else None,
-                           self.write_timeout_s)
+                           self.write_timeout_s, self.lease)
         self.traffic.opened(transport, session)
         try:
             session.run()

@@ -36,6 +36,7 @@ from kvstore.metrics import MetricsConfig, ProcessMetrics, check_metrics_binding
 from kvstore.process import announce_ready
 from kvstore.rpc import ClientCredentials, ServerSecurity
 from kvstore.store.agent import make_agent, no_master_yet
+from kvstore.store.lease import MasterLease
 from kvstore.store import metrics as node_metrics
 from kvstore.store.data_server import DataServer
 from kvstore.store.levels import DEFAULT_WATERMARKS
@@ -165,6 +166,7 @@ def run_node(cfg: NodeConfig) -> None:
     tls = server_context(cfg.security.tls) if cfg.security.tls is not None else None
     dram = tiers[0]
     rdma = server = agent = mserver = None
+    lease = MasterLease()
     metrics = ProcessMetrics("node") if cfg.metrics.port is not None else None
     health = Health()
     stop = threading.Event()
@@ -185,7 +187,7 @@ def run_node(cfg: NodeConfig) -> None:
         server = DataServer(node, cfg.host, cfg.port, local_address(dram.name), rdma,
                             tokens=tokens, tls=tls, metrics=metrics,
                             write_timeout_s=cfg.write_timeout_s,
-                            max_connections=cfg.max_connections).start()
+                            max_connections=cfg.max_connections, lease=lease).start()
         if tokens is not None:
             signal.signal(signal.SIGHUP, lambda *_: tokens.reload())
         host = advertised_host(cfg.host, cfg.advertise_host, toward=cfg.masters[0])
@@ -196,7 +198,7 @@ def run_node(cfg: NodeConfig) -> None:
                                               cfg.security, host)
         address = NodeAddress(NodeId(node_id), host, server.port, dram.name, host_id(),
                               tls=tls is not None, metrics_address=maddress)
-        agent = make_agent(node, address, cfg.masters, creds=cfg.creds)
+        agent = make_agent(node, address, cfg.masters, creds=cfg.creds, lease=lease)
         agent.register()
         agent.start()
         info = {"role": "node", "node_id": node_id, "address": f"{host}:{server.port}",
@@ -208,9 +210,11 @@ def run_node(cfg: NodeConfig) -> None:
         announce_ready(info)
         log.info("node %s serving %s:%d, tiers %s", node_id, host, server.port,
                  ", ".join(f"{t.kind.name} {t.capacity_bytes} B" for t in tiers))
-        # Degraded (the data port cannot accept: out of fds): /health 503 until it can.
+        # Degraded (the data port cannot accept: out of fds), or fenced (no master
+        # acknowledged the node lately): /health 503 until it can serve again.
         while not stop.wait(0.25):
-            health.set(State.STANDBY if server.degraded else State.SERVING)
+            health.set(State.STANDBY if server.degraded or not lease.held_all()
+                       else State.SERVING)
         health.set(State.DRAINING)      # probes see it first; then the port closes
         if cfg.drain_s > 0:
             time.sleep(cfg.drain_s)

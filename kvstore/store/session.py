@@ -99,8 +99,10 @@ class Session:
 
     def __init__(self, node: StoreNode, conn: socket.socket, rdma=None,
                  pollers: "Pollers | None" = None, ack_timeout_s: float = 2.0,
-                 tokens: TokenFile | None = None, tally=None, write_timeout_s: float = 30.0):
+                 tokens: TokenFile | None = None, tally=None, write_timeout_s: float = 30.0,
+                 lease=None):
         self.node = node
+        self.lease = lease               # a kvstore.store.lease.MasterLease, or None (no master)
         self.write_timeout_s = write_timeout_s
         self.tally = tally               # a kvstore.metrics.RequestTally, or None
         self.bytes_in = 0                # value bytes written to the node (PUT, SHM_COMMIT)
@@ -275,6 +277,7 @@ class Session:
         # The value's bytes must keep coming (within write_timeout_s each), whether
         # they are stored or discarded: a stalled writer holds nothing for long.
         try:
+            self._check_lease(key)
             obj, present = self.node.begin_write(key, object_id, size, checksum, self.parent)
         except KVStoreError:
             with self._timed(f"a refused PUT of {size} B"):
@@ -312,6 +315,7 @@ class Session:
     def _get(self, key: str, object_id: int, _size: int, _checksum: int) -> None:
         # An object only on SSD (or GPU) is promoted to DRAM first; when DRAM has
         # no room soon, it is served from its slower copy through a staging buffer.
+        self._check_lease(key)
         obj = self.node.acquire(key, object_id, require_dram=False)
         self.bytes_out += obj.size_bytes
         if obj.alloc is not None:
@@ -341,7 +345,18 @@ class Session:
             self.staging = bytearray(size_bytes)
         return memoryview(self.staging)[:size_bytes]
 
+    def _check_lease(self, key: str) -> None:
+        """Reads and writes only while the node's master lease holds (see
+        :mod:`kvstore.store.lease`); Unavailable, counted, otherwise."""
+        if self.lease is not None:
+            try:
+                self.lease.check(key)
+            except Unavailable:
+                self.node.count(NodeCounter.FENCED)
+                raise
+
     def _shm_alloc(self, key: str, object_id: int, size: int, checksum: int) -> None:
+        self._check_lease(key)
         obj, present = self.node.begin_write(key, object_id, size, checksum, self.parent)
         if present:
             self._reply(object_id=object_id, size=size, checksum=checksum, offset=2**64 - 1)
@@ -367,6 +382,7 @@ class Session:
         self._reply(object_id=object_id)
 
     def _shm_acquire(self, key: str, object_id: int, _size: int, _checksum: int) -> None:
+        self._check_lease(key)
         obj = self.node.acquire(key, object_id)
         self.reading.setdefault((key, obj.object_id), []).append(obj)
         self.bytes_out += obj.size_bytes

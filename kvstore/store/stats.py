@@ -25,6 +25,8 @@ The node's counters (since start)::
     connections_refused        connections over --max-connections, answered UNAVAILABLE
     no_fit                     puts refused at once: not even evicting everything evictable
                                would make room (nothing was evicted for them)
+    fenced                     reads and writes refused while no master had acknowledged the
+                               node for most of its ttl (kvstore.store.lease)
 
 The node counts with :class:`NodeCounter`; what leaves the node (heartbeat
 ``counters``, the STATS JSON, :attr:`NodeStats.counters`) is keyed by the
@@ -64,6 +66,7 @@ class NodeCounter(str, enum.Enum):
     ACCEPT_ERRORS = "accept_errors"
     CONNECTIONS_REFUSED = "connections_refused"
     NO_FIT = "no_fit"
+    FENCED = "fenced"
 
 
 def counters_by_name(counters: Mapping[NodeCounter, int]) -> dict[str, int]:
