@@ -52,6 +52,12 @@ def _as_is(err: KVStoreError) -> KVStoreError:
     return err
 
 
+def _leader_hint(message: str) -> str:
+    """The leader a standby named in its refusal ("... (leader: host:port)"), or ""."""
+    _, sep, rest = message.rpartition("(leader: ")
+    return rest.rstrip(")") if sep else ""
+
+
 class Control:
     """Channels to the masters, and the routing of calls to them.
 
@@ -126,11 +132,14 @@ class Control:
             return stub
 
     def _call_ha(self, addresses: tuple[str, ...], method: str, request):
-        start = self._leader.get(addresses, 0)
+        # A master that answers "index incomplete" won the election: it is
+        # waited on, not left (leaving it meant a round through a cut-off old
+        # leader, a whole RPC deadline). "Not the leader (leader: X)" names X:
+        # it is tried next.
+        at = self._leader.get(addresses, 0)
         deadline = time.monotonic() + self.failover_wait_s
-        attempt = 0
+        tried = 0
         while True:
-            at = (start + attempt) % len(addresses)
             try:
                 resp = getattr(self._stub(addresses[at]), method)(request, timeout=self.timeout_s)
                 self._leader[addresses] = at
@@ -139,8 +148,15 @@ class Control:
                 err = from_rpc_error(exc)
                 if not isinstance(err, RETRYABLE) or time.monotonic() > deadline:
                     raise err from None
-            attempt += 1
-            if attempt % len(addresses) == 0:
+            if err.message.startswith(INDEX_INCOMPLETE):
+                self._leader[addresses] = at
+                time.sleep(0.05)
+                continue
+            hint = _leader_hint(err.message)
+            at = addresses.index(hint) if hint in addresses and hint != addresses[at] \
+                else (at + 1) % len(addresses)
+            tried += 1
+            if tried % len(addresses) == 0:
                 time.sleep(0.1)
 
     def _call_one(self, address: str, method: str, request):

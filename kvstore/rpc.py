@@ -9,7 +9,11 @@ SO_REUSEPORT by default, and a second server on a busy port would start
 "fine" and split the clients between two processes. Channels reconnect to a
 restarted peer within about a second (gRPC's default backoff grows to two
 minutes; here it stops at 1 s, so store nodes are back with a restarted
-master well inside its warm-up).
+master well inside its warm-up). A channel with a call in flight pings its
+peer every :data:`KEEPALIVE_MS`; a peer that stops answering (a host cut off
+by a partition: no reset, just silence) fails the call with UNAVAILABLE
+after about twice that, so the SDK moves on to a standby before the call's
+own deadline; servers accept those pings.
 
 Security (:mod:`kvstore.auth`, :mod:`kvstore.tls`): a server given a token
 file checks every call in one interceptor (:class:`AuthInterceptor`) against
@@ -40,12 +44,22 @@ MAX_KEYS_PER_CALL = 10_000
 _MESSAGE_SIZES = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
 
-SERVER_OPTIONS: list[tuple[str, int]] = _MESSAGE_SIZES + [("grpc.so_reuseport", 0)]
+KEEPALIVE_MS = 1000
+
+SERVER_OPTIONS: list[tuple[str, int]] = _MESSAGE_SIZES + [
+    ("grpc.so_reuseport", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_MS // 2),
+    ("grpc.http2.max_ping_strikes", 0),
+]
 
 CHANNEL_OPTIONS: list[tuple[str, int]] = _MESSAGE_SIZES + [
     ("grpc.initial_reconnect_backoff_ms", 250),
     ("grpc.min_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_MS),
+    ("grpc.http2.max_pings_without_data", 0),
 ]
 
 #: The standard health service answers everyone: probes carry no tokens, and it
