@@ -167,6 +167,7 @@ def _register_tools() -> None:
     from kvstore.tools.certs import certs_command
     from kvstore.tools.cache_sim import simulate_cache_command
     from kvstore.tools.multihost import hosts_command
+    from kvstore.tools.partition.command import partition_command
     from kvstore.tools.profile import profile_command
     from kvstore.tools.replay import replay_command
     from kvstore.tools.simulate import simulate_command
@@ -184,6 +185,10 @@ def _register_tools() -> None:
     app.command("hosts", help="Five hosts on this machine (network namespaces, needs root): "
                                "etcd and masters, nodes, engines and conductor, a client "
                                "host; --auth and TLS on. Ctrl-C removes them.")(hosts_command)
+    app.command("partition", help="Cut real links (network namespaces, needs root) under "
+                                  "load: a shard leader, a node from its master, clients "
+                                  "from a replica; count lost and wrong reads.")(
+        partition_command)
     app.command("profile", help="Fit the cost model (prefill, decode, transfer) from the "
                                 "bundled engines on this machine.")(profile_command)
 

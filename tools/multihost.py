@@ -157,7 +157,7 @@ def start_multihost(hosts: NetHosts, folder: str, *, secure: bool = True, tls: b
     store = StoreCluster(procs, shard_map, [])
     mh = MultiHost(hosts, creds, procs, store)
     try:
-        mh.etcd = _start_etcd(hosts, folder / "etcd")
+        mh.etcd = start_etcd(hosts, folder / "etcd")
         say(f"etcd on host a (127.0.0.1:{ETCD_PORT} there)")
         cluster = f"mh{hosts.id}"
         for i, ports in enumerate(MASTER_PORTS):
@@ -203,13 +203,19 @@ def _start_serving(mh: MultiHost, d: str, server: list[str], env: dict, say) -> 
         f"(HTTP {mh.conductor.info.get('http_address', '')})")
 
 
-def _start_etcd(hosts: NetHosts, data_dir: Path, timeout_s: float = 20.0) -> subprocess.Popen:
-    """etcd on host a's loopback (only the masters, on host a, use it)."""
-    url = f"http://127.0.0.1:{ETCD_PORT}"
-    peer = f"http://127.0.0.1:{ETCD_PORT + 1}"
+def start_etcd(hosts: NetHosts, data_dir: Path, timeout_s: float = 20.0, host: str = "a",
+               address: str = "127.0.0.1") -> subprocess.Popen:
+    """etcd on ``host`` at ``address`` (default: host a's loopback, where only the
+    masters on host a reach it); waits until it answers.
+
+    Raises:
+        ChildFailed: it exited or did not answer within ``timeout_s``.
+    """
+    url = f"http://{address}:{ETCD_PORT}"
+    peer = f"http://{address}:{ETCD_PORT + 1}"
     data_dir.mkdir(parents=True, exist_ok=True)
     log = open(data_dir.with_suffix(".log"), "ab")
-    proc = hosts.popen("a", ["etcd", "--name", "kv", "--data-dir", str(data_dir),
+    proc = hosts.popen(host, ["etcd", "--name", "kv", "--data-dir", str(data_dir),
                              "--listen-client-urls", url, "--advertise-client-urls", url,
                              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                              "--initial-cluster", f"kv={peer}"],
@@ -218,11 +224,12 @@ def _start_etcd(hosts: NetHosts, data_dir: Path, timeout_s: float = 20.0) -> sub
     probe = (f"from kvstore.master.election import Etcd; Etcd({url!r}).get('/kvstore/ping')")
     deadline = time.monotonic() + timeout_s
     while True:
-        if hosts.run("a", [sys.executable, "-c", probe], capture_output=True).returncode == 0:
+        if hosts.run(host, [sys.executable, "-c", probe], capture_output=True).returncode == 0:
             return proc
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            raise ChildFailed(f"etcd did not start on host a (see {data_dir.with_suffix('.log')})")
+            raise ChildFailed(f"etcd did not start on host {host} "
+                              f"(see {data_dir.with_suffix('.log')})")
         time.sleep(0.2)
 
 

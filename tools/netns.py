@@ -6,7 +6,10 @@
     host e (netns kvs-<id>-e)  198.18.0.5/24  veth --+
 
 Every host is a network namespace of its own with a loopback and one veth
-link to a bridge that lives in a namespace of its own (the "switch"); the
+link to a bridge that lives in a namespace of its own (the "switch"); a
+host may also sit on further networks (``extra``: one more bridge and one
+more veth link each, e.g. a data network apart from the control network, so
+that one path between two hosts can be cut and another kept); the
 root namespace gets no interface, address or route, so nothing leaves the
 namespaces :class:`NetHosts` made. Addresses come from 198.18.0.0/15 only
 (RFC 2544's benchmarking range) and :class:`NetHosts` refuses any other.
@@ -17,7 +20,7 @@ memory is keyed by a host identity that includes the namespace).
 
 :meth:`NetHosts.cut` takes a host's link down (and :meth:`NetHosts.mend`
 brings it back): a network partition, since ``tc netem`` is not available
-everywhere. Closing (also on a failed start, and at interpreter exit)
+everywhere. With several networks, a cut names the network. Closing (also on a failed start, and at interpreter exit)
 deletes every namespace, which removes the veths and the bridge with them.
 
 Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) and ``ip`` (iproute2);
@@ -50,6 +53,19 @@ class Host:
     netns: str       # the namespace: kvs-<id>-<name>
     address: str     # its address on the bridge, 198.18.x.y
     dev: str         # its veth, inside its namespace
+
+
+def _addresses(subnet: str, count: int) -> list[str]:
+    """The first ``count`` host addresses of ``subnet`` (inside 198.18.0.0/15, /24 wide)."""
+    net = ipaddress.ip_network(subnet)
+    if not net.subnet_of(ALLOWED):
+        raise ValueError(f"{subnet} is outside {ALLOWED} (the only range hosts may use)")
+    if net.prefixlen != 24:
+        raise ValueError(f"{subnet}: host subnets are /24")
+    addrs = list(net.hosts())
+    if len(addrs) < count:
+        raise ValueError(f"{subnet} has room for {len(addrs)} hosts, not {count}")
+    return [str(a) for a in addrs[:count]]
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -108,6 +124,10 @@ class NetHosts:
             limited to 15 characters.
         subnet: where the addresses come from (inside 198.18.0.0/15); the
             hosts get its first addresses in order.
+        extra: further networks, name -> (subnet, member hosts): each its own
+            bridge, each member one more veth (``<name>-<host>``) and an
+            address from that subnet (in ``names`` order). Names are short
+            (<= 6 characters) and differ from ``net``, the first network's.
         prefix: namespaces are named ``<prefix>-<pid>.<random>-<name>``, the
             pid being the owner's; :meth:`start` first deletes namespaces of
             this prefix whose owner is dead (one killed by SIGKILL could not
@@ -117,22 +137,30 @@ class NetHosts:
         ValueError: a subnet outside 198.18.0.0/15, too small, or bad names.
     """
 
-    def __init__(self, names: list[str], subnet: str = DEFAULT_SUBNET, prefix: str = "kvs"):
-        net = ipaddress.ip_network(subnet)
-        if not net.subnet_of(ALLOWED):
-            raise ValueError(f"{subnet} is outside {ALLOWED} (the only range hosts may use)")
+    def __init__(self, names: list[str], subnet: str = DEFAULT_SUBNET, prefix: str = "kvs",
+                 extra: dict[str, tuple[str, list[str]]] | None = None):
         if len(set(names)) != len(names) or not all(n.isalnum() and len(n) <= 8 for n in names):
             raise ValueError(f"host names must be distinct, alphanumeric, <= 8 chars: {names}")
-        addrs = list(net.hosts())
-        if len(addrs) < len(names):
-            raise ValueError(f"{subnet} has room for {len(addrs)} hosts, not {len(names)}")
+        addrs = _addresses(subnet, len(names))
         self.prefix = prefix
         self.id = f"{os.getpid()}.{secrets.token_hex(2)}"
-        self.prefixlen = net.prefixlen
+        self.prefixlen = 24
         self.switch = f"{prefix}-{self.id}-sw"
         self.hosts: dict[str, Host] = {
-            n: Host(n, f"{prefix}-{self.id}-{n}", str(addrs[i]), f"eth-{n}")
+            n: Host(n, f"{prefix}-{self.id}-{n}", addrs[i], f"eth-{n}")
             for i, n in enumerate(names)}
+        # (network, host) -> Host on that network; the first network is "net".
+        self.links: dict[tuple[str, str], Host] = {("net", n): h for n, h in self.hosts.items()}
+        for net_name, (net_subnet, members) in (extra or {}).items():
+            if net_name == "net" or not net_name.isalnum() or len(net_name) > 6:
+                raise ValueError(f"network names are alphanumeric, <= 6 chars, not 'net': "
+                                 f"{net_name!r}")
+            unknown = set(members) - set(names)
+            if unknown:
+                raise ValueError(f"network {net_name}: unknown hosts {sorted(unknown)}")
+            members = [n for n in names if n in members]
+            for n, addr in zip(members, _addresses(net_subnet, len(members))):
+                self.links[(net_name, n)] = Host(n, self.hosts[n].netns, addr, f"{net_name}-{n}")
         self._made: list[str] = []
 
     # ---- life cycle ----
@@ -146,18 +174,22 @@ class NetHosts:
         atexit.register(self.close)
         try:
             self._add_netns(self.switch)
-            _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
-            _ip("-n", self.switch, "link", "set", "br0", "up")
-            for i, h in enumerate(self.hosts.values()):
+            for h in self.hosts.values():
                 self._add_netns(h.netns)
+                _ip("-n", h.netns, "link", "set", "lo", "up")
+            bridges: dict[str, str] = {}
+            for i, ((net_name, _n), h) in enumerate(self.links.items()):
+                if net_name not in bridges:
+                    bridges[net_name] = "br0" if net_name == "net" else f"br-{net_name}"
+                    _ip("-n", self.switch, "link", "add", bridges[net_name], "type", "bridge")
+                    _ip("-n", self.switch, "link", "set", bridges[net_name], "up")
                 port = f"p{i}"
                 _ip("link", "add", h.dev, "netns", h.netns, "type", "veth",
                     "peer", "name", port, "netns", self.switch)
-                _ip("-n", self.switch, "link", "set", port, "master", "br0")
+                _ip("-n", self.switch, "link", "set", port, "master", bridges[net_name])
                 _ip("-n", self.switch, "link", "set", port, "up")
                 _ip("-n", h.netns, "addr", "add", f"{h.address}/{self.prefixlen}", "dev", h.dev)
                 _ip("-n", h.netns, "link", "set", h.dev, "up")
-                _ip("-n", h.netns, "link", "set", "lo", "up")
         except BaseException:
             self.close()
             raise
@@ -195,14 +227,23 @@ class NetHosts:
         """Start ``argv`` on host ``name`` (``ip netns exec`` execs it: the pid is its own)."""
         return subprocess.Popen([*self.exec_args(name), *argv], **kwargs)
 
-    def cut(self, name: str) -> None:
-        """Take host ``name``'s link down: it reaches no other host, none reaches it."""
-        h = self.hosts[name]
+    def on(self, name: str, network: str = "net") -> Host:
+        """Host ``name`` as seen on ``network`` (its address and veth there).
+
+        Raises:
+            KeyError: the host is not on that network.
+        """
+        return self.links[(network, name)]
+
+    def cut(self, name: str, network: str = "net") -> None:
+        """Take host ``name``'s link to ``network`` down: over that network it
+        reaches no other host and none reaches it."""
+        h = self.on(name, network)
         _ip("-n", h.netns, "link", "set", h.dev, "down")
 
-    def mend(self, name: str) -> None:
-        """Bring host ``name``'s link back up."""
-        h = self.hosts[name]
+    def mend(self, name: str, network: str = "net") -> None:
+        """Bring host ``name``'s link to ``network`` back up."""
+        h = self.on(name, network)
         _ip("-n", h.netns, "link", "set", h.dev, "up")
 
     def table(self) -> list[tuple[str, str, str]]:

@@ -1,0 +1,1 @@
+"""Network partitions on a cluster across hosts (network namespaces): ``kvstore partition``."""
