@@ -119,7 +119,8 @@ class ProcessMetrics:
 
     Args:
         service: ``master``, ``node``, ``prefill``, ``decode`` or ``conductor``
-            (the label of ``kvstore_process_info``).
+            (the ``component`` label of ``kvstore_process_info``; not ``service``,
+            which Prometheus Operator sets on every target to its Service's name).
 
     Thread safety: each serving thread records into a tally of its own
     (:meth:`tally`; the event loop's is :attr:`loop_tally`, used by
@@ -134,8 +135,8 @@ class ProcessMetrics:
         self._live: set[RequestTally] = {self.loop_tally}
         self._lock = threading.Lock()
         self.collect(self._requests)
-        self.collect(lambda: [gauge("kvstore_process_info", "This process's service.", 1,
-                                    {"service": self.service})])
+        self.collect(lambda: [gauge("kvstore_process_info", "This process's component.", 1,
+                                    {"component": self.service})])
 
     def observe(self, op: str, code: str, seconds: float) -> None:
         """Count one request on the event loop's tally (see :meth:`RequestTally.observe`)."""

@@ -429,6 +429,9 @@ def _live(kv, scraper, watched: tuple[str, ...], interval: float, before) -> Non
     from rich.live import Live
 
     console = _console()
+    if not console.is_terminal:
+        _stream(kv, scraper, watched, interval, before, console)
+        return
     shown = None
     due = time.monotonic()
     with Live(f"sampling every {interval:g} s ...", console=console,
@@ -452,6 +455,29 @@ def _live(kv, scraper, watched: tuple[str, ...], interval: float, before) -> Non
                 before = after
         except KeyboardInterrupt:
             pass
+
+
+def _stream(kv, scraper, watched: tuple[str, ...], interval: float, before, console) -> None:
+    """Not a terminal (a pipe, a file, ``watch``'s log): no redrawing; one titled
+    table per ``interval``, appended, until Ctrl-C."""
+    due = time.monotonic()
+    try:
+        while True:
+            due += interval
+            time.sleep(max(0.0, due - time.monotonic()))
+            try:
+                after = top_view.take_sample(kv, scraper, watched)
+            except KVStoreError as err:
+                console.print(f"{time.strftime('%H:%M:%S')} {type(err).__name__}: {err}")
+                continue
+            summary = top_view.summarize(before, after)
+            console.print(top_view.render(summary, _table, f"kvctl top  "
+                                          f"{time.strftime('%H:%M:%S')}  window "
+                                          f"{summary['interval_s']:.1f} s"))
+            sys.stdout.flush()
+            before = after
+    except KeyboardInterrupt:
+        pass
 
 
 def main() -> None:

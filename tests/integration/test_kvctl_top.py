@@ -214,6 +214,27 @@ def test_live_view_redraws_until_interrupted(cluster, loaded):
     assert "kvctl top" in out and "shards" in out and "Traceback" not in err
 
 
+def test_piped_output_is_a_table_per_interval(cluster, loaded, tmp_path):
+    """Not a terminal: each sample is printed as it comes (nothing waits for Ctrl-C)."""
+    out = tmp_path / "top.txt"
+    with open(out, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "kvstore.tools.kvctl", "--master",
+                                 cluster.master, "top", "--interval", "0.2"],
+                                stdout=f, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "COLUMNS": "100"})
+    try:
+        wait_for(lambda: out.read_text().count("kvctl top") >= 2, timeout_s=20)
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    text = out.read_text()
+    assert text.count("shards") >= 2 and "\x1b[" not in text and "Traceback" not in err
+
+
 def test_unreachable_master_is_one_error_line():
     run = _kvctl("--master", "127.0.0.1:1", "top", "--once", "--json", "--interval", "0.1")
     assert run.returncode == 1 and run.stdout == ""

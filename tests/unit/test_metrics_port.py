@@ -47,7 +47,7 @@ def test_tallies_of_every_thread_sum_into_one_exposition():
     assert len(buckets) == len(REQUEST_BUCKETS) + 1
     (count,) = [v for lab, v in s["kvstore_request_duration_seconds_count"] if lab["op"] == "get"]
     assert count == 4000
-    assert s["kvstore_process_info"] == [({"service": "node"}, 1.0)]
+    assert s["kvstore_process_info"] == [({"component": "node"}, 1.0)]
 
 
 def test_a_failing_collector_does_not_break_the_scrape():
