@@ -65,6 +65,12 @@ class PutInProgress(KVStoreError):
     code = pb.PUT_IN_PROGRESS
 
 
+class AlreadyPresent(KVStoreError):
+    """Not a failure: a placed put found the key stored with equal bytes (under
+    another version), so nothing was added. The SDK's put answers False for it."""
+    code = pb.ALREADY_PRESENT
+
+
 class WrongShard(KVStoreError):
     """The key's hash slot is owned by another master (see ``redirect``)."""
     code = pb.WRONG_SHARD
@@ -100,6 +106,7 @@ ERRORS: dict[type[KVStoreError], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     KeyConflict: grpc.StatusCode.ALREADY_EXISTS,
     PutInProgress: grpc.StatusCode.ABORTED,
+    AlreadyPresent: grpc.StatusCode.ALREADY_EXISTS,
     WrongShard: grpc.StatusCode.FAILED_PRECONDITION,
     ChecksumMismatch: grpc.StatusCode.DATA_LOSS,
     Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
@@ -108,7 +115,9 @@ ERRORS: dict[type[KVStoreError], grpc.StatusCode] = {
 }
 
 _BY_CODE: dict[int, type[KVStoreError]] = {cls.code: cls for cls in ERRORS}
-_BY_GRPC: dict[grpc.StatusCode, type[KVStoreError]] = {v: k for k, v in ERRORS.items()}
+_BY_GRPC: dict[grpc.StatusCode, type[KVStoreError]] = {}
+for _cls, _status in ERRORS.items():      # the first class of a status wins (KeyConflict)
+    _BY_GRPC.setdefault(_status, _cls)
 # Transport-level gRPC failures that mean "could not reach the server".
 _BY_GRPC[grpc.StatusCode.DEADLINE_EXCEEDED] = Unavailable
 _BY_GRPC[grpc.StatusCode.CANCELLED] = Unavailable

@@ -41,6 +41,9 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 #: batches into calls of this many keys by itself.
 MAX_KEYS_PER_CALL = 10_000
 
+#: Most replicas one put may ask for (PutStart, GrantPlacement).
+MAX_REPLICAS = 16
+
 _MESSAGE_SIZES = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
 
@@ -146,8 +149,12 @@ def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode,
 
     kw = dict(request_deserializer=handler.request_deserializer,
               response_serializer=handler.response_serializer)
-    if handler.unary_stream or handler.stream_stream:
+    if handler.stream_stream:
+        return grpc.stream_stream_rpc_method_handler(stream, **kw)
+    if handler.unary_stream:
         return grpc.unary_stream_rpc_method_handler(stream, **kw)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(unary, **kw)
     return grpc.unary_unary_rpc_method_handler(unary, **kw)
 
 
@@ -205,7 +212,8 @@ class _SyncDetails(_Details, grpc.ClientCallDetails):
     pass
 
 
-class _BearerInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+class _BearerInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                         grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
     """Adds ``authorization: Bearer TOKEN`` to every call of a blocking channel."""
 
     def __init__(self, token: str):
@@ -221,6 +229,12 @@ class _BearerInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClien
 
     def intercept_unary_stream(self, continuation, client_call_details, request):
         return continuation(self._details(client_call_details), request)
+
+    def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
+        return continuation(self._details(client_call_details), request_iterator)
+
+    def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
+        return continuation(self._details(client_call_details), request_iterator)
 
 
 class _AioBearer:

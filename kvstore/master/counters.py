@@ -10,6 +10,8 @@ class MasterCounter(str, enum.Enum):
 
     PUT_STARTS = "put_starts"                    # puts placed (PENDING entries made)
     PUTS = "puts"                                # ... made visible
+    GRANTS = "grants"                            # placement grants issued (GrantPlacement)
+    PUTS_PLACED = "puts_placed"                  # puts made visible through a grant
     PUTS_ALREADY_PRESENT = "puts_already_present"   # second puts of equal bytes
     PUTS_REVOKED = "puts_revoked"                # ... undone by their writer
     PUTS_EXPIRED = "puts_expired"                # ... revoked at their deadline

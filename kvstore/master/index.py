@@ -35,13 +35,16 @@ from __future__ import annotations
 import bisect
 import logging
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
-from kvstore.errors import (KeyConflict, KVStoreError, NotFound, PutInProgress,
+from kvstore.errors import (AlreadyPresent, KeyConflict, KVStoreError, NotFound, PutInProgress,
                             TooLarge, Unavailable, WrongShard)
 from kvstore.keys import key_slot, validate_key
 from kvstore.master.counters import MasterCounter as C
+from kvstore.master.entry import Entry
+from kvstore.master.grants import MAX_IDS_PER_GRANT, Grant, Grants
+from kvstore.master.inventory import sync_node_inventory
 from kvstore.master.membership import Membership, NodeInfo
 from kvstore.shardmap import ShardMap
 from kvstore.types import (EventKind, InventoryItem, NodeAddress, NodeEvent, NodeId, ObjectId,
@@ -73,27 +76,6 @@ class PutPlan:
     already_present: bool = False   # equal bytes are stored: nothing to write
 
 
-@dataclass(slots=True)
-class Entry:
-    key: ObjectKey
-    size_bytes: int
-    checksum: int                  # xxh3-64 of the value
-    object_id: ObjectId            # names this version on the nodes
-    state: ReplicaState
-    targets: list[NodeId]          # nodes chosen at put_start that have not reported it yet
-    replicas: list[NodeId] = field(default_factory=list)   # nodes holding it (COMPLETE)
-    created_ms: int = 0
-    deadline_ms: int = 0           # while targets are outstanding: revoked / released after this
-    access_count: int = 0
-    last_access_ms: int = 0
-    tiers: dict[NodeId, TierKind] = field(default_factory=dict)  # node -> tier serving it there
-                                                                 # (from events; absent: DRAM)
-    replica_num: int = 1           # replicas wanted; repair copies up to it
-    repair_target: NodeId | None = None   # COMPLETE: node a repair copy is going to
-    repair_deadline_ms: int = 0    # ... given up after this
-    checksum_at_end: bool = False  # PENDING: the checksum comes with the first STORED report
-
-
 Results = list  # per input item, in order: a record (or None) for success, a KVStoreError
 
 
@@ -117,6 +99,7 @@ class ObjectIndex:
         self._sorted_keys: list[str] | None = None   # COMPLETE keys, rebuilt lazily for list
         self._next_id = 1              # object ids; above every id seen in an inventory
         self.counters: Counter[C] = Counter()
+        self.grants = Grants(grace_ms=put_timeout_ms)    # placement grants (one-round-trip puts)
 
     # ---- helpers ----
     def _check_key(self, key: str) -> ObjectKey:
@@ -248,6 +231,29 @@ class ObjectIndex:
         self.counters[C.PUT_STARTS] += 1
         return PutPlan(entry.object_id, tuple(n.address for n in nodes))
 
+    def grant(self, replica_num: int, num_ids: int, now_ms: int,
+              key: str = "") -> tuple[Grant, list[NodeInfo]]:
+        """A placement grant (:mod:`kvstore.master.grants`): ``num_ids`` fresh object
+        ids (at most MAX_IDS_PER_GRANT) and the nodes new bytes may go to,
+        most free space first.
+
+        Raises:
+            Unavailable: no live store node.
+            WrongShard: ``key`` (when given) is another shard's.
+        """
+        if key:
+            self._check_key(key)
+        alive = self.membership.alive_nodes()
+        if not alive:
+            raise Unavailable("no live store node")
+        nodes = self.membership.healthy_nodes(now_ms) or alive
+        nodes = sorted(nodes, key=lambda n: (-n.free_bytes, n.node_id))
+        n = max(1, min(num_ids, MAX_IDS_PER_GRANT))
+        g = self.grants.issue(self._next_id, n, replica_num, now_ms)
+        self._next_id += n
+        self.counters[C.GRANTS] += 1
+        return g, nodes
+
     def put_revoke(self, items: Sequence[tuple[str, ObjectId]]) -> Results:
         """The writer gives up the targets that did not acknowledge its bytes: a put
         no target stored is undone; a stored one keeps its replicas and releases
@@ -279,6 +285,7 @@ class ObjectIndex:
             else:
                 self._release_targets(entry)
         self.counters[C.PUTS_EXPIRED] += expired
+        self.grants.expire(now_ms)
         return expired
 
     def _release_targets(self, entry: Entry) -> None:
@@ -289,7 +296,43 @@ class ObjectIndex:
         entry.targets = []
         entry.deadline_ms = 0
 
-    def _stored(self, node_id: NodeId, event: NodeEvent) -> None:
+    def _stored_placed(self, node_id: NodeId, event: NodeEvent, entry: Entry | None,
+                       grant: Grant, now_ms: int) -> None:
+        """The first STORED of a version placed through a grant decides the put
+        (the rules in :mod:`kvstore.master.grants`).
+
+        Raises:
+            AlreadyPresent: the key holds equal bytes under another version.
+            KeyConflict: the key holds other bytes.
+            PutInProgress: a put of the first protocol is placing this key.
+        """
+        if entry is not None and entry.state is ReplicaState.PENDING and now_ms > entry.deadline_ms:
+            self.counters[C.PUTS_EXPIRED] += 1
+            self._delete(entry, entry.targets)
+            entry = None
+        if entry is not None and entry.state is ReplicaState.COMPLETE and \
+                not self._live_replicas(entry):
+            self._delete(entry, [])          # every replica died: the key is free again
+            entry = None
+        if entry is not None:
+            if entry.state is ReplicaState.PENDING:
+                raise PutInProgress("another put of this key is in progress", key=event.key)
+            if entry.checksum == event.checksum and entry.size_bytes == event.size_bytes:
+                self.counters[C.PUTS_ALREADY_PRESENT] += 1
+                raise AlreadyPresent("equal bytes are stored", key=event.key)
+            raise KeyConflict(f"key holds different bytes ({entry.size_bytes} B, checksum "
+                              f"{entry.checksum:#x}); objects are immutable", key=event.key)
+        self.entries[event.key] = Entry(
+            key=event.key, size_bytes=event.size_bytes, checksum=event.checksum,
+            object_id=event.object_id, state=ReplicaState.COMPLETE, targets=[],
+            replicas=[node_id], created_ms=now_ms, replica_num=grant.replica_num,
+            tiers={node_id: event.tier or TierKind.DRAM})
+        self._sorted_keys = None
+        self.membership.account_stored(node_id, event.size_bytes)
+        self.counters[C.PUTS] += 1
+        self.counters[C.PUTS_PLACED] += 1
+
+    def _stored(self, node_id: NodeId, event: NodeEvent, now_ms: int) -> None:
         """``node_id`` holds this version, complete and checksum-verified (STORED).
 
         Raises:
@@ -299,8 +342,14 @@ class ObjectIndex:
         """
         entry = self.entries.get(event.key)
         if entry is None or entry.object_id != event.object_id:
-            raise NotFound("no put of this object_id (revoked, timed out or replaced)",
-                           key=event.key)
+            grant = self.grants.find(event.object_id, now_ms)
+            if grant is not None:
+                self._stored_placed(node_id, event, entry, grant, now_ms)
+                return
+            # Revoked, timed out, replaced, or an id of no live grant (a previous
+            # master's, or expired): the writer of a placed put asks for a new grant.
+            raise NotFound("no put of this object_id (revoked, timed out or replaced, or "
+                           "its placement grant is unknown here)", key=event.key)
         if entry.state is ReplicaState.PENDING and entry.checksum_at_end \
                 and event.size_bytes == entry.size_bytes:
             entry.checksum = event.checksum     # the first complete copy decides it
@@ -315,8 +364,9 @@ class ObjectIndex:
             self.membership.unreserve(node_id, entry.size_bytes)
             if not entry.targets:
                 entry.deadline_ms = 0
-        elif entry.repair_target != node_id:
+        elif entry.repair_target != node_id and self.grants.find(entry.object_id, now_ms) is None:
             # Released (its writer gave it up, or its deadline passed): a drop is on its way.
+            # (A placed put's further replicas come while its grant lives.)
             raise NotFound("this node is no longer a target of the put", key=event.key)
         entry.replicas.append(node_id)
         entry.tiers[node_id] = event.tier or TierKind.DRAM
@@ -439,8 +489,10 @@ class ObjectIndex:
                            counters={c.value: v for c, v in self.counters.items()})
 
     # ---- what the nodes report: events and inventories ----
-    def node_event(self, node_id: NodeId, event: NodeEvent) -> KVStoreError | None:
+    def node_event(self, node_id: NodeId, event: NodeEvent, now_ms: int = 0) -> KVStoreError | None:
         """Apply one of a node's events (kvstore/store/events.py), in the order it sent them.
+
+        ``now_ms`` dates it (grants expire); 0: no grant has expired.
 
         Returns:
             None, or for a STORED event the reason the node must drop the
@@ -448,7 +500,7 @@ class ObjectIndex:
         """
         if event.kind is EventKind.STORED:
             try:
-                self._stored(node_id, event)
+                self._stored(node_id, event, now_ms)
             except KVStoreError as err:
                 self.membership.order_drop(node_id, event.key, event.object_id)
                 self.counters[C.STORED_REFUSED] += 1
@@ -471,81 +523,13 @@ class ObjectIndex:
 
     def sync_node_inventory(self, node_id: NodeId, items: Sequence[InventoryItem],
                             now_ms: int) -> tuple[int, int]:
-        """Make the index agree with what a (re)registering node holds.
-
-        The node's replicas that its inventory does not list (same key and
-        object_id) are forgotten -- a restart loses DRAM -- and listed
-        objects the index does not know are indexed as COMPLETE (a restart
-        keeps the SSD; a new master learns the cluster this way). Only objects
-        a master confirmed are indexed so: a ``pending`` item (stored, its
-        STORED event not yet applied) only keeps its place as a target, and
-        its replayed event decides, so bytes written straight to a node never
-        become visible through an inventory. A listed
-        version that the index has replaced is ordered dropped; one it already
-        ordered dropped (removed while the node was away) is not indexed again.
+        """Make the index agree with what a (re)registering node holds; see
+        :func:`kvstore.master.inventory.sync_node_inventory`.
 
         Returns:
             (entries that lost their last replica, entries indexed from the inventory).
         """
-        ordered = self.membership.ordered_drops(node_id)
-        items = [it for it in items if (it.key, it.object_id) not in ordered]
-        held = {it.key: it for it in items}
-        lost = 0
-        for entry in list(self.entries.values()):
-            it = held.get(entry.key)
-            same = it is not None and it.object_id == entry.object_id
-            if node_id in entry.targets and not same:
-                # A target that does not hold the version will never report it.
-                entry.targets.remove(node_id)
-                self.membership.unreserve(node_id, entry.size_bytes)
-                if entry.state is ReplicaState.PENDING and not entry.targets:
-                    self._delete(entry, [])
-                continue
-            if node_id in entry.replicas and not same:
-                entry.replicas.remove(node_id)
-                entry.tiers.pop(node_id, None)
-                if entry.state is ReplicaState.COMPLETE and not entry.replicas:
-                    self._delete(entry, [])
-                    lost += 1
-        indexed = 0
-        for it in items:
-            try:
-                self._check_key(it.key)
-            except KVStoreError:
-                continue                  # another shard's key (or garbage): not ours to index
-            if it.pending:
-                # Not applied by a master yet: its STORED event, replayed after
-                # the inventory, decides (a put the index never placed is refused).
-                entry = self.entries.get(it.key)
-                if entry is not None and entry.object_id != it.object_id:
-                    self.membership.order_drop(node_id, it.key, it.object_id)
-                    self.counters[C.STALE_REPLICAS_DROPPED] += 1
-                continue
-            self._next_id = max(self._next_id, it.object_id + 1)
-            entry = self.entries.get(it.key)
-            if entry is None:
-                self.entries[it.key] = Entry(
-                    key=it.key, size_bytes=it.size_bytes, checksum=it.checksum,
-                    object_id=it.object_id, state=ReplicaState.COMPLETE, targets=[],
-                    replicas=[node_id], created_ms=now_ms, tiers={node_id: it.tier})
-                self._sorted_keys = None
-                indexed += 1
-            elif entry.object_id == it.object_id:
-                if entry.state is ReplicaState.PENDING or node_id in entry.targets:
-                    # Its STORED report went with the events the inventory replaces.
-                    self.node_event(node_id, NodeEvent(EventKind.STORED, it.key, it.object_id,
-                                                       it.tier, it.size_bytes, it.checksum))
-                elif node_id not in entry.replicas:
-                    entry.replicas.append(node_id)
-                    # A rebuilt index learns how many replicas were wanted from
-                    # how many it finds (it cannot know more).
-                    entry.replica_num = max(entry.replica_num, len(entry.replicas))
-                entry.tiers[node_id] = it.tier
-            else:
-                self.membership.order_drop(node_id, it.key, it.object_id)
-                self.counters[C.STALE_REPLICAS_DROPPED] += 1
-        self.counters[C.REINDEXED] += indexed
-        return lost, indexed
+        return sync_node_inventory(self, node_id, items, now_ms)
 
     # ---- re-replication (kvstore/master/repair.py plans it; the copy arrives as STORED) ----
     def under_replicated(self, now_ms: int) -> list[tuple[Entry, list[NodeId]]]:

@@ -29,7 +29,7 @@ from kvstore.master.index import ObjectIndex, PutItem
 from kvstore.master.membership import NodeHeartbeat, NodeRegistration
 from kvstore.master.repair import RepairPlanner
 from kvstore.auth import Role, fingerprint
-from kvstore.rpc import MAX_KEYS_PER_CALL, ServerSecurity, bearer, caller_role
+from kvstore.rpc import MAX_KEYS_PER_CALL, MAX_REPLICAS, ServerSecurity, bearer, caller_role
 from kvstore.types import NodeId, ObjectId, RemoveReason
 
 log = logging.getLogger(__name__)
@@ -41,9 +41,10 @@ _CLIENT = frozenset({Role.CLIENT})
 #: Which roles may call which method (admin may call all; List and Stat are admin's).
 #: Remove with reason "evict" is admin's too (checked in the handler).
 METHOD_ROLES: dict[str, frozenset[Role]] = {
-    "RegisterNode": _NODE, "Heartbeat": _NODE, "ReportEvents": _NODE,
+    "RegisterNode": _NODE, "Heartbeat": _NODE, "ReportEvents": _NODE, "StreamEvents": _NODE,
     "GetShardMap": _CLIENT | _NODE,
-    "PutStart": _CLIENT, "PutRevoke": _CLIENT, "Lookup": _CLIENT, "Exists": _CLIENT,
+    "PutStart": _CLIENT, "PutRevoke": _CLIENT, "GrantPlacement": _CLIENT,
+    "Lookup": _CLIENT, "Exists": _CLIENT,
     "Remove": _CLIENT, "ReportFailure": _CLIENT,
 }
 
@@ -207,6 +208,14 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     async def ReportEvents(self, request, context):
         await self._gate(context, client_rpc=False)
+        return await self._report(request, context)
+
+    async def StreamEvents(self, request_iterator, context):
+        async for request in request_iterator:
+            await self._gate(context, client_rpc=False)      # leadership may end mid-stream
+            yield await self._report(request, context)
+
+    async def _report(self, request, context) -> pb.ReportEventsResponse:
         node_id = NodeId(request.node_id)
         if not self.membership.is_known(node_id):
             return pb.ReportEventsResponse(known=False)
@@ -215,8 +224,10 @@ class MasterServicer(pb_grpc.MasterServicer):
                                            self._owner(context))
         except KVStoreError as err:
             await self._refuse(context, err)
+        now = now_ms()
         return pb.ReportEventsResponse(known=True, statuses=[
-            _status(self.index.node_event(node_id, wire.node_event(e))) for e in request.events])
+            _status(self.index.node_event(node_id, wire.node_event(e), now))
+            for e in request.events])
 
     async def GetShardMap(self, request, context):
         return wire.shard_map_pb(self.index.shard_map)
@@ -235,6 +246,25 @@ class MasterServicer(pb_grpc.MasterServicer):
                               object_id=r.object_id,
                               targets=[wire.node_address_pb(t) for t in r.targets])
             for r in results])
+
+    async def GrantPlacement(self, request, context):
+        await self._gate(context)
+        if request.replica_num > MAX_REPLICAS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"replica_num {request.replica_num} > {MAX_REPLICAS}")
+        try:
+            grant, nodes = self.index.grant(request.replica_num or 1, request.num_ids or 1,
+                                            now_ms(), request.key)
+        except KVStoreError as err:
+            await self._refuse(context, err)
+        own = next(r for r in self.index.shard_map.ranges if r.shard_id == self.index.shard_id)
+        return pb.GrantPlacementResponse(
+            first_object_id=grant.first_object_id, num_ids=grant.num_ids,
+            valid_ms=self.index.grants.valid_ms, first_slot=own.first_slot,
+            last_slot=own.last_slot,
+            nodes=[pb.PlacementNode(address=wire.node_address_pb(n.address),
+                                    free_bytes=n.free_bytes, max_object_bytes=n.max_object_bytes)
+                   for n in nodes])
 
     async def PutRevoke(self, request, context):
         await self._bounded(context, len(request.items))      # bad input first

@@ -1,0 +1,96 @@
+"""A (re)registering node's inventory, made the truth about that node in the index.
+
+Split from :mod:`kvstore.master.index` (its one caller): the rules of what an
+inventory may and may not make visible live here, next to nothing else.
+
+Thread safety: as the index (the master's event loop).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from kvstore.errors import KVStoreError
+from kvstore.master.counters import MasterCounter as C
+from kvstore.types import EventKind, InventoryItem, NodeEvent, NodeId, ReplicaState
+from kvstore.master.entry import Entry
+
+
+def sync_node_inventory(index, node_id: NodeId, items: Sequence[InventoryItem],
+                        now_ms: int) -> tuple[int, int]:
+    """Make ``index`` (a :class:`~kvstore.master.index.ObjectIndex`) agree with what a
+    (re)registering node holds.
+
+    The node's replicas that its inventory does not list (same key and
+    object_id) are forgotten -- a restart loses DRAM -- and listed
+    objects the index does not know are indexed as COMPLETE (a restart
+    keeps the SSD; a new master learns the cluster this way). Only objects
+    a master confirmed are indexed so: a ``pending`` item (stored, its
+    STORED event not yet applied) only keeps its place as a target, and
+    its replayed event decides, so bytes written straight to a node never
+    become visible through an inventory. A listed
+    version that the index has replaced is ordered dropped; one it already
+    ordered dropped (removed while the node was away) is not indexed again.
+
+    Returns:
+        (entries that lost their last replica, entries indexed from the inventory).
+    """
+    ordered = index.membership.ordered_drops(node_id)
+    items = [it for it in items if (it.key, it.object_id) not in ordered]
+    held = {it.key: it for it in items}
+    lost = 0
+    for entry in list(index.entries.values()):
+        it = held.get(entry.key)
+        same = it is not None and it.object_id == entry.object_id
+        if node_id in entry.targets and not same:
+            # A target that does not hold the version will never report it.
+            entry.targets.remove(node_id)
+            index.membership.unreserve(node_id, entry.size_bytes)
+            if entry.state is ReplicaState.PENDING and not entry.targets:
+                index._delete(entry, [])
+            continue
+        if node_id in entry.replicas and not same:
+            entry.replicas.remove(node_id)
+            entry.tiers.pop(node_id, None)
+            if entry.state is ReplicaState.COMPLETE and not entry.replicas:
+                index._delete(entry, [])
+                lost += 1
+    indexed = 0
+    for it in items:
+        try:
+            index._check_key(it.key)
+        except KVStoreError:
+            continue                  # another shard's key (or garbage): not ours to index
+        if it.pending:
+            # Not applied by a master yet: its STORED event, replayed after
+            # the inventory, decides (a put the index never placed is refused).
+            entry = index.entries.get(it.key)
+            if entry is not None and entry.object_id != it.object_id:
+                index.membership.order_drop(node_id, it.key, it.object_id)
+                index.counters[C.STALE_REPLICAS_DROPPED] += 1
+            continue
+        index._next_id = max(index._next_id, it.object_id + 1)
+        entry = index.entries.get(it.key)
+        if entry is None:
+            index.entries[it.key] = Entry(
+                key=it.key, size_bytes=it.size_bytes, checksum=it.checksum,
+                object_id=it.object_id, state=ReplicaState.COMPLETE, targets=[],
+                replicas=[node_id], created_ms=now_ms, tiers={node_id: it.tier})
+            index._sorted_keys = None
+            indexed += 1
+        elif entry.object_id == it.object_id:
+            if entry.state is ReplicaState.PENDING or node_id in entry.targets:
+                # Its STORED report went with the events the inventory replaces.
+                index.node_event(node_id, NodeEvent(EventKind.STORED, it.key, it.object_id,
+                                                   it.tier, it.size_bytes, it.checksum))
+            elif node_id not in entry.replicas:
+                entry.replicas.append(node_id)
+                # A rebuilt index learns how many replicas were wanted from
+                # how many it finds (it cannot know more).
+                entry.replica_num = max(entry.replica_num, len(entry.replicas))
+            entry.tiers[node_id] = it.tier
+        else:
+            index.membership.order_drop(node_id, it.key, it.object_id)
+            index.counters[C.STALE_REPLICAS_DROPPED] += 1
+    index.counters[C.REINDEXED] += indexed
+    return lost, indexed
