@@ -265,7 +265,7 @@ class RequestMetrics(grpc.aio.ServerInterceptor):
                     observe(op, code, time.perf_counter() - t0)
 
             return grpc.unary_stream_rpc_method_handler(stream, **kw)
-        return handler        # no stream-in methods in kvstore's services
+        return handler        # stream-in (a node's StreamEvents): one long call, not timed
 
 
 def _code(context, default: str) -> str:

@@ -40,6 +40,7 @@ from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.errors import Unavailable, error_for_code, from_rpc_error
 from kvstore.rpc import ClientCredentials
 from kvstore.shardmap import ShardMap
+from kvstore.store.event_stream import EventStream
 from kvstore.store.events import EventLog, Ticket
 from kvstore.store.lease import MasterLease
 from kvstore.store.node import StoreNode
@@ -156,9 +157,17 @@ class NodeAgent:
     def _connect(self) -> None:
         self.channel = rpc.channel(self._addrs[self._cur], self.creds)
         self.stub = pb_grpc.MasterStub(self.channel)
+        self.stream = EventStream(self.stub)
+
+    def _report(self, req: pb.ReportEventsRequest, timeout_s: float) -> pb.ReportEventsResponse:
+        """One report, on the event stream (unary where the master has none)."""
+        if self.stream.supported:
+            return self.stream.report(req, timeout_s)
+        return self.stub.ReportEvents(req, timeout=timeout_s)
 
     def failover(self) -> None:
         """Move on to the shard's next master (after a failed RPC)."""
+        self.stream.close()
         if len(self._addrs) == 1:
             return
         self.channel.close()
@@ -236,11 +245,11 @@ class NodeAgent:
             req = pb.ReportEventsRequest(node_id=self.address.node_id,
                                          events=[wire.node_event_pb(t.event) for t in batch],
                                          incarnation=self.incarnation)
-            resp = self.stub.ReportEvents(req, timeout=max(0.05, deadline - time.monotonic()))
+            resp = self._report(req, max(0.05, deadline - time.monotonic()))
             if not resp.known:
                 log.warning("master %s does not know this node: registering again", self.master)
                 self.register()
-                resp = self.stub.ReportEvents(req, timeout=self.rpc_timeout_s)
+                resp = self._report(req, self.rpc_timeout_s)
             if not resp.known or len(resp.statuses) != len(batch):
                 # Not applied: the events stay queued for the next delivery.
                 log.warning("master %s did not apply %d event(s) (known=%s, %d statuses)",
@@ -304,6 +313,7 @@ class NodeAgent:
                                 timeout=1.0)
         except grpc.RpcError:
             pass                  # the master will expire it instead
+        self.stream.close()
         self.channel.close()
 
     def _loop(self) -> None:
