@@ -95,7 +95,8 @@ class KVClient:
             rdma=(rdma_device, rdma_port, rdma_gid_index) if rdma_device else None, creds=creds)
         meta = MetaCache(meta_cache_entries)
         self._puts = PutProtocol(self._control, self._connections, meta,
-                                 replica_num=replica_num, put_wait_s=put_wait_s)
+                                 replica_num=replica_num, put_wait_s=put_wait_s,
+                                 prefer_local=prefer_shm)
         self._reads = Reads(self._control, self._connections, meta, verify_checksum)
         self._meta = meta
 

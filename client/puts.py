@@ -1,27 +1,36 @@
-"""The put protocol: PutStart, the writes to every target node, PutRevoke when one fails.
+"""The put protocol: one client round trip per put; the first protocol for parts.
 
-Every put of the SDK runs it, whole values (:meth:`PutProtocol.put_many`,
-behind ``put`` / ``batch_put`` / ``put_tensor``) and values written part by
-part (:class:`kvstore.client.parts.PartsWriter`, through :meth:`start`,
-:meth:`stored` and :meth:`revoke`)::
+Whole values (:meth:`PutProtocol.put_many`, behind ``put`` / ``batch_put`` /
+``put_tensor``) go straight to nodes picked from a placement grant
+(:mod:`kvstore.client.placement`; the protocol and its ordering argument
+are in :mod:`kvstore.master.grants`)::
 
-    PutStart      master: a new object id and the target nodes (or "already
-                  present", KeyConflict, PutInProgress, ...)
+    place         an object id and ``replica_num`` distinct target nodes from the
+                  shard's grant: no master call (one in the background now and then)
     write         each target node stores the bytes, verifies the checksum,
-                  reports them STORED to its master shard and acknowledges
-                  once the shard applied the report: the key is visible
-    PutRevoke     gives back the targets that failed (the whole put when no
-                  target took it)
+                  reports them STORED to its master shard and acknowledges once
+                  the shard applied the report, which decides the put there:
+                  visible (OK), ALREADY_PRESENT (equal bytes stored: the put
+                  answers False), KEY_CONFLICT, PUT_IN_PROGRESS (retried)
+    retry         a target that could not take the bytes (down, fenced, full) is
+                  replaced by the next node of the grant, for a few rounds; an id
+                  the shard does not know (a new leader) gets a new grant
 
 Ordering: a target acknowledges a write only after its master shard made the
 object visible, and a put returns only after every target answered, so a
 returned put is visible to every reader (read-your-writes for everyone); no
-client call sits between the bytes and the acknowledgement.
+master call sits between the bytes and the acknowledgement. A put that some
+targets acknowledged succeeds (the shard repairs the missing replicas); one
+that none acknowledged left nothing behind (a node drops what its shard
+refused, and never reports what it did not receive whole).
 
-This module holds the protocol's only master calls (PutStart, PutRevoke),
-routed like every call (:meth:`Control.routed`). A key
-repeated in one batch is put in waves, one occurrence per wave; a key another
-client is putting (PUT_IN_PROGRESS) is retried with backoff for up to
+Values written part by part (:class:`kvstore.client.parts.PartsWriter`, through
+:meth:`start`, :meth:`stored` and :meth:`revoke`) still use the first protocol:
+PutStart (an object id and targets from the master), the writes, PutRevoke of
+targets that failed.
+
+A key repeated in one batch is put in waves, one occurrence per wave; a key
+another client is putting (PUT_IN_PROGRESS) is retried with backoff for up to
 ``put_wait_s``. A value this client stored goes into its metadata cache.
 
 Thread safety: a PutProtocol may be shared by threads (its writes go through
@@ -40,17 +49,22 @@ from kvstore._proto import kvstore_pb2 as pb
 from kvstore.client.connections import Connections
 from kvstore.client.control import Control
 from kvstore.client.meta_cache import MetaCache
-from kvstore.errors import (InvalidArgument, KVStoreError, PutInProgress, Unavailable,
-                            error_for_code)
+from kvstore.client.placement import Placements
+from kvstore.errors import (AlreadyPresent, InvalidArgument, KeyConflict, KVStoreError, NotFound,
+                            PutInProgress, TooLarge, Unavailable, WrongShard, error_for_code)
 from kvstore.keys import validate_key, value_checksum
+from kvstore.rpc import MAX_REPLICAS
 from kvstore.transfer.base import WriteItem
 from kvstore.transfer.buffers import readable_view
 from kvstore.types import (NodeAddress, NodeId, ObjectId, ObjectKey, ObjectMeta, Replica,
                            TierKind)
 
-
-#: Most replicas one put may ask for.
-MAX_REPLICAS = 16
+#: A value is tried on at most this many nodes (targets that failed it replaced) ...
+_MAX_NODES_TRIED = 6
+#: ... in at most this many rounds (PUT_IN_PROGRESS waits count too, up to put_wait_s).
+_MAX_ROUNDS = 64
+_REGRANTED = NodeId("")          # in a value's failed set: it was given a new grant once
+_MAP_REFRESHED = -1              # in ``failed``: this put refreshed the shard map once
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +89,33 @@ class Written:
     nodes: tuple[NodeAddress, ...]   # the targets that acknowledged the bytes
 
 
+def settle(key: str, written: Sequence[NodeAddress],
+           failures: Sequence[tuple[NodeAddress, KVStoreError]]) -> tuple[bool | KVStoreError, str]:
+    """A placed put's result from its targets' answers, and what to do next.
+
+    Returns:
+        (True: some target acknowledged; False: already present; or the error),
+        and "" (done), "wait" (another put of the key is in progress: again later),
+        "regrant" (the shard knows no grant of the id: a new grant, again) or
+        "elsewhere" (the targets could not take it: other nodes).
+    """
+    if written:
+        return True, ""
+    errs = [e for _n, e in failures]
+    if any(isinstance(e, AlreadyPresent) for e in errs):
+        return False, ""
+    decided = next((e for e in errs if isinstance(e, (KeyConflict, TooLarge, InvalidArgument))),
+                   None)
+    if decided is not None:
+        return decided, ""
+    err = errs[0] if errs else Unavailable("no target node accepted the value", key=key)
+    if any(isinstance(e, PutInProgress) for e in errs):
+        return err, "wait"
+    if any(isinstance(e, NotFound) for e in errs):
+        return err, "regrant"
+    return err, "elsewhere"
+
+
 class PutProtocol:
     """Runs puts against the masters and the nodes.
 
@@ -85,15 +126,18 @@ class PutProtocol:
         replica_num: default number of replicas per put.
         put_wait_s: how long a put waits for another in-flight put of the same
             key to finish before failing with PutInProgress.
+        prefer_local: a value's first replica goes to a node on this host when
+            it has room (shared memory).
 
     Attributes:
         connections: as given (a :class:`PartsWriter` reserves through them).
     """
 
     def __init__(self, control: Control, connections: Connections, meta: MetaCache, *,
-                 replica_num: int, put_wait_s: float):
+                 replica_num: int, put_wait_s: float, prefer_local: bool = True):
         self._control = control
         self.connections = connections
+        self._placements = Placements(control, connections.host_id, prefer_local)
         self._meta = meta
         self.replica_num = replica_num
         self.put_wait_s = put_wait_s
@@ -130,6 +174,8 @@ class PutProtocol:
             except KVStoreError as err:
                 results[i] = err
         replicas = replica_num or self.replica_num
+        if not 1 <= replicas <= MAX_REPLICAS:
+            raise InvalidArgument(f"replica_num must be in [1, {MAX_REPLICAS}], got {replicas}")
         # A key repeated in one batch is put in waves, one occurrence per wave:
         # the first wins, later ones are "already present" or KeyConflict, as
         # for any second put (one PutStart request never names a key twice).
@@ -143,40 +189,51 @@ class PutProtocol:
         for wave in waves:
             deadline = time.monotonic() + self.put_wait_s
             backoff = 0.005
-            while wave:
+            failed: dict[int, frozenset] = {}
+            for _ in range(_MAX_ROUNDS):
                 retry = self._round(keys, views, checksums, parents, wave, replicas, results,
-                                    time.monotonic() < deadline)
+                                    time.monotonic() < deadline, failed)
                 if not retry:
                     break
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 0.2)
+                if any(i not in failed for i in retry):   # waiting for another writer
+                    time.sleep(backoff)
+                    backoff = min(backoff * 2, 0.2)
                 wave = retry
         return results
 
     def _round(self, keys, views, checksums, parents, todo: list[int], replica_num: int,
-               results: list, may_wait: bool) -> list[int]:
-        """One PutStart -> write (-> PutRevoke) round; returns indices to retry."""
-        placements = self.start([keys[i] for i in todo], [len(views[i]) for i in todo],
-                                replica_num, [checksums[i] for i in todo])
+               results: list, may_wait: bool, failed: dict[int, frozenset]) -> list[int]:
+        """One place -> write round; returns the indices to try again.
+
+        ``failed`` (per index, the nodes that could not take it) grows here; an
+        index that ran out of nodes, or of rounds, keeps its error.
+        """
         retry: list[int] = []
+        wrong: list[int] = []
         by_node: dict[NodeId, list[tuple[int, NodeAddress]]] = defaultdict(list)
-        started: list[tuple[int, ObjectId]] = []
-        for i, p in zip(todo, placements):
-            if isinstance(p, PutInProgress) and may_wait:
-                retry.append(i)
-            elif isinstance(p, KVStoreError):
-                results[i] = p
-            elif p.already_present:
-                results[i] = False
-            else:
-                started.append((i, p.object_id))
-                for t in p.targets:
-                    by_node[t.node_id].append((i, t))
-        object_ids = dict(started)
+        oids: dict[int, ObjectId] = {}
+        shard_of: dict[int, tuple[str, ...]] = {}
+        for i in todo:
+            shard_of[i] = self._control.shard_for_key(keys[i]).addresses
+            try:
+                oids[i], targets = self._placements.place(
+                    shard_of[i], keys[i], len(views[i]), replica_num, failed.get(i, frozenset()))
+            except WrongShard as err:
+                err.key = err.key or keys[i]
+                results[i] = err
+                if not failed.get(_MAP_REFRESHED):
+                    wrong.append(i)          # again after one refresh of the shard map
+                continue
+            except KVStoreError as err:
+                if i not in failed:          # else: no node left; the last round's error stays
+                    results[i] = err
+                continue
+            for t in targets:
+                by_node[t.node_id].append((i, t))
         written: dict[int, list[NodeAddress]] = defaultdict(list)
-        errors: dict[int, KVStoreError] = {}
+        outcomes: dict[int, list[tuple[NodeAddress, KVStoreError]]] = defaultdict(list)
         for node_id, lst in by_node.items():
-            items = [WriteItem(keys[i], object_ids[i], views[i], checksums[i], parents[i])
+            items = [WriteItem(keys[i], oids[i], views[i], checksums[i], parents[i])
                      for i, _ in lst]
             try:
                 outcome = self.connections.transport(lst[0][1]).write_many(items)
@@ -188,17 +245,33 @@ class PutProtocol:
                 if err is None:
                     written[i].append(node)
                 else:
-                    errors.setdefault(i, err)
-        wanted: dict[int, int] = defaultdict(int)
-        for lst in by_node.values():
-            for i, _ in lst:
-                wanted[i] += 1
-        self.stored([Written(keys[i], object_ids[i], len(views[i]), checksums[i],
-                             tuple(written[i])) for i, _ in started if written[i]])
-        for i, _ in started:
-            results[i] = True if written[i] else errors.get(i) or Unavailable(
-                "no target node accepted the value", key=keys[i])
-        self.revoke([(keys[i], object_ids[i]) for i, _ in started if len(written[i]) < wanted[i]])
+                    outcomes[i].append((node, err))
+        self.stored([Written(keys[i], oids[i], len(views[i]), checksums[i], tuple(written[i]))
+                     for i in oids if written[i]])
+        for i in oids:
+            results[i], then = settle(keys[i], written[i], outcomes[i])
+            if then == "wait":
+                if may_wait:
+                    retry.append(i)
+                continue
+            if then == "regrant":
+                if _REGRANTED in failed.get(i, frozenset()):
+                    continue                 # refused twice: the error stands
+                self._placements.invalidate(shard_of[i])
+                failed[i] = failed.get(i, frozenset()) | {_REGRANTED}
+            if then:
+                bad = frozenset(n.node_id for n, e in outcomes[i] if not isinstance(e, NotFound))
+                failed[i] = failed.get(i, frozenset()) | bad
+                if len(failed[i]) < _MAX_NODES_TRIED:
+                    retry.append(i)
+        if wrong:
+            # A grant asked of a shard that does not own the key (as for every
+            # routed call): the map is refreshed once, and those keys go again.
+            self._control.refresh_shard_map()
+            failed[_MAP_REFRESHED] = frozenset({_REGRANTED})
+            for i in wrong:
+                self._placements.invalidate(shard_of[i])
+            retry += wrong
         return retry
 
     # ---- the master's side of a put ----

@@ -155,7 +155,7 @@ def test_rates_lookups_and_latencies(top):
     master = _process(top, "master", "shard 0")
     assert master["scrape_error"] is None
     ops = master["requests"]
-    assert ops["PutStart"]["requests_total"] >= 1          # the batch put
+    assert ops["GrantPlacement"]["requests_total"] >= 1    # the batch put's grant
     assert ops["Lookup"]["requests_total"] > 0 and ops["Lookup"]["requests_per_s"] > 0
     assert ops["Lookup"]["p99_ms"] > 0 and ops["Lookup"]["p50_ms"] <= ops["Lookup"]["p99_ms"]
     assert ops["Stat"]["requests_total"] >= 2              # kvctl top's own two samples

@@ -133,8 +133,8 @@ def test_node_and_master_count_what_happened(store):
         assert value(mm, "kvstore_master_events_total",
                      event="replicas_evicted") == st.counters["replicas_evicted"]
         assert value(mm, "kvstore_lookup_keys_total", result="miss") >= missing
-        assert value(mm, "kvstore_requests_total", op="PutStart", code="OK") >= 1
-        assert value(mm, "kvstore_request_duration_seconds_count", op="PutStart") >= 1
+        assert value(mm, "kvstore_requests_total", op="GrantPlacement", code="OK") >= 1
+        assert value(mm, "kvstore_request_duration_seconds_count", op="GrantPlacement") >= 1
         # Every request counted with its code: the Stat calls above are admin's (no auth here).
         assert value(mm, "kvstore_requests_total", op="Stat", code="OK") >= 1
     finally:

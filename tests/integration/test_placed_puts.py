@@ -1,0 +1,211 @@
+"""The one-round-trip put (placement grants) on real processes: the rules still hold.
+
+    two writers, one key, two nodes     one commits; the other gets KeyConflict (other
+                                        bytes) or already-present (equal bytes); every
+                                        reader gets the winner's bytes
+    a writer killed mid-value           nothing visible, the node's space back
+    puts racing a node kill -9          every visible key reads back whole; every
+                                        acknowledged put is readable
+    no master call per put              after the first, puts cost no master RPC
+                                        (GrantPlacement now and then in the background)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from kvstore import wire
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore.client import KVClient
+from kvstore.client.control import Control
+from kvstore.errors import AlreadyPresent, KeyConflict, NotFound
+from kvstore.keys import value_checksum
+from kvstore.tools.launcher import start_store_cluster
+from kvstore.transfer.protocol import Op
+from kvstore.transfer.tcp import NodeConnection
+from kvtest import wait_for
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory):
+    with start_store_cluster(masters=1, nodes=3, dram="64MiB", node_ttl_ms=1500,
+                             log_dir=str(tmp_path_factory.mktemp("placed"))) as c:
+        yield c
+
+
+def _grant(master: str, num_ids: int = 64):
+    ctrl = Control((master,), timeout_s=5.0, failover_wait_s=5.0)
+    try:
+        resp = ctrl.call((master,), "GrantPlacement",
+                         pb.GrantPlacementRequest(replica_num=1, num_ids=num_ids))
+    finally:
+        ctrl.close()
+    return resp.first_object_id, [wire.node_address(n.address) for n in resp.nodes]
+
+
+def _put_raw(node, key: str, oid: int, value: bytes):
+    conn = NodeConnection(node.host, node.data_port, timeout_s=10)
+    try:
+        conn.call(Op.PUT, key, oid, len(value), value_checksum(value), memoryview(value))
+        return None
+    except (KeyConflict, AlreadyPresent) as err:
+        return err
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("same_bytes", [False, True], ids=["other-bytes", "equal-bytes"])
+def test_two_writers_race_on_one_key_through_two_nodes(three, same_bytes):
+    first, nodes = _grant(three.master)
+    assert len(nodes) == 3
+    with KVClient(three.master, prefer_shm=False, meta_cache_entries=0) as kv:
+        for r in range(10):
+            key = f"race-{same_bytes}-{r}"
+            values = [os.urandom(50_000)] * 2 if same_bytes else [os.urandom(50_000),
+                                                                  os.urandom(50_000)]
+            out: list = [None, None]
+            go = threading.Barrier(2)
+
+            def write(j):
+                go.wait()
+                out[j] = _put_raw(nodes[j], key, first + 2 * r + j, values[j])
+
+            threads = [threading.Thread(target=write, args=(j,)) for j in (0, 1)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            winners = [j for j in (0, 1) if out[j] is None]
+            assert len(winners) == 1, out
+            loser = out[1 - winners[0]]
+            assert isinstance(loser, AlreadyPresent if same_bytes else KeyConflict), loser
+            assert bytes(kv.get(key)) == values[winners[0]]
+            (meta,) = kv.lookup([key])
+            assert [x.node.node_id for x in meta.replicas] == [nodes[winners[0]].node_id]
+
+
+def test_sdk_put_of_other_bytes_is_key_conflict_and_equal_bytes_already_present(three):
+    with KVClient(three.master, replica_num=2) as a, KVClient(three.master, replica_num=2) as b:
+        assert a.put("same", b"x" * 1000) is True
+        assert b.put("same", b"x" * 1000) is False
+        with pytest.raises(KeyConflict):
+            b.put("same", b"y" * 1000)
+        assert bytes(b.get("same")) == b"x" * 1000
+        assert len(a.lookup(["same"])[0].replicas) == 2
+
+
+KILLED_WRITER = r"""
+import sys, time
+from kvstore.transfer.protocol import Op
+from kvstore.transfer.tcp import NodeConnection
+host, port, key, oid = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+size = 8 << 20
+conn = NodeConnection(host, port, timeout_s=10)
+conn.send(Op.PUT, key, oid, size, 12345, memoryview(bytes(size // 2)))   # half the value
+print("half", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_writer_killed_mid_value_leaves_nothing(three, tmp_path):
+    first, nodes = _grant(three.master)
+    node = nodes[0]
+    def used(kv) -> int:
+        return kv.node_stats()[node.node_id]["tiers"][0]["used_bytes"]
+
+    with KVClient(three.master, prefer_shm=False, meta_cache_entries=0) as kv:
+        before = used(kv)
+        script = tmp_path / "writer.py"
+        script.write_text(KILLED_WRITER)
+        proc = subprocess.Popen([sys.executable, str(script), node.host, str(node.data_port),
+                                 "half-written", str(first)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout.readline().strip() == "half"
+            # The node reserved the whole value for the writer while it writes.
+            wait_for(lambda: used(kv) >= before + (8 << 20), timeout_s=10)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        with pytest.raises(NotFound):
+            kv.get("half-written")
+        wait_for(lambda: used(kv) <= before, timeout_s=10)
+        assert not kv.exists("half-written")
+
+
+PUT_LOOP = r"""
+import os, sys, random
+from kvstore.client import KVClient
+from kvstore.errors import KVStoreError
+kv = KVClient(sys.argv[1], replica_num=2, prefer_shm=False, read_timeout_s=2.0)
+i = 0
+while True:
+    v = random.Random(i).randbytes(20_000 + i % 7 * 10_000)
+    try:
+        kv.put(f"kill-{i}", v)
+        print(f"acked {i}", flush=True)
+    except KVStoreError as exc:
+        print(f"error {i} {type(exc).__name__}", flush=True)
+    i += 1
+"""
+
+
+def test_puts_racing_a_node_kill_are_whole_or_absent(tmp_path):
+    import random
+
+    with start_store_cluster(masters=1, nodes=3, dram="64MiB", node_ttl_ms=1500,
+                             log_dir=str(tmp_path / "logs")) as c:
+        script = tmp_path / "loop.py"
+        script.write_text(PUT_LOOP)
+        proc = subprocess.Popen([sys.executable, str(script), c.master], stdout=subprocess.PIPE,
+                                text=True)
+        acked: list[int] = []
+        tried = 0
+
+        def read():
+            nonlocal tried
+            for line in proc.stdout:
+                kind, i = line.split()[:2]
+                tried = max(tried, int(i) + 1)
+                if kind == "acked":
+                    acked.append(int(i))
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            wait_for(lambda: len(acked) > 50, timeout_s=30)
+            c.nodes["n1"].proc.kill()
+            n = len(acked)
+            wait_for(lambda: len(acked) > n + 100, timeout_s=60)
+        finally:
+            proc.kill()
+            proc.wait()
+        reader.join(timeout=5)
+        with KVClient(c.master, prefer_shm=False, meta_cache_entries=0,
+                      read_timeout_s=2.0) as kv:
+            keys = [f"kill-{i}" for i in range(tried)]
+            got = kv.batch_get(keys)
+            for i, g in enumerate(got):
+                want = random.Random(i).randbytes(20_000 + i % 7 * 10_000)
+                if isinstance(g, NotFound):
+                    assert i not in acked, f"acknowledged kill-{i} is gone"
+                else:
+                    assert bytes(g) == want, f"kill-{i} is visible with other bytes"
+
+
+def test_puts_cost_no_master_call_once_granted(three):
+    with KVClient(three.master, prefer_shm=False) as kv:
+        kv.put("warm", b"w")
+        before = kv.stat()[0].counters
+        for i in range(200):
+            kv.put(f"free-{i}", b"v" * 100)
+        after = kv.stat()[0].counters
+    assert after.get("put_starts", 0) == before.get("put_starts", 0)
+    assert after["puts_placed"] - before["puts_placed"] == 200
+    assert after["grants"] - before["grants"] <= 3       # background refreshes only
