@@ -1,0 +1,394 @@
+"""``AsyncKVClient``: the SDK for asyncio programs, many operations in flight.
+
+The same operations as :class:`~kvstore.client.client.KVClient` (put, get,
+batch forms, exists, lookup, remove), awaitable: ``grpc.aio`` for the masters
+(shard map, Lookup, Exists, Remove, GrantPlacement), and one pipelined TCP
+connection per node for the data (:mod:`kvstore.client.aio_data`), so a
+program that starts 64 gets or puts at once keeps 64 frames in flight on
+that connection. Puts follow the one-round-trip protocol of the sync SDK
+(placement grants, :mod:`kvstore.client.placement`; the same choice of
+targets and the same rules, :func:`kvstore.client.puts.settle`); reads
+verify checksums and fall back across replicas in the sync SDK's order.
+Shared memory is the sync client's (``prefer_shm``); this one speaks TCP
+(with TLS and tokens, as configured).
+
+    async with AsyncKVClient("127.0.0.1:7001") as kv:
+        await kv.put("k", b"v")
+        values = await asyncio.gather(*(kv.get(k) for k in keys))
+
+Thread safety: one event loop (the one the client was entered in).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from typing import Any, Sequence
+
+import grpc
+
+from kvstore import wire
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.client.aio_data import AsyncNodeConnection
+from kvstore.client.meta_cache import MetaCache
+from kvstore.client.placement import IDS_PER_GRANT, Grant, grant_of, take
+from kvstore.client.puts import settle
+from kvstore.errors import (INDEX_INCOMPLETE, RETRYABLE, InvalidArgument, KVStoreError, NotFound,
+                            Unavailable, WrongShard, error_for_code, from_rpc_error)
+from kvstore.keys import validate_key, value_checksum
+from kvstore.rpc import MAX_KEYS_PER_CALL, MAX_REPLICAS, ClientCredentials, aio_channel
+from kvstore.shardmap import ShardMap
+from kvstore.tls import client_context
+from kvstore.transfer.buffers import readable_view
+from kvstore.transfer.protocol import Op
+from kvstore.types import NodeAddress, NodeId, ObjectMeta, RemoveReason, Replica, TierKind
+
+_MAX_NODES_TRIED = 6
+
+
+class AsyncKVClient:
+    """An asyncio client of a kvstore cluster; use ``async with`` (or :meth:`start`
+    and :meth:`close`).
+
+    Args:
+        master: a shard's masters, ``"host:port"`` or ``"a:p|b:p"`` (leader and standbys).
+        replica_num: replicas per put by default.
+        timeout_s: deadline of each master call and of each data answer.
+        failover_wait_s: how long a call keeps trying a shard's masters (an election).
+        put_wait_s: how long a put waits for another put of the same key.
+        meta_cache_entries: the metadata cache (as the sync SDK's; 0: off).
+        token, tls: credentials (default: ``$KVSTORE_TOKEN``, ``$KVSTORE_TLS_*``).
+    """
+
+    def __init__(self, master: str, *, replica_num: int = 1, timeout_s: float = 10.0,
+                 failover_wait_s: float = 15.0, put_wait_s: float = 5.0,
+                 meta_cache_entries: int = 65536, token: str | None = None, tls=None):
+        self.seeds = tuple(master.split("|"))
+        self.replica_num = replica_num
+        self.timeout_s = timeout_s
+        self.failover_wait_s = failover_wait_s
+        self.put_wait_s = put_wait_s
+        self.creds = ClientCredentials.resolve(token, tls=tls)
+        self._tls = client_context(self.creds.tls) if self.creds.tls is not None else None
+        self._stubs: dict[str, pb_grpc.MasterStub] = {}
+        self._channels: list = []
+        self._leader: dict[tuple[str, ...], int] = {}
+        self._conns: dict[NodeId, AsyncNodeConnection] = {}
+        self._opening: dict[NodeId, asyncio.Future] = {}
+        self._grants: dict[tuple[tuple[str, ...], int], Grant] = {}
+        self._granting: dict[tuple[tuple[str, ...], int], asyncio.Task] = {}
+        self._grant_error: KVStoreError | None = None   # why the last grant fetch failed
+        self.shard_map: ShardMap | None = None
+        self._meta = MetaCache(meta_cache_entries)
+
+    async def __aenter__(self) -> "AsyncKVClient":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Fetch the shard map. Raises: Unavailable: no seed master answers."""
+        self.shard_map = wire.shard_map(await self._call(self.seeds, "GetShardMap",
+                                                         pb.GetShardMapRequest()))
+
+    async def close(self) -> None:
+        for conn in self._conns.values():
+            conn.close()
+        self._conns.clear()
+        for ch in self._channels:
+            await ch.close()
+        self._channels.clear()
+
+    # ---- master calls ----
+    def _stub(self, address: str) -> pb_grpc.MasterStub:
+        stub = self._stubs.get(address)
+        if stub is None:
+            ch = aio_channel(address, self.creds)
+            self._channels.append(ch)
+            stub = self._stubs[address] = pb_grpc.MasterStub(ch)
+        return stub
+
+    async def _call(self, addresses: tuple[str, ...], method: str, request):
+        """One master RPC, across the shard's masters on UNAVAILABLE (as the sync SDK)."""
+        at = self._leader.get(addresses, 0)
+        deadline = time.monotonic() + self.failover_wait_s
+        while True:
+            try:
+                resp = await getattr(self._stub(addresses[at]), method)(request,
+                                                                        timeout=self.timeout_s)
+                self._leader[addresses] = at
+                return resp
+            except grpc.RpcError as exc:
+                err = from_rpc_error(exc)
+                if not isinstance(err, RETRYABLE) or time.monotonic() > deadline:
+                    raise err from None
+            if not err.message.startswith(INDEX_INCOMPLETE):
+                at = (at + 1) % len(addresses)
+            await asyncio.sleep(0.05)
+
+    def _by_shard(self, keys: Sequence[str]) -> dict[tuple[str, ...], list[int]]:
+        groups: dict[tuple[str, ...], list[int]] = defaultdict(list)
+        for i, k in enumerate(keys):
+            groups[self.shard_map.shard_for_key(k).addresses].append(i)
+        return groups
+
+    async def _per_key(self, keys: Sequence[str], method: str, make_request, parse) -> list:
+        """``method`` per shard (calls of at most MAX_KEYS_PER_CALL keys); results in order."""
+        out: list = [None] * len(keys)
+
+        async def one(addresses, idxs):
+            ks = [keys[i] for i in idxs]
+            resp = await self._call(addresses, method, make_request(ks))
+            for i, r in zip(idxs, parse(ks, resp)):
+                out[i] = r
+
+        calls = [one(a, idxs[j:j + MAX_KEYS_PER_CALL]) for a, idxs in self._by_shard(keys).items()
+                 for j in range(0, len(idxs), MAX_KEYS_PER_CALL)]
+        await asyncio.gather(*calls)
+        return out
+
+    async def lookup(self, keys: Sequence[str]) -> list[ObjectMeta | KVStoreError]:
+        """Per key its metadata (replicas, size, checksum) or the error (NotFound)."""
+        for k in keys:
+            validate_key(k)
+
+        def parse(ks, resp):
+            return [wire.object_meta(r.meta) if r.status.code == pb.OK else
+                    error_for_code(r.status.code, r.status.message, key=k)
+                    for k, r in zip(ks, resp.results)]
+        return await self._per_key(keys, "Lookup", lambda ks: pb.LookupRequest(keys=ks), parse)
+
+    async def batch_exists(self, keys: Sequence[str]) -> list[bool]:
+        return await self._per_key(keys, "Exists", lambda ks: pb.ExistsRequest(keys=ks),
+                                   lambda ks, resp: list(resp.exists))
+
+    async def exists(self, key: str) -> bool:
+        """True iff ``get(key)`` would return a value."""
+        return (await self.batch_exists([key]))[0]
+
+    # ---- data connections ----
+    async def _conn(self, node: NodeAddress) -> AsyncNodeConnection:
+        conn = self._conns.get(node.node_id)
+        if conn is not None and conn.broken is None:
+            return conn
+        pending = self._opening.get(node.node_id)
+        if pending is None:
+            pending = self._opening[node.node_id] = asyncio.ensure_future(
+                AsyncNodeConnection.open(node.host, node.data_port, timeout_s=self.timeout_s,
+                                         token=self.creds.token,
+                                         tls=self._tls if node.tls else None))
+        try:
+            conn = await asyncio.shield(pending)
+        finally:
+            if self._opening.get(node.node_id) is pending and pending.done():
+                del self._opening[node.node_id]
+        self._conns[node.node_id] = conn
+        return conn
+
+    async def _request(self, node: NodeAddress, *args, **kw):
+        """One data request; the answer, or the error (KVStoreError) it failed with."""
+        try:
+            return await (await self._conn(node)).request(*args, **kw)
+        except KVStoreError as err:
+            return err
+
+    # ---- reads ----
+    async def get(self, key: str) -> bytes:
+        """The value of ``key``.
+
+        Raises:
+            NotFound, ChecksumMismatch, Unavailable (no replica answered).
+        """
+        (got,) = await self.batch_get([key])
+        if isinstance(got, KVStoreError):
+            raise got
+        return got
+
+    async def batch_get(self, keys: Sequence[str]) -> list[bytes | KVStoreError]:
+        """Values (bytes) or errors per key, in input order: through the metadata
+        cache, one Lookup per shard for the misses; a cached entry whose read
+        fails (removed, evicted, replaced) is looked up once more."""
+        metas: list = [self._meta.get(k) if isinstance(k, str) else None for k in keys]
+        cached = [m is not None for m in metas]
+        miss = [i for i, m in enumerate(metas) if m is None]
+        if miss:
+            for i, m in zip(miss, await self._lookup_cached([keys[i] for i in miss])):
+                metas[i] = m
+        got = list(await asyncio.gather(*(self._read(m) for m in metas)))
+        stale = [i for i, g in enumerate(got) if cached[i] and isinstance(g, KVStoreError)]
+        if stale:
+            for i in stale:
+                self._meta.drop(keys[i])
+            fresh = await self._lookup_cached([keys[i] for i in stale])
+            for i, g in zip(stale, await asyncio.gather(*(self._read(m) for m in fresh))):
+                got[i] = g
+        return got
+
+    async def _lookup_cached(self, keys: Sequence[str]) -> list[ObjectMeta | KVStoreError]:
+        metas = await self.lookup(keys)
+        for m in metas:
+            if isinstance(m, ObjectMeta):
+                self._meta.put(m)
+        return metas
+
+    async def _read(self, meta) -> bytes | KVStoreError:
+        if isinstance(meta, KVStoreError):
+            return meta
+        err: KVStoreError = Unavailable("no replica could be read", key=meta.key)
+        for r in meta.replicas:
+            answer = await self._request(r.node, Op.GET, meta.key, meta.object_id)
+            if isinstance(answer, KVStoreError):
+                err = answer
+                continue
+            code, _oid, size, _ck, msg, value = answer
+            if code != pb.OK:
+                err = error_for_code(code, msg, key=meta.key)
+                continue
+            if size != meta.size_bytes or value_checksum(value) != meta.checksum:
+                err = error_for_code(pb.CHECKSUM_MISMATCH, "value read does not match its "
+                                     "checksum", key=meta.key)
+                continue
+            return value
+        return err
+
+    # ---- puts ----
+    async def put(self, key: str, value: Any, *, replica_num: int | None = None) -> bool:
+        """Store ``value`` (bytes-like) under ``key``; one round trip to its nodes.
+
+        Returns:
+            True if written, False if equal bytes were already stored.
+
+        Raises:
+            KeyConflict (other bytes stored), TooLarge, NoSpace, PutInProgress,
+            Unavailable, InvalidArgument.
+        """
+        (res,) = await self.batch_put([key], [value], replica_num=replica_num)
+        if isinstance(res, KVStoreError):
+            raise res
+        return res
+
+    async def batch_put(self, keys: Sequence[str], values: Sequence[Any], *,
+                        replica_num: int | None = None) -> list[bool | KVStoreError]:
+        """Put each value; per key True, False (already present) or the error."""
+        if len(keys) != len(values):
+            raise InvalidArgument(f"{len(keys)} keys but {len(values)} values")
+        replicas = replica_num or self.replica_num
+        if not 1 <= replicas <= MAX_REPLICAS:
+            raise InvalidArgument(f"replica_num must be in [1, {MAX_REPLICAS}], got {replicas}")
+        return await asyncio.gather(*(self._put_one(k, v, replicas) for k, v in zip(keys, values)))
+
+    async def _put_one(self, key: str, value: Any, replica_num: int) -> bool | KVStoreError:
+        try:
+            validate_key(key)
+            view = readable_view(value)
+        except KVStoreError as err:
+            return err
+        checksum = value_checksum(view)
+        shard = (self.shard_map.shard_for_key(key).addresses, replica_num)
+        failed: set[NodeId] = set()
+        deadline = time.monotonic() + self.put_wait_s
+        regranted = False
+        result: bool | KVStoreError = Unavailable("no target node accepted the value", key=key)
+        refreshed = False
+        while True:
+            try:
+                oid, targets = take(await self._grant(shard, key), key, len(view), replica_num,
+                                    frozenset(failed), None)
+            except WrongShard as err:
+                if refreshed:
+                    err.key = err.key or key
+                    return err
+                refreshed = True                  # a stale map: refreshed once, as routed calls
+                await self.start()
+                shard = (self.shard_map.shard_for_key(key).addresses, replica_num)
+                continue
+            except KVStoreError as err:
+                return result if failed else err
+            answers = await asyncio.gather(*(self._request(
+                t, Op.PUT, key, oid, len(view), checksum, view) for t in targets))
+            written, failures = [], []
+            for t, a in zip(targets, answers):
+                if isinstance(a, KVStoreError):
+                    failures.append((t, a))
+                elif a[0] != pb.OK:
+                    failures.append((t, error_for_code(a[0], a[4], key=key)))
+                else:
+                    written.append(t)
+            result, then = settle(key, written, failures)
+            if written:
+                self._meta.put(ObjectMeta(key, len(view), checksum, oid,
+                                          tuple(Replica(n, TierKind.DRAM) for n in written)))
+            if not then:
+                return result
+            if then == "wait":
+                if time.monotonic() > deadline:
+                    return result
+                await asyncio.sleep(0.01)
+                continue
+            if then == "regrant":
+                if regranted:
+                    return result
+                regranted = True
+                self._grants.pop(shard, None)
+            failed |= {t.node_id for t, e in failures if not isinstance(e, NotFound)}
+            if len(failed) >= _MAX_NODES_TRIED:
+                return result
+
+    async def _grant(self, slot, key: str) -> Grant:
+        g = self._grants.get(slot)
+        now = time.monotonic()
+        if g is not None and g.usable(now) and g.serves(key):
+            if g.wants_refresh(now, IDS_PER_GRANT) and slot not in self._granting:
+                self._granting[slot] = asyncio.ensure_future(self._fetch_grant(slot))
+            return g
+        task = self._granting.get(slot)
+        if task is None:
+            task = self._granting[slot] = asyncio.ensure_future(self._fetch_grant(slot, key))
+        await asyncio.shield(task)
+        g = self._grants.get(slot)
+        if g is None or not g.serves(key):
+            raise self._grant_error or Unavailable("no placement grant", key=key)
+        return g
+
+    async def _fetch_grant(self, slot, key: str = "") -> None:
+        addresses, replica_num = slot
+        try:
+            resp = await self._call(addresses, "GrantPlacement", pb.GrantPlacementRequest(
+                replica_num=replica_num, num_ids=IDS_PER_GRANT, key=key))
+            self._grants[slot] = grant_of(resp)
+        except KVStoreError as err:
+            self._grants.pop(slot, None)
+            self._grant_error = err
+        finally:
+            self._granting.pop(slot, None)
+
+    # ---- remove ----
+    async def remove(self, key: str, *, reason: RemoveReason | str = RemoveReason.REMOVE) -> None:
+        """Delete ``key``; no reader gets the value once this returns.
+
+        Raises:
+            NotFound, InvalidArgument (an unknown reason).
+        """
+        try:
+            reason = RemoveReason(reason)
+        except ValueError:
+            raise InvalidArgument(f"unknown remove reason {reason!r}") from None
+        validate_key(key)
+        self._meta.drop(key)
+
+        def parse(ks, resp):
+            return [wire.object_meta(m) if st.code == pb.OK else
+                    error_for_code(st.code, st.message, key=k)
+                    for k, st, m in zip(ks, resp.statuses, resp.removed)]
+        (removed,) = await self._per_key(
+            [key], "Remove", lambda ks: pb.RemoveRequest(keys=ks, reason=reason.value), parse)
+        if isinstance(removed, KVStoreError):
+            raise removed
+        # The nodes drop the version before this returns (as the sync SDK does).
+        await asyncio.gather(*(self._request(r.node, Op.DROP, key, removed.object_id)
+                               for r in removed.replicas))
+        self._meta.drop(key)             # again: a concurrent get may have cached it

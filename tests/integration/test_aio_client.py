@@ -1,0 +1,106 @@
+"""AsyncKVClient against the shared cluster: the round-trip rules of the sync SDK
+(test_roundtrip.py), awaited, and many operations in flight on one connection."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from kvstore.client import KVClient
+from kvstore.client.aio import AsyncKVClient
+from kvstore.errors import InvalidArgument, KeyConflict, NotFound, TooLarge
+from kvstore.keys import value_checksum
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+def random_bytes(size_bytes: int, seed: int = 0) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, size_bytes, dtype=np.uint8).tobytes()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.mark.parametrize("size_bytes", [0, 1, 64 * KiB, 4 * MiB],
+                         ids=["0B", "1B", "64KiB", "4MiB"])
+def test_roundtrip(master, key_prefix, size_bytes):
+    data = random_bytes(size_bytes, seed=size_bytes)
+    key = key_prefix + "v"
+
+    async def go():
+        async with AsyncKVClient(master) as kv:
+            assert await kv.put(key, data) is True
+            got = await kv.get(key)
+            assert got == data
+            (meta,) = await kv.lookup([key])
+            assert (meta.size_bytes, meta.checksum) == (size_bytes, value_checksum(data))
+            assert await kv.exists(key)
+    run(go())
+    with KVClient(master, prefer_shm=False) as sync:         # the sync SDK reads it too
+        assert sync.get(key) == data
+
+
+def test_put_never_overwrites_and_missing_is_not_found(master, key_prefix):
+    key = key_prefix + "k"
+    original = random_bytes(1000, 5)
+
+    async def go():
+        async with AsyncKVClient(master) as kv:
+            assert await kv.put(key, original) is True
+            assert await kv.put(key, bytes(original)) is False
+            for different in (original[:-1] + b"\x00", b""):
+                with pytest.raises(KeyConflict):
+                    await kv.put(key, different)
+            assert await kv.get(key) == original
+            with pytest.raises(NotFound):
+                await kv.get(key_prefix + "missing")
+            assert not await kv.exists(key_prefix + "missing")
+            with pytest.raises(TooLarge):
+                await kv.put(key_prefix + "huge", bytearray(64 * MiB + 1))
+            assert not await kv.exists(key_prefix + "huge")
+            with pytest.raises(InvalidArgument):
+                await kv.put("", b"x")
+            with pytest.raises(InvalidArgument):
+                await kv.put(key_prefix + "r", b"x", replica_num=17)
+    run(go())
+
+
+def test_remove_then_not_found_and_new_bytes(master, key_prefix):
+    key = key_prefix + "k"
+
+    async def go():
+        async with AsyncKVClient(master) as kv:
+            await kv.put(key, b"one")
+            await kv.remove(key)
+            assert not await kv.exists(key)
+            with pytest.raises(NotFound):
+                await kv.get(key)
+            with pytest.raises(NotFound):
+                await kv.remove(key)
+            assert await kv.put(key, b"two") is True
+            assert await kv.get(key) == b"two"
+    run(go())
+
+
+def test_many_in_flight_batch_forms_in_input_order(master, key_prefix):
+    keys = [f"{key_prefix}{i}" for i in range(200)]
+    values = [random_bytes(1000 + i, seed=i) for i in range(200)]
+
+    async def go():
+        async with AsyncKVClient(master) as kv:
+            assert await asyncio.gather(*(kv.put(k, v) for k, v in zip(keys, values))) == \
+                [True] * 200
+            got = await asyncio.gather(*(kv.get(k) for k in keys))
+            assert got == values
+            mixed = await kv.batch_get([keys[0], key_prefix + "nope", keys[1]])
+            assert mixed[0] == values[0] and isinstance(mixed[1], NotFound) and \
+                mixed[2] == values[1]
+            assert await kv.batch_exists([keys[5], key_prefix + "nope"]) == [True, False]
+            again = await kv.batch_put([keys[0], key_prefix + "new"], [values[0], b"n"])
+            assert again == [False, True]
+            # Every node answered on one connection each.
+            assert len(kv._conns) <= 2
+    run(go())
