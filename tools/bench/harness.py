@@ -69,6 +69,8 @@ class DataPath(_Name):
     TCP = "tcp"                  # one key per call over TCP
     TCP_BATCH = "tcp-batch"      # batch_keys keys per call over TCP
     CONCURRENT = "concurrent"    # several client processes at once
+    ASYNC_16 = "async-16"        # AsyncKVClient, 16 operations in flight on one connection
+    ASYNC_64 = "async-64"        # ... 64 in flight
     TCP_TLS = "tcp+tls"                # tcp over mutual TLS, to a cluster with --auth
     TCP_BATCH_TLS = "tcp-batch+tls"    # tcp-batch likewise
 

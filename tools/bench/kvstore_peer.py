@@ -6,6 +6,8 @@ Rows (``kvstore``)::
     tcp         get, put   KVClient over TCP, one key per call
     tcp-batch   get, put   batch_get_into / batch_put of ``batch_keys`` keys over TCP
     concurrent  get, put   ``clients`` client processes at once (TCP unless concurrent_shm)
+    async-16    get, put   AsyncKVClient, 16 operations in flight (asyncio.gather), TCP
+    async-64    get, put   ... 64 in flight
     tcp         exists     batch_exists of ``exists_keys`` keys, once per run; ops/s
                            counts keys, size is 0
 
@@ -157,7 +159,7 @@ class KvstorePeer(Peer):
             if cfg.metrics and not self.secured:
                 self.scraper = _Scraper([c.info["metrics_address"] for c in
                                          (store.shards[0][0], store.nodes["bench0"])]).start()
-            master = store.master
+            master = self.store_master = store.master
             self.kv_tcp = KVClient(master, prefer_shm=False, verify_checksum=cfg.verify,
                                    **sec.client)
             self.kv_admin = (KVClient(master, prefer_shm=False, **sec.admin) if self.secured
@@ -312,11 +314,60 @@ class KvstorePeer(Peer):
             _check(self.kv_tcp.batch_put(chunk, [src[k + j] for j in range(len(chunk))]),
                    "batch_put")
         rows += self._get_rows(size, keys, src, dst)
+        if not self.secured:
+            rows += self._async_rows(size, prefix, keys, src, max_iters)
         if self.workers:
             rows.append(self._concurrent_row(Op.PUT, size, f"{prefix}conc/", len(keys),
                                              max_iters))
             rows.append(self._concurrent_row(Op.GET, size, f"{prefix}ws/", len(keys), max_iters))
         self._remove(keys)
+        return rows
+
+    def _async_rows(self, size: int, prefix: str, keys: list[str], src: Pool,
+                    max_iters: int) -> list[Row]:
+        """AsyncKVClient with 16 and 64 operations in flight: puts of fresh keys, then
+        gets of the working set, on an event loop of their own (a thread here)."""
+        import asyncio
+        import threading
+
+        from kvstore.client.aio import AsyncKVClient
+
+        cfg, rows = self.cfg, []
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name="bench-asyncio", daemon=True)
+        thread.start()
+
+        def run(coro):
+            return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+        async def gather(coros):
+            return await asyncio.gather(*coros, return_exceptions=True)
+
+        kv = AsyncKVClient(self.store_master)
+        try:
+            run(kv.start())
+            n = len(keys)
+            for path, depth in ((DataPath.ASYNC_16, 16), (DataPath.ASYNC_64, 64)):
+                p = f"{prefix}put-{path}/"
+                cfg.progress(f"kvstore {path} put {format_size(size)}")
+
+                def put_step(i: int) -> None:
+                    b = range(i * depth, (i + 1) * depth)
+                    _check(run(gather([kv.put(f"{p}{j}", src[j]) for j in b])), "async put")
+                t = cfg.timed(put_step, max(2, max_iters // depth))
+                rows.append(timed_row(System.KVSTORE, path, Op.PUT, size, t, depth))
+                self._remove([f"{p}{j}" for j in range(t.total * depth)])
+                cfg.progress(f"kvstore {path} get {format_size(size)}")
+
+                def get_step(i: int) -> None:
+                    b = range(i * depth, (i + 1) * depth)
+                    _check(run(gather([kv.get(keys[j % n]) for j in b])), "async get")
+                rows.append(timed_row(System.KVSTORE, path, Op.GET, size,
+                                      cfg.timed(get_step), depth))
+        finally:
+            run(kv.close())
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=10)
         return rows
 
     def bench_once(self) -> list[Row]:

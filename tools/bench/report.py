@@ -1,4 +1,4 @@
-"""What a run's rows mean: issue 4's targets, checked, and the rows as rich tables.
+"""What a run's rows mean: issue 4's and issue 14's targets, checked, and the rows as rich tables.
 
 The measurement table has a row per measurement and three ratio columns,
 kvstore's ops/s over a baseline's at the same size and op: ``vs limit``
@@ -42,12 +42,33 @@ TARGETS = (
            (System.MOONCAKE, DataPath.TCP, Op.GET), 1.5, (MiB,)),
     Target("batch_exists >= 200k keys/s", (System.KVSTORE, DataPath.TCP, Op.EXISTS), None,
            200_000, (0,)),
+    # Issue 14 (one-round-trip puts).
+    Target("tcp put >= 0.8x redis SET", (System.KVSTORE, DataPath.TCP, Op.PUT),
+           (System.REDIS, DataPath.TCP, Op.PUT), 0.8, (MiB, 4 * MiB)),
+    Target("tcp put >= 0.4x redis SET", (System.KVSTORE, DataPath.TCP, Op.PUT),
+           (System.REDIS, DataPath.TCP, Op.PUT), 0.4, (64 * 1024,)),
+    Target("tcp put >= 1.5x mooncake put", (System.KVSTORE, DataPath.TCP, Op.PUT),
+           (System.MOONCAKE, DataPath.TCP, Op.PUT), 1.5, (64 * 1024, MiB, 4 * MiB)),
+    Target("shm put >= 0.5x cold memcpy", (System.KVSTORE, DataPath.SHM, Op.PUT),
+           (System.MEMCPY, DataPath.COLD, Op.GET), 0.5, (4 * MiB,)),
+    Target("tcp-batch put >= 0.8x socket stream", (System.KVSTORE, DataPath.TCP_BATCH, Op.PUT),
+           (System.SOCKET, DataPath.STREAM, Op.PUT), 0.8, (MiB,)),
+    Target("tcp-batch put >= 0.5x socket stream", (System.KVSTORE, DataPath.TCP_BATCH, Op.PUT),
+           (System.SOCKET, DataPath.STREAM, Op.PUT), 0.5, (64 * 1024,)),
+    Target("tcp get >= 0.9x socket reqresp", (System.KVSTORE, DataPath.TCP, Op.GET),
+           (System.SOCKET, DataPath.REQRESP, Op.GET), 0.9, (MiB,)),
+    Target("async-64 get >= 0.8x socket stream", (System.KVSTORE, DataPath.ASYNC_64, Op.GET),
+           (System.SOCKET, DataPath.STREAM, Op.GET), 0.8, (64 * 1024,)),
+    Target("async-64 put >= 0.5x socket stream", (System.KVSTORE, DataPath.ASYNC_64, Op.PUT),
+           (System.SOCKET, DataPath.STREAM, Op.PUT), 0.5, (64 * 1024,)),
 )
 
 #: Ratio columns: kvstore (path) -> baseline (system, path); the memcpy row serves both ops.
 _LIMIT_OF = {DataPath.SHM: (System.MEMCPY, DataPath.COLD),
              DataPath.TCP: (System.SOCKET, DataPath.REQRESP),
-             DataPath.TCP_BATCH: (System.SOCKET, DataPath.STREAM)}
+             DataPath.TCP_BATCH: (System.SOCKET, DataPath.STREAM),
+             DataPath.ASYNC_16: (System.SOCKET, DataPath.STREAM),
+             DataPath.ASYNC_64: (System.SOCKET, DataPath.STREAM)}
 _LIMIT_OF |= {tls: _LIMIT_OF[plain] for tls, plain in PLAIN_OF.items()}
 
 
@@ -168,7 +189,7 @@ def render(rows: list[dict], verify: bool | None):
                       _short_size(r["size_bytes"]) if r["size_bytes"] else "-",
                       f"{r['gbps']:.3f}" if r["size_bytes"] else "-", f"{r['ops_per_s']:,.0f}",
                       limit, redis, mooncake)
-    targets = Table(title="issue 4 targets", box=None, pad_edge=False)
+    targets = Table(title="targets (issues 4 and 14)", box=None, pad_edge=False)
     for name in ("target", "size", "measured", "result"):
         targets.add_column(name)
     for name, size, value, ok in check_targets(rows):
