@@ -203,6 +203,12 @@ class AsyncKVClient:
         Raises:
             NotFound, ChecksumMismatch, Unavailable (no replica answered).
         """
+        meta = self._meta.get(key) if type(key) is str else None
+        if meta is not None:                 # the fast path: one read, no lists, no gather
+            got = await self._read(meta)
+            if not isinstance(got, KVStoreError):
+                return got
+            self._meta.drop(key)
         (got,) = await self.batch_get([key])
         if isinstance(got, KVStoreError):
             raise got
@@ -216,19 +222,20 @@ class AsyncKVClient:
         cached = [m is not None for m in metas]
         miss = [i for i, m in enumerate(metas) if m is None]
         if miss:
-            for i, m in zip(miss, await self._lookup_cached([keys[i] for i in miss])):
+            for i, m in zip(miss, await self.lookup_cached([keys[i] for i in miss])):
                 metas[i] = m
         got = list(await asyncio.gather(*(self._read(m) for m in metas)))
         stale = [i for i, g in enumerate(got) if cached[i] and isinstance(g, KVStoreError)]
         if stale:
             for i in stale:
                 self._meta.drop(keys[i])
-            fresh = await self._lookup_cached([keys[i] for i in stale])
+            fresh = await self.lookup_cached([keys[i] for i in stale])
             for i, g in zip(stale, await asyncio.gather(*(self._read(m) for m in fresh))):
                 got[i] = g
         return got
 
-    async def _lookup_cached(self, keys: Sequence[str]) -> list[ObjectMeta | KVStoreError]:
+    async def lookup_cached(self, keys: Sequence[str]) -> list[ObjectMeta | KVStoreError]:
+        """:meth:`lookup`, and what it finds goes into the metadata cache."""
         metas = await self.lookup(keys)
         for m in metas:
             if isinstance(m, ObjectMeta):

@@ -15,7 +15,8 @@ batch does::
 
 An answer that does not come within the timeout breaks the connection (its
 order can no longer be trusted): every pending future fails Unavailable and
-the next request opens a new connection.
+the next request opens a new connection. One timer per connection watches
+the oldest pending answer (no timer per request: each costs a task).
 
 Thread safety: one event loop; a connection is used from that loop only.
 """
@@ -25,12 +26,16 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl
+import time
 
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.auth import NONCE_BYTES, proof
 from kvstore.errors import KVStoreError, Unavailable, error_for_code
 from kvstore.transfer.protocol import REQUEST, RESPONSE, Op
 
+#: Wait for the socket to take what is queued only beyond this much (a drain per
+#: request costs a trip through the event loop).
+_DRAIN_ABOVE_BYTES = 4 << 20
 #: Ops whose OK answer carries a value (its size in the answer's ``size``).
 _WITH_VALUE = frozenset({Op.GET, Op.STATS, Op.AUTH_HELLO})
 
@@ -53,9 +58,12 @@ class AsyncNodeConnection:
         self._reader = reader
         self._writer = writer
         self.timeout_s = timeout_s
-        self._pending: collections.deque[tuple[asyncio.Future, bool]] = collections.deque()
+        # (future, answer carries a value, sent at: monotonic s), in sending order.
+        self._pending: collections.deque[tuple[asyncio.Future, bool, float]] = collections.deque()
         self.broken: KVStoreError | None = None
-        self._task = asyncio.get_running_loop().create_task(self._read_answers())
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self._read_answers())
+        self._watch = self._loop.call_later(self.timeout_s / 4, self._check_overdue)
 
     @classmethod
     async def open(cls, host: str, port: int, *, timeout_s: float = 10.0,
@@ -107,21 +115,27 @@ class AsyncNodeConnection:
         if self.broken is not None:
             raise self.broken
         kb, pb_ = key.encode(), parent.encode()
-        fut = asyncio.get_running_loop().create_future()
+        fut = self._loop.create_future()
         self._writer.write(REQUEST.pack(op, 0, len(kb), len(pb_), object_id, size, checksum)
                            + kb + pb_)
         if payload is not None and size:
             self._writer.write(payload)
-        self._pending.append((fut, op in _WITH_VALUE))
-        try:
-            await self._writer.drain()
-            return await asyncio.wait_for(asyncio.shield(fut), self.timeout_s)
-        except asyncio.TimeoutError:
+        self._pending.append((fut, op in _WITH_VALUE, time.monotonic()))
+        if self._writer.transport.get_write_buffer_size() > _DRAIN_ABOVE_BYTES:
+            try:
+                await self._writer.drain()
+            except (OSError, ConnectionError) as exc:
+                self._break(Unavailable(f"data connection failed: {exc}"))
+        return await fut
+
+    def _check_overdue(self) -> None:
+        """The connection's one timer: the oldest answer overdue breaks the connection."""
+        if self.broken is not None:
+            return
+        if self._pending and time.monotonic() - self._pending[0][2] > self.timeout_s:
             self._break(Unavailable(f"no answer from the node within {self.timeout_s:.1f} s"))
-            raise self.broken from None
-        except (OSError, ConnectionError) as exc:
-            self._break(Unavailable(f"data connection failed: {exc}"))
-            raise self.broken from None
+            return
+        self._watch = self._loop.call_later(self.timeout_s / 4, self._check_overdue)
 
     async def _read_answers(self) -> None:
         try:
@@ -130,7 +144,7 @@ class AsyncNodeConnection:
                 code, _f, msg_len, _r, oid, size, checksum, _off, _serial = RESPONSE.unpack(head)
                 msg = (await self._reader.readexactly(msg_len)).decode("utf-8", "replace") \
                     if msg_len else ""
-                fut, with_value = self._pending.popleft()
+                fut, with_value, _sent = self._pending.popleft()
                 value = b""
                 if with_value and code == pb.OK and size:
                     value = await self._reader.readexactly(size)
@@ -146,8 +160,9 @@ class AsyncNodeConnection:
     def _break(self, err: KVStoreError) -> None:
         if self.broken is None:
             self.broken = err
+        self._watch.cancel()
         while self._pending:
-            fut, _v = self._pending.popleft()
+            fut, _v, _sent = self._pending.popleft()
             if not fut.done():
                 fut.set_exception(err)
         self._writer.close()

@@ -347,6 +347,8 @@ class KvstorePeer(Peer):
         try:
             run(kv.start())
             n = len(keys)
+            for j in range(0, n, 1000):          # warm its metadata cache, as the sync rows do
+                run(kv.lookup_cached(keys[j:j + 1000]))
             for path, depth in ((DataPath.ASYNC_16, 16), (DataPath.ASYNC_64, 64)):
                 p = f"{prefix}put-{path}/"
                 cfg.progress(f"kvstore {path} put {format_size(size)}")
