@@ -54,7 +54,8 @@ def test_every_measurement_is_there_once(rows):
     assert len(got) == len(set(got))
     expected = {("memcpy", "cold", "get")}
     expected |= {("socket", p, op) for p in ("reqresp", "stream") for op in ("get", "put")}
-    expected |= {("kvstore", p, op) for p in ("shm", "tcp", "tcp-batch", "concurrent")
+    expected |= {("kvstore", p, op) for p in ("shm", "tcp", "tcp-batch", "concurrent",
+                                              "async-16", "async-64")
                  for op in ("get", "put")}
     if _redis_available():
         expected |= {("redis", "tcp", "get"), ("redis", "tcp", "put")}
@@ -74,7 +75,7 @@ def test_tables_and_targets_render(rows):
     console.print(render(rows, verify=True))
     text = console.export_text()
     assert "vs limit: shm / cold memcpy" in text
-    assert "issue 4 targets" in text
+    assert "targets (issues 4 and 14)" in text
     names = {t[0] for t in check_targets(rows)}
     assert "batch_exists >= 200k keys/s" in names
     assert "tcp-batch get >= 0.5x socket stream" in names   # the 64 KiB target

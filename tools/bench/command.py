@@ -44,8 +44,9 @@ def run_bench(sizes: str | list[int] = "64KiB,1MiB,4MiB", *, log_dir: str | None
 def num_steps(num_sizes: int, use_redis: bool, use_mooncake: bool = False,
               tls: bool = False) -> int:
     """Progress labels a run reports (for a progress bar's total): per size, the socket's
-    4, redis's 2, mooncake's 1, kvstore's 8 and its TLS rows' 4; then the exists row."""
-    return num_sizes * (4 + 2 * use_redis + use_mooncake + 8 + 4 * tls) + 1
+    4, redis's 2, mooncake's 1, kvstore's 12 (4 of them asyncio) and its TLS rows' 4; then
+    the exists row."""
+    return num_sizes * (4 + 2 * use_redis + use_mooncake + 12 + 4 * tls) + 1
 
 
 def bench_command(
