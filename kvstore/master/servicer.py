@@ -215,8 +215,9 @@ class MasterServicer(pb_grpc.MasterServicer):
                                            self._owner(context))
         except KVStoreError as err:
             await self._refuse(context, err)
+        events = [wire.node_event(e) for e in request.events]   # all or none: bad input first
         return pb.ReportEventsResponse(known=True, statuses=[
-            _status(self.index.node_event(node_id, wire.node_event(e))) for e in request.events])
+            _status(self.index.node_event(node_id, e)) for e in events])
 
     async def GetShardMap(self, request, context):
         return wire.shard_map_pb(self.index.shard_map)
