@@ -5,11 +5,18 @@
     unknown enum value           INVALID_ARGUMENT, nothing applied (was UNKNOWN: a
                                  ValueError deep in the wire conversions); a copy
                                  result's unknown status code is a failed copy
+    inventory object id 2^64-1   INVALID_ARGUMENT, nothing registered (it used up the ids:
+                                 every later put and every heartbeat carrying a drop
+                                 order failed, so live nodes fell dead)
+    puts in progress             at most --max-pending-puts (zero-byte PutStarts were
+                                 held without bound for the put timeout); no drop orders
+                                 pile up for dead targets
 """
 
 from __future__ import annotations
 
 import secrets
+import time
 
 import grpc
 import pytest
@@ -94,3 +101,61 @@ def test_unknown_enum_values_are_invalid_argument_and_change_nothing(procs):
                 address=address, capacity_bytes=1 << 20, incarnation="i",
                 inventory=[pb.InventoryItem(key="k", object_id=1, tier=9)]), timeout=10)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_an_inventory_cannot_use_up_the_object_ids(procs):
+    master = procs.start("master", service_args("master"))
+    address = pb.NodeAddress(node_id="fz", host="127.0.0.1", data_port=9)
+    with grpc.insecure_channel(master.address) as ch:
+        stub = pb_grpc.MasterStub(ch)
+        for object_id in (2**64 - 1, 2**63, 0):
+            with pytest.raises(grpc.RpcError) as err:
+                stub.RegisterNode(pb.RegisterNodeRequest(
+                    address=address, capacity_bytes=1 << 20, incarnation="i",
+                    inventory=[pb.InventoryItem(key="k", object_id=object_id)]), timeout=10)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert not stub.Stat(pb.StatRequest(), timeout=10).nodes      # nothing registered
+        stub.RegisterNode(pb.RegisterNodeRequest(
+            address=address, capacity_bytes=1 << 20, incarnation="i",
+            inventory=[pb.InventoryItem(key="k", object_id=2**63 - 1)]), timeout=10)
+        time.sleep(3.2)                   # past the warm-up; keep the node alive meanwhile
+        stub.Heartbeat(pb.HeartbeatRequest(node_id="fz", incarnation="i"), timeout=10)
+        # Ids continue above the largest announced one and still fit the wire.
+        reply = stub.PutStart(pb.PutStartRequest(items=[pb.PutStartItem(key="new", size_bytes=0)]),
+                              timeout=10)
+        assert reply.results[0].status.code == pb.OK
+        assert reply.results[0].object_id == 2**63
+
+
+def test_a_master_holds_a_bounded_number_of_puts_in_progress(procs):
+    master = procs.start("master", service_args("master", "--max-pending-puts", "100",
+                                                "--node-ttl-ms", "1000"))
+    time.sleep(1.2)
+    fake = pb.NodeAddress(node_id="fz", host="127.0.0.1", data_port=9)
+    with grpc.insecure_channel(master.address) as ch:
+        stub = pb_grpc.MasterStub(ch)
+        stub.RegisterNode(pb.RegisterNodeRequest(address=fake, capacity_bytes=1 << 30,
+                                                 incarnation="i"), timeout=10)
+        reply = stub.PutStart(pb.PutStartRequest(items=[
+            pb.PutStartItem(key=f"k{i}", size_bytes=0) for i in range(150)]), timeout=10)
+        codes = [r.status.code for r in reply.results]
+        assert codes == [pb.OK] * 100 + [pb.UNAVAILABLE] * 50
+        assert "--max-pending-puts" in reply.results[-1].status.message
+        st = stub.Stat(pb.StatRequest(), timeout=10)
+        assert st.pending_puts == 100 and st.counters["puts_busy"] == 50
+        # The target dies; its puts are revoked: no drop orders pile up for it (its
+        # replayed STORED events would be refused anyway).
+        time.sleep(1.5)
+        stub.PutRevoke(pb.PutRevokeRequest(items=[
+            pb.PutRevokeItem(key=f"k{i}", object_id=r.object_id)
+            for i, r in enumerate(reply.results[:100])]), timeout=10)
+        back = stub.Heartbeat(pb.HeartbeatRequest(node_id="fz", incarnation="i"), timeout=10)
+        assert back.known and not back.drops
+        again = stub.PutStart(pb.PutStartRequest(items=[pb.PutStartItem(key="k0", size_bytes=0)]),
+                              timeout=10)
+        assert again.results[0].status.code == pb.OK      # room again
+        # A live target still gets its drop order.
+        stub.PutRevoke(pb.PutRevokeRequest(items=[pb.PutRevokeItem(
+            key="k0", object_id=again.results[0].object_id)]), timeout=10)
+        back = stub.Heartbeat(pb.HeartbeatRequest(node_id="fz", incarnation="i"), timeout=10)
+        assert [(d.key, d.object_id) for d in back.drops] == [("k0", again.results[0].object_id)]
