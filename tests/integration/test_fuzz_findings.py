@@ -8,6 +8,9 @@
     inventory object id 2^64-1   INVALID_ARGUMENT, nothing registered (it used up the ids:
                                  every later put and every heartbeat carrying a drop
                                  order failed, so live nodes fell dead)
+    stream ending inside a frame the session ends; the bytes it had of the frame are
+                                 never parsed as frames (a cut AUTH_PROVE's payload was
+                                 executed as requests)
     puts in progress             at most --max-pending-puts (zero-byte PutStarts were
                                  held without bound for the put timeout); no drop orders
                                  pile up for dead targets
@@ -16,6 +19,7 @@
 from __future__ import annotations
 
 import secrets
+import socket
 import time
 
 import grpc
@@ -24,6 +28,7 @@ import pytest
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.tools.processes import ProcessGroup, service_args
+from kvstore.transfer.protocol import REQUEST, Op
 
 NODE_TOKEN = f"node-{secrets.token_hex(16)}"
 
@@ -125,6 +130,30 @@ def test_an_inventory_cannot_use_up_the_object_ids(procs):
                               timeout=10)
         assert reply.results[0].status.code == pb.OK
         assert reply.results[0].object_id == 2**63
+
+
+def test_a_stream_that_ends_inside_a_frame_is_never_parsed_further(procs):
+    from kvstore.client import KVClient
+
+    master = procs.start("master", service_args("master"))
+    node = procs.start("node", service_args("node", "--master", master.address, "--node-id",
+                                            "n0", "--dram", "16MiB"))
+    time.sleep(3.2)                       # the master's warm-up (the nodes' ttl)
+    with KVClient(master.address, prefer_shm=False) as kv:
+        kv.put("victim", b"v" * 100)
+        (meta,) = kv.lookup(["victim"])
+        # A DROP of the victim hidden in an AUTH_PROVE payload cut short: the node
+        # used to answer the cut frame, then read its payload as the next request.
+        drop = REQUEST.pack(Op.DROP, 0, 6, 0, meta.object_id, 0, 0) + b"victim"
+        host, port = node.address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(REQUEST.pack(Op.AUTH_PROVE, 0, 0, 0, 0, 64, 0) + drop)
+            s.shutdown(socket.SHUT_WR)
+            got = b""
+            while chunk := s.recv(4096):
+                got += chunk
+        assert got == b""                 # nothing answered for a frame that never ended
+        assert kv.get("victim") == b"v" * 100
 
 
 def test_a_master_holds_a_bounded_number_of_puts_in_progress(procs):
