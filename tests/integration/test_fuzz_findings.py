@@ -14,10 +14,14 @@
     puts in progress             at most --max-pending-puts (zero-byte PutStarts were
                                  held without bound for the put timeout); no drop orders
                                  pile up for dead targets
+    HTTP bodies json cannot hold 400 (a 4301-digit integer, deep nesting, a lone
+                                 surrogate, max_tokens >= 2^32 were 500s), and a client
+                                 gone mid-body is no ERROR traceback
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 import socket
 import time
@@ -188,3 +192,39 @@ def test_a_master_holds_a_bounded_number_of_puts_in_progress(procs):
             key="k0", object_id=again.results[0].object_id)]), timeout=10)
         back = stub.Heartbeat(pb.HeartbeatRequest(node_id="fz", incarnation="i"), timeout=10)
         assert [(d.key, d.object_id) for d in back.drops] == [("k0", again.results[0].object_id)]
+
+
+def _post(address: str, body: bytes) -> tuple[int, dict]:
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                  b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, payload = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(payload or b"{}")
+
+
+def test_the_http_front_answers_400_to_bodies_json_cannot_hold(procs, tmp_path):
+    front = procs.start("http", service_args("http", "--conductor", "127.0.0.1:9"))
+    cases = [
+        (b'{"model": "tiny", "prompt": [1], "max_tokens": ' + b"9" * 4301 + b"}", None),
+        (b'{"model": "tiny", "max_tokens": 1, "prompt": ' + b"[" * 100_000 + b"1"
+         + b"]" * 100_000 + b"}", None),
+        (b'{"model": "tiny", "prompt": "a\\ud800b", "max_tokens": 1}', "prompt"),
+        (json.dumps({"model": "tiny", "prompt": [1], "max_tokens": 2**32}).encode(), "max_tokens"),
+        (json.dumps({"model": "tiny", "prompt": [1], "max_tokens": 2**63}).encode(), "max_tokens"),
+    ]
+    for body, param in cases:
+        status, answer = _post(front.address, body)
+        assert status == 400, (body[:60], answer)
+        assert answer["error"]["param"] == param
+    host, port = front.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:   # gone mid-body
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n{")
+    time.sleep(0.5)
+    status, _ = _post(front.address, b'{"model": "tiny", "prompt": [1], "max_tokens": 0}')
+    assert status == 400
+    log = (tmp_path / "http.log").read_text()
+    assert "Error handling request" not in log and "Traceback" not in log, log[-2000:]
