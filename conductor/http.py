@@ -60,6 +60,7 @@ from kvstore.process import announce_ready, wait_for_stop_signal
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 16     # OpenAI's default for /v1/completions
+MAX_TOKENS_LIMIT = 2**32 - 1    # what GenerateRequest.max_tokens (uint32) can carry
 MAX_BATCH_PROMPTS = 64
 
 #: gRPC status name of a failed request -> HTTP status. A request with
@@ -150,8 +151,9 @@ def parse_completion(body, model_name: str, tokenizer: ByteTokenizer) -> Complet
     max_tokens = body.get("max_tokens")
     if max_tokens is None:
         max_tokens = DEFAULT_MAX_TOKENS
-    if not _is_int(max_tokens) or max_tokens < 1:
-        raise HttpError(400, f"'max_tokens' must be an integer >= 1, got {max_tokens!r}", "max_tokens")
+    if not _is_int(max_tokens) or not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
+        raise HttpError(400, f"'max_tokens' must be an integer in [1, {MAX_TOKENS_LIMIT}], "
+                             f"got {str(max_tokens)[:40]}", "max_tokens")
     for name, default in (("n", 1), ("best_of", 1), ("echo", False), ("logprobs", None),
                           ("suffix", None)):
         value = body.get(name)
@@ -190,7 +192,11 @@ def _parse_prompts(prompt, tokenizer: ByteTokenizer) -> tuple[tuple[int, ...], .
     out = []
     for p in batch:
         if isinstance(p, str):
-            ids = tokenizer.encode(p)
+            try:
+                ids = tokenizer.encode(p)
+            except UnicodeEncodeError:      # JSON may escape a lone surrogate ("\ud800")
+                raise HttpError(400, "a text prompt must be valid Unicode (it holds a lone "
+                                     "surrogate)", "prompt") from None
         elif isinstance(p, list) and all(_is_int(t) for t in p):
             ids = p
         else:
@@ -379,8 +385,13 @@ class HttpFront:
                                   "another").response()
         try:
             body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (ValueError, RecursionError):
+            # Not JSON, not UTF-8, an integer of over 4300 digits, or nested
+            # deeper than the parser's recursion allows: all the body's fault.
             return HttpError(400, "the body is not valid JSON").response()
+        except ConnectionError:
+            log.info("a client went away before its request body was complete")
+            return HttpError(400, "the request body ended early").response()
         try:
             req = parse_completion(body, self.model_name, self.tokenizer)
         except HttpError as exc:

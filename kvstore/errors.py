@@ -133,13 +133,23 @@ RETRYABLE_STATUS: frozenset[grpc.StatusCode] = frozenset(ERRORS[c] for c in RETR
 INDEX_INCOMPLETE = "index incomplete"
 
 
+def code_name(code: int) -> str:
+    """The name of a wire ``Code``; ``CODE_<n>`` for a number no code has (sent by a
+    newer or a broken peer: proto3 enums are open)."""
+    try:
+        return pb.Code.Name(code)
+    except ValueError:
+        return f"CODE_{code}"
+
+
 def error_for_code(code: int, message: str = "", *, key: str | None = None,
                    redirect: str = "") -> KVStoreError:
-    """Build the exception for a wire ``Code`` (``OK`` is a caller bug)."""
+    """Build the exception for a wire ``Code`` (``OK`` is a caller bug; an unknown
+    code is :class:`Internal`)."""
     if code == pb.OK:
         raise ValueError("error_for_code called with OK")
     cls = _BY_CODE.get(code, Internal)
-    return cls(message or pb.Code.Name(code), key=key, redirect=redirect)
+    return cls(message or code_name(code), key=key, redirect=redirect)
 
 
 def to_status(err: KVStoreError) -> pb.Status:

@@ -21,16 +21,23 @@ its service's table of which roles may call which method: no or an unknown
 token is UNAUTHENTICATED, a role that may not is PERMISSION_DENIED. A
 channel given a token sends it as ``authorization: Bearer``; with TLS files
 it is a secure channel (mutual TLS when it has a certificate).
+
+Bad input gets a typed status, never UNKNOWN (:class:`TypedErrors`, on
+every server): a request that cannot be parsed is INVALID_ARGUMENT, and a
+:class:`~kvstore.errors.KVStoreError` that escapes a handler gets its status
+from the one table in :mod:`kvstore.errors`.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Mapping, NamedTuple, Sequence
 
 import grpc
 
 from kvstore.auth import Role, TokenFile, allows, bearer, client_token  # noqa: F401 (bearer: re-exported)
+from kvstore.errors import KVStoreError, status_code
 from kvstore.tls import TlsFiles, grpc_channel_credentials, grpc_server_credentials
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -158,6 +165,79 @@ def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode,
     return grpc.unary_unary_rpc_method_handler(unary, **kw)
 
 
+class _Undecodable:
+    """What a guarded deserializer hands on for bytes that are not a request."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+
+class TypedErrors(grpc.aio.ServerInterceptor):
+    """Typed statuses for bad input (put it last: it wraps the servicer's own handler).
+
+    Without it grpc.aio answers UNKNOWN ("Unexpected <DecodeError>") to bytes
+    that do not parse and to any exception a handler lets out, and logs a
+    traceback per call; the SDK would even retry UNKNOWN as a transport
+    failure. Here undecodable bytes are INVALID_ARGUMENT ("the request cannot
+    be parsed") and a :class:`KVStoreError` gets :func:`kvstore.errors.status_code`.
+    Other exceptions stay what they are: bugs (UNKNOWN, logged). The
+    deserializer is wrapped, so an interceptor that refuses the call first
+    (:class:`AuthInterceptor`) still answers UNAUTHENTICATED to garbage.
+    """
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if handler is None or handler.request_streaming:
+            return handler                  # no stream-in methods in kvstore's services
+        decode = handler.request_deserializer
+
+        def deserialize(raw: bytes):
+            try:
+                return decode(raw) if decode is not None else raw
+            except Exception as exc:        # DecodeError and kin: the caller's bytes
+                return _Undecodable(exc)
+
+        kw = dict(request_deserializer=deserialize,
+                  response_serializer=handler.response_serializer)
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
+
+            async def unary(request, context):
+                await _refuse_undecodable(request, context)
+                try:
+                    reply = inner(request, context)
+                    return await reply if inspect.isawaitable(reply) else reply
+                except KVStoreError as err:
+                    await context.abort(status_code(err), err.message)
+
+            return grpc.unary_unary_rpc_method_handler(unary, **kw)
+        inner_stream = handler.unary_stream
+        if inspect.isasyncgenfunction(getattr(inner_stream, "__func__", inner_stream)):
+            async def stream(request, context):
+                await _refuse_undecodable(request, context)
+                try:
+                    async for item in inner_stream(request, context):
+                        yield item
+                except KVStoreError as err:
+                    await context.abort(status_code(err), err.message)
+        else:
+            async def stream(request, context):       # a coroutine writing with context.write
+                await _refuse_undecodable(request, context)
+                try:
+                    await inner_stream(request, context)
+                except KVStoreError as err:
+                    await context.abort(status_code(err), err.message)
+        return grpc.unary_stream_rpc_method_handler(stream, **kw)
+
+
+async def _refuse_undecodable(request, context) -> None:
+    if isinstance(request, _Undecodable):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"the request cannot be parsed: {str(request.error)[:200]}")
+
+
 def aio_server(security: ServerSecurity | None = None,
                methods: MethodRoles | None = None, metrics=None) -> grpc.aio.Server:
     """A grpc.aio server with kvstore's options; with a token file, every call is checked
@@ -170,6 +250,7 @@ def aio_server(security: ServerSecurity | None = None,
         interceptors.append(RequestMetrics(metrics))
     if security is not None and security.tokens is not None:
         interceptors.append(AuthInterceptor(security, methods or {}))
+    interceptors.append(TypedErrors())
     return grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
 
 

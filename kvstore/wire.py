@@ -5,17 +5,35 @@ their edges; everything behind them works on :mod:`kvstore.types` records.
 Each record has ``X(msg)`` (message to record) and ``X_pb(record)`` (record to
 message). Per-item statuses go through :mod:`kvstore.errors`
 (``to_status`` / ``error_for_code``), which owns the code table.
+
+Messages come from peers, so a value a record cannot hold (an enum number
+no kind has: proto3 enums are open) is :class:`~kvstore.errors.InvalidArgument`,
+never a ``ValueError`` from deep inside.
 """
 
 from __future__ import annotations
 
+import enum
 from collections import Counter
+from typing import TypeVar
 
 from kvstore._proto import kvstore_pb2 as pb
+from kvstore.errors import InvalidArgument, code_name
 from kvstore.shardmap import ShardMap, ShardRange
 from kvstore.types import (CopyOrder, CopyResult, DropOrder, EventKind, InventoryItem,
                            NodeAddress, NodeEvent, NodeId, NodeStatus, ObjectId, ObjectKey,
                            ObjectMeta, Replica, ShardStatus, TierKind, TierStats)
+
+_E = TypeVar("_E", bound=enum.IntEnum)
+
+
+def _kind(cls: type[_E], value: int, what: str) -> _E:
+    """``cls(value)``, or InvalidArgument naming the field and the known values."""
+    try:
+        return cls(value)
+    except ValueError:
+        raise InvalidArgument(f"{what} {value} is not one of "
+                              f"{', '.join(f'{k.name}={k.value}' for k in cls)}") from None
 
 
 def node_address(msg: pb.NodeAddress) -> NodeAddress:
@@ -33,7 +51,8 @@ def object_meta(msg: pb.ObjectMeta) -> ObjectMeta:
     return ObjectMeta(
         key=ObjectKey(msg.key), size_bytes=msg.size_bytes, checksum=msg.checksum,
         object_id=ObjectId(msg.object_id),
-        replicas=tuple(Replica(node_address(r.node), TierKind(r.tier)) for r in msg.replicas),
+        replicas=tuple(Replica(node_address(r.node), _kind(TierKind, r.tier, "replica tier"))
+                       for r in msg.replicas),
         created_ms=msg.created_ms, access_count=msg.access_count,
         last_access_ms=msg.last_access_ms)
 
@@ -51,7 +70,8 @@ _TIER_FIELDS = ("capacity_bytes", "used_bytes", "free_bytes", "evictable_bytes",
 
 
 def tier_stats(msg: pb.TierStat) -> TierStats:
-    return TierStats(kind=TierKind(msg.tier), **{f: getattr(msg, f) for f in _TIER_FIELDS})
+    return TierStats(kind=_kind(TierKind, msg.tier, "tier"),
+                     **{f: getattr(msg, f) for f in _TIER_FIELDS})
 
 
 def tier_stats_pb(t: TierStats) -> pb.TierStat:
@@ -91,8 +111,10 @@ def shard_status_pb(s: ShardStatus) -> pb.StatResponse:
 
 
 def node_event(msg: pb.ReplicaEvent) -> NodeEvent:
-    return NodeEvent(EventKind(msg.kind), ObjectKey(msg.key), ObjectId(msg.object_id),
-                     TierKind(msg.tier) if msg.tier else None, msg.size_bytes, msg.checksum)
+    return NodeEvent(_kind(EventKind, msg.kind, "event kind"), ObjectKey(msg.key),
+                     ObjectId(msg.object_id),
+                     _kind(TierKind, msg.tier, "event tier") if msg.tier else None,
+                     msg.size_bytes, msg.checksum)
 
 
 def node_event_pb(e: NodeEvent) -> pb.ReplicaEvent:
@@ -103,7 +125,8 @@ def node_event_pb(e: NodeEvent) -> pb.ReplicaEvent:
 
 def inventory_item(msg: pb.InventoryItem) -> InventoryItem:
     return InventoryItem(ObjectKey(msg.key), ObjectId(msg.object_id), msg.size_bytes,
-                         msg.checksum, TierKind(msg.tier or pb.DRAM), msg.pending)
+                         msg.checksum, _kind(TierKind, msg.tier or pb.DRAM, "inventory tier"),
+                         msg.pending)
 
 
 def inventory_item_pb(it: InventoryItem) -> pb.InventoryItem:
@@ -130,7 +153,7 @@ def copy_order_pb(c: CopyOrder) -> pb.CopyOrder:
 def copy_result(msg: pb.CopyResult) -> CopyResult:
     return CopyResult(ObjectKey(msg.key), ObjectId(msg.object_id), NodeId(msg.target_node_id),
                       "" if msg.status.code == pb.OK else
-                      msg.status.message or pb.Code.Name(msg.status.code))
+                      msg.status.message or code_name(msg.status.code))
 
 
 def copy_result_pb(r: CopyResult) -> pb.CopyResult:

@@ -182,6 +182,7 @@ def _check_shard(cfg) -> None:
 
 
 def master_main(argv: list[str]) -> None:
+    from kvstore.master.limits import DEFAULT_MAX_PENDING_PUTS
     from kvstore.master.server import MasterConfig, serve
     from kvstore.shardmap import ShardMap
 
@@ -194,6 +195,9 @@ def master_main(argv: list[str]) -> None:
                    help="a node without a heartbeat this long is removed, with its replicas "
                         "(an object on no other node is forgotten; the node re-announces "
                         "what it kept if it returns)")
+    p.add_argument("--max-pending-puts", type=int, default=DEFAULT_MAX_PENDING_PUTS,
+                   help="puts in progress (placed, not yet stored) held at once; more are "
+                        "answered UNAVAILABLE until some complete")
     p.add_argument("--shard-id", type=int, default=0, help="this master's shard in --shard-map")
     p.add_argument("--shard-map", default="",
                    help='static shard map: "addr0,addr1,..." (slots split evenly) or a JSON '
@@ -207,8 +211,10 @@ def master_main(argv: list[str]) -> None:
     setup_logging(a.log_level)
     _require(not a.etcd or a.etcd.startswith(("http://", "https://")),
              f"--etcd {a.etcd!r}: give a URL, http://HOST:PORT")
+    _require(a.max_pending_puts >= 1, f"--max-pending-puts must be >= 1, got {a.max_pending_puts}")
     cfg = MasterConfig(
         host=a.host, port=a.port, node_ttl_ms=a.node_ttl_ms, node_forget_ms=a.node_forget_ms,
+        max_pending_puts=a.max_pending_puts,
         shard_id=a.shard_id,
         shard_map=ShardMap.parse(a.shard_map) if a.shard_map else None, etcd=a.etcd,
         cluster_name=a.cluster_name, lease_ttl_s=a.lease_ttl_s, **_secured(a))

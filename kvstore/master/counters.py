@@ -15,6 +15,7 @@ class MasterCounter(str, enum.Enum):
     PUTS_ALREADY_PRESENT = "puts_already_present"   # second puts of equal bytes
     PUTS_REVOKED = "puts_revoked"                # ... undone by their writer
     PUTS_EXPIRED = "puts_expired"                # ... revoked at their deadline
+    PUTS_BUSY = "puts_busy"                      # refused: max_pending_puts in progress
     STORED_REFUSED = "stored_refused"            # STORED reports of no known put (dropped)
     LOOKUP_HITS = "lookup_hits"
     LOOKUP_MISSES = "lookup_misses"

@@ -45,6 +45,7 @@ from kvstore.master.counters import MasterCounter as C
 from kvstore.master.entry import Entry
 from kvstore.master.grants import MAX_IDS_PER_GRANT, Grant, Grants
 from kvstore.master.inventory import sync_node_inventory
+from kvstore.master.limits import DEFAULT_MAX_PENDING_PUTS
 from kvstore.master.membership import Membership, NodeInfo
 from kvstore.shardmap import ShardMap
 from kvstore.types import (EventKind, InventoryItem, NodeAddress, NodeEvent, NodeId, ObjectId,
@@ -87,14 +88,17 @@ class ObjectIndex:
         shard_map: the current map; keys of other shards get WrongShard.
         shard_id: this shard's id in the map.
         put_timeout_ms: a PENDING put older than this is revoked.
+        max_pending_puts: PENDING puts held at once, at most (:mod:`.limits`).
     """
 
     def __init__(self, membership: Membership, shard_map: ShardMap, shard_id: int = 0,
-                 put_timeout_ms: int = 30_000):
+                 put_timeout_ms: int = 30_000, max_pending_puts: int = DEFAULT_MAX_PENDING_PUTS):
         self.membership = membership
         self.shard_map = shard_map
         self.shard_id = shard_id
         self.put_timeout_ms = put_timeout_ms
+        self.max_pending_puts = max_pending_puts
+        self.num_pending = 0           # PENDING entries (kept with every state change)
         self.entries: dict[ObjectKey, Entry] = {}
         self._sorted_keys: list[str] | None = None   # COMPLETE keys, rebuilt lazily for list
         self._next_id = 1              # object ids; above every id seen in an inventory
@@ -133,8 +137,17 @@ class ObjectIndex:
         for node_id in drop_on:
             self.membership.order_drop(node_id, entry.key, entry.object_id)
         if entry.state is ReplicaState.PENDING:
+            self.num_pending -= 1
             for node_id in entry.targets:
                 self.membership.unreserve(node_id, entry.size_bytes)
+
+    def _unreported_drops(self, targets: list[NodeId]) -> list[NodeId]:
+        """Of the targets that never reported a put, those to order a drop to: the live
+        ones. A dead target needs none, and orders to it would pile up until it is
+        forgotten: bytes it may hold unconfirmed are refused when its STORED event
+        is replayed (or are gone with its restart; slower tiers hold only
+        confirmed objects)."""
+        return [n for n in targets if self.membership.is_alive(n)]
 
     def forget_nodes(self, now_ms: int) -> list[NodeId]:
         """Forget the nodes dead past the membership's ``forget_ms``, and their
@@ -204,7 +217,7 @@ class ObjectIndex:
         if entry is not None and entry.state is ReplicaState.PENDING and now_ms > entry.deadline_ms:
             log.warning("put of %s timed out after %d ms: revoked", key, self.put_timeout_ms)
             self.counters[C.PUTS_EXPIRED] += 1
-            self._delete(entry, entry.targets)
+            self._delete(entry, self._unreported_drops(entry.targets))
             entry = None
         if entry is not None and entry.state is ReplicaState.COMPLETE and not self._live_replicas(entry):
             # Every replica is on a dead node: the object is lost; the key is free again.
@@ -219,6 +232,10 @@ class ObjectIndex:
                 return PutPlan(entry.object_id, already_present=True)
             raise KeyConflict(f"key holds different bytes ({entry.size_bytes} B, checksum "
                               f"{entry.checksum:#x}); objects are immutable")
+        if self.num_pending >= self.max_pending_puts:
+            self.counters[C.PUTS_BUSY] += 1
+            raise Unavailable(f"{self.num_pending} puts in progress on this shard, the most it "
+                              f"holds (--max-pending-puts); retry once some complete")
         nodes = self._place(item.size_bytes, replica_num, preferred, now_ms)
         entry = Entry(key=key, size_bytes=item.size_bytes, checksum=item.checksum,
                       object_id=self._new_id(), state=ReplicaState.PENDING,
@@ -228,6 +245,7 @@ class ObjectIndex:
         for n in nodes:
             self.membership.reserve(n.node_id, item.size_bytes)
         self.entries[key] = entry
+        self.num_pending += 1
         self.counters[C.PUT_STARTS] += 1
         return PutPlan(entry.object_id, tuple(n.address for n in nodes))
 
@@ -265,7 +283,7 @@ class ObjectIndex:
         if entry is None or entry.object_id != object_id:
             raise NotFound("no put with this object_id", key=key)
         if entry.state is ReplicaState.PENDING:
-            self._delete(entry, entry.targets)
+            self._delete(entry, self._unreported_drops(entry.targets))
             self.counters[C.PUTS_REVOKED] += 1
         else:
             self._release_targets(entry)
@@ -280,7 +298,7 @@ class ObjectIndex:
             if not entry.targets or now_ms <= entry.deadline_ms:
                 continue
             if entry.state is ReplicaState.PENDING:
-                self._delete(entry, entry.targets)
+                self._delete(entry, self._unreported_drops(entry.targets))
                 expired += 1
             else:
                 self._release_targets(entry)
@@ -292,6 +310,7 @@ class ObjectIndex:
         """Give up waiting for the targets that have not reported the object."""
         for node_id in entry.targets:
             self.membership.unreserve(node_id, entry.size_bytes)
+        for node_id in self._unreported_drops(entry.targets):
             self.membership.order_drop(node_id, entry.key, entry.object_id)
         entry.targets = []
         entry.deadline_ms = 0
@@ -308,7 +327,7 @@ class ObjectIndex:
         """
         if entry is not None and entry.state is ReplicaState.PENDING and now_ms > entry.deadline_ms:
             self.counters[C.PUTS_EXPIRED] += 1
-            self._delete(entry, entry.targets)
+            self._delete(entry, self._unreported_drops(entry.targets))
             entry = None
         if entry is not None and entry.state is ReplicaState.COMPLETE and \
                 not self._live_replicas(entry):
@@ -373,6 +392,7 @@ class ObjectIndex:
         self.membership.account_stored(node_id, entry.size_bytes)
         if entry.state is ReplicaState.PENDING:
             entry.state = ReplicaState.COMPLETE
+            self.num_pending -= 1
             self._sorted_keys = None
             self.counters[C.PUTS] += 1
         elif entry.repair_target == node_id:

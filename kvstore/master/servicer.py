@@ -26,6 +26,7 @@ from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.errors import INDEX_INCOMPLETE, OK_STATUS, KVStoreError, status_code, to_status
 from kvstore.master.counters import MasterCounter as C
 from kvstore.master.index import ObjectIndex, PutItem
+from kvstore.master.limits import check_inventory
 from kvstore.master.membership import NodeHeartbeat, NodeRegistration
 from kvstore.master.repair import RepairPlanner
 from kvstore.auth import Role, fingerprint
@@ -169,13 +170,15 @@ class MasterServicer(pb_grpc.MasterServicer):
                                max_object_bytes=request.max_object_bytes,
                                tiers=tuple(wire.tier_stats(t) for t in request.tiers),
                                incarnation=request.incarnation, owner=self._owner(context))
+        # Bad input first: nothing is registered for a request that is refused.
+        inventory = [wire.inventory_item(it) for it in request.inventory]
+        check_inventory(inventory)
         try:
             _, known = self.membership.register(reg, now_ms())
         except KVStoreError as err:
             await self._refuse(context, err)
         # The node's inventory is the truth about it: a restart loses DRAM and
         # keeps the SSD; objects the index does not know are indexed again.
-        inventory = [wire.inventory_item(it) for it in request.inventory]
         lost, indexed = self.index.sync_node_inventory(reg.address.node_id, inventory, now_ms())
         if lost or indexed:
             log.info("node %s registered%s with %d object(s): %d indexed from its inventory, "
@@ -224,10 +227,10 @@ class MasterServicer(pb_grpc.MasterServicer):
                                            self._owner(context))
         except KVStoreError as err:
             await self._refuse(context, err)
+        events = [wire.node_event(e) for e in request.events]   # all or none: bad input first
         now = now_ms()
         return pb.ReportEventsResponse(known=True, statuses=[
-            _status(self.index.node_event(node_id, wire.node_event(e), now))
-            for e in request.events])
+            _status(self.index.node_event(node_id, e, now)) for e in events])
 
     async def GetShardMap(self, request, context):
         return wire.shard_map_pb(self.index.shard_map)

@@ -43,7 +43,8 @@ from kvstore.store.node import StoreNode
 from kvstore.store.objects import StoredObject
 from kvstore.store.stats import NodeCounter
 from kvstore.store.tiers.base import TierIOError
-from kvstore.transfer.protocol import REQUEST, RESPONSE, FrameReader, Op, send_gathered
+from kvstore.transfer.protocol import (REQUEST, RESPONSE, FrameReader, Op, StreamEnded,
+                                       send_gathered)
 from kvstore.transfer.rdma_wire import MAX_CONNECT_BYTES, OP_RDMA_CONNECT
 
 log = logging.getLogger(__name__)
@@ -188,6 +189,10 @@ class Session:
             code = "OK"
             try:
                 handler(key, object_id, size, checksum)
+            except StreamEnded:
+                # The stream ended (or stalled) inside this frame: the bytes read
+                # of it are no frame, and nothing follows. Never parse them as one.
+                raise
             except KVStoreError as err:
                 code = _CODE_NAMES.get(err.code, "INTERNAL")
                 self._reply_error(err)

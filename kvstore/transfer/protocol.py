@@ -46,6 +46,12 @@ RESPONSE = struct.Struct("<BBHIQQQQQ")
 MAX_KEY_BYTES = 65535
 
 
+class StreamEnded(Unavailable):
+    """The peer closed the connection, or the socket failed (or timed out), while
+    bytes of a frame were awaited: nothing more can be read from this stream, and
+    what was buffered of the frame is not a frame."""
+
+
 class Op(enum.IntEnum):
     PUT = 1          # write a value inline; size bytes follow the key
     GET = 2          # read a value inline
@@ -71,7 +77,7 @@ def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
     """Fill ``view`` from ``sock``.
 
     Raises:
-        Unavailable: the peer closed the connection or the socket failed.
+        StreamEnded: the peer closed the connection or the socket failed.
     """
     got = 0
     n = len(view)
@@ -79,9 +85,9 @@ def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
         try:
             k = sock.recv_into(view[got:], n - got)
         except OSError as exc:
-            raise Unavailable(f"connection failed while receiving: {exc}") from exc
+            raise StreamEnded(f"connection failed while receiving: {exc}") from exc
         if k == 0:
-            raise Unavailable("connection closed by peer")
+            raise StreamEnded("connection closed by peer")
         got += k
 
 
@@ -91,6 +97,9 @@ class FrameReader:
     Headers and keys are served from an internal buffer; a value is copied
     from what is already buffered and the rest received straight into its
     destination (``recv_into``), so large values are never staged.
+
+    Every read raises :class:`StreamEnded` when the peer closes the connection
+    or the socket fails before the bytes asked for arrived.
 
     Args:
         sock: a connected socket.
@@ -117,9 +126,9 @@ class FrameReader:
             try:
                 k = self.sock.recv_into(self._view[self._end:])
             except OSError as exc:
-                raise Unavailable(f"connection failed while receiving: {exc}") from exc
+                raise StreamEnded(f"connection failed while receiving: {exc}") from exc
             if k == 0:
-                raise Unavailable("connection closed by peer")
+                raise StreamEnded("connection closed by peer")
             self._end += k
 
     def buffered(self) -> int:
@@ -190,18 +199,18 @@ class FrameReader:
                 try:
                     k = self.sock.recv_into(dest[got:], n - got)
                 except OSError as exc:
-                    raise Unavailable(f"connection failed while receiving: {exc}") from exc
+                    raise StreamEnded(f"connection failed while receiving: {exc}") from exc
                 if k == 0:
-                    raise Unavailable("connection closed by peer")
+                    raise StreamEnded("connection closed by peer")
                 got += k
             return
         while got < n:
             try:
                 k = self.sock.recvmsg_into([dest[got:], self._view])[0]
             except OSError as exc:
-                raise Unavailable(f"connection failed while receiving: {exc}") from exc
+                raise StreamEnded(f"connection failed while receiving: {exc}") from exc
             if k == 0:
-                raise Unavailable("connection closed by peer")
+                raise StreamEnded("connection closed by peer")
             if k > n - got:
                 self._end = k - (n - got)
                 got = n

@@ -1,0 +1,39 @@
+"""A master shard's limits: what it holds at most, and what it refuses to be told.
+
+    puts in progress   at most ``max_pending_puts`` PENDING puts (default
+                       :data:`DEFAULT_MAX_PENDING_PUTS`); one more is UNAVAILABLE, which
+                       the SDK retries, until some complete or expire. Each costs the
+                       master about 1 KiB for up to the put timeout (30 s), and a PutStart
+                       of zero-byte values reserves no space on any node, so without a
+                       cap a client could make the master hold any number of them.
+    inventory ids      a node announces object ids in [1, :data:`MAX_INVENTORY_OBJECT_ID`]
+                       (:func:`check_inventory`). New ids continue above every id seen,
+                       and a leader's begin at its etcd revision << 32 (< 2^63), so 2^63
+                       ids are left to hand out; an announced 2^64 - 1 would leave none:
+                       the next id would not fit the wire's uint64, and every later put,
+                       and every drop order in a heartbeat reply, would fail.
+
+Calls carry at most :data:`kvstore.rpc.MAX_KEYS_PER_CALL` keys (checked by the servicer).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from kvstore.errors import InvalidArgument
+from kvstore.types import InventoryItem
+
+DEFAULT_MAX_PENDING_PUTS = 65_536
+MAX_INVENTORY_OBJECT_ID = 2**63 - 1
+
+
+def check_inventory(items: Sequence[InventoryItem]) -> None:
+    """Refuse an inventory no node could hold (called before anything is changed).
+
+    Raises:
+        InvalidArgument: an object id of 0 or above :data:`MAX_INVENTORY_OBJECT_ID`.
+    """
+    for it in items:
+        if not 0 < it.object_id <= MAX_INVENTORY_OBJECT_ID:
+            raise InvalidArgument(f"inventory object id {it.object_id} of {it.key[:64]!r} is "
+                                  f"outside [1, {MAX_INVENTORY_OBJECT_ID}]")
