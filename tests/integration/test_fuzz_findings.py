@@ -15,8 +15,9 @@
                                  held without bound for the put timeout); no drop orders
                                  pile up for dead targets
     HTTP bodies json cannot hold 400 (a 4301-digit integer, deep nesting, a lone
-                                 surrogate, max_tokens >= 2^32 were 500s), and a client
-                                 gone mid-body is no ERROR traceback
+                                 surrogate, max_tokens >= 2^32 were 500s), and neither a
+                                 client gone mid-body nor a request aiohttp cannot parse
+                                 is an ERROR traceback
 """
 
 from __future__ import annotations
@@ -223,6 +224,11 @@ def test_the_http_front_answers_400_to_bodies_json_cannot_hold(procs, tmp_path):
     host, port = front.address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as s:   # gone mid-body
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n{")
+    for head in (b"Content-Length: -5", b"Content-Length: abc", b"\x82A\xdc: x",
+                 b"Transfer-Encoding: chunked\r\n\r\nzz\r\n"):        # 400s, answered by aiohttp
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\n" + head + b"\r\n\r\n{}")
+            assert s.recv(4096).split(b" ", 2)[1] == b"400", head
     time.sleep(0.5)
     status, _ = _post(front.address, b'{"model": "tiny", "prompt": [1], "max_tokens": 0}')
     assert status == 400
