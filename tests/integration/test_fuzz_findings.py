@@ -8,6 +8,8 @@
     inventory object id 2^64-1   INVALID_ARGUMENT, nothing registered (it used up the ids:
                                  every later put and every heartbeat carrying a drop
                                  order failed, so live nodes fell dead)
+    sizes past 2^64 in Stat      answered, saturated (Stat failed UNKNOWN for everyone once
+                                 the sizes nodes reported added up past the uint64)
     stream ending inside a frame the session ends; the bytes it had of the frame are
                                  never parsed as frames (a cut AUTH_PROVE's payload was
                                  executed as requests)
@@ -135,6 +137,21 @@ def test_an_inventory_cannot_use_up_the_object_ids(procs):
                               timeout=10)
         assert reply.results[0].status.code == pb.OK
         assert reply.results[0].object_id == 2**63
+
+
+def test_stat_answers_when_reported_sizes_add_up_past_2_64(procs):
+    master = procs.start("master", service_args("master"))
+    time.sleep(3.2)                       # past the warm-up
+    with grpc.insecure_channel(master.address) as ch:
+        stub = pb_grpc.MasterStub(ch)
+        for i in range(2):
+            stub.RegisterNode(pb.RegisterNodeRequest(
+                address=pb.NodeAddress(node_id=f"fz{i}", host="127.0.0.1", data_port=9),
+                capacity_bytes=2**64 - 1, incarnation="i",
+                inventory=[pb.InventoryItem(key=f"big{i}", object_id=1 + i,
+                                            size_bytes=2**64 - 1)]), timeout=10)
+        st = stub.Stat(pb.StatRequest(), timeout=10)
+        assert st.num_objects == 2 and st.total_bytes == 2**64 - 1     # saturated
 
 
 def test_a_stream_that_ends_inside_a_frame_is_never_parsed_further(procs):
