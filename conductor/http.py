@@ -45,6 +45,7 @@ from typing import AsyncIterator, Protocol
 
 import grpc
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from google.protobuf.json_format import MessageToDict
 
 from kvstore._proto import serving_pb2 as spb
@@ -58,6 +59,26 @@ from kvstore.conductor.tokenizer import ByteTokenizer
 from kvstore.process import announce_ready, wait_for_stop_signal
 
 log = logging.getLogger(__name__)
+
+
+class _ClientFaults(logging.Filter):
+    """aiohttp logs every request it cannot parse (a bad Content-Length, chunk or
+    header line) at ERROR with a traceback, though it answers 400 and the fault is
+    the client's: before authentication, so any client could fill the log. Those
+    become one INFO line each; errors of the front's own handlers stay ERROR."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 500) < 500:
+            log.info("malformed HTTP request: answered %d (%s)", exc.code,
+                     str(exc.message).strip()[:120])
+            return False
+        return True
+
+
+#: The front's aiohttp request handlers log here (see _ClientFaults).
+_server_log = logging.getLogger(__name__ + ".server")
+_server_log.addFilter(_ClientFaults())
 
 DEFAULT_MAX_TOKENS = 16     # OpenAI's default for /v1/completions
 MAX_TOKENS_LIMIT = 2**32 - 1    # what GenerateRequest.max_tokens (uint32) can carry
@@ -341,7 +362,7 @@ class HttpFront:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen on ``host:port`` (0: a free port); returns the port."""
-        self._runner = web.AppRunner(self.app, access_log=None)
+        self._runner = web.AppRunner(self.app, access_log=None, logger=_server_log)
         await self._runner.setup()
         tls = self.security.tls
         site = web.TCPSite(self._runner, host, port,

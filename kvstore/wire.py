@@ -8,7 +8,9 @@ message). Per-item statuses go through :mod:`kvstore.errors`
 
 Messages come from peers, so a value a record cannot hold (an enum number
 no kind has: proto3 enums are open) is :class:`~kvstore.errors.InvalidArgument`,
-never a ``ValueError`` from deep inside.
+never a ``ValueError`` from deep inside. Going out, sums of what peers
+reported (a shard's total bytes, a node's used bytes plus what it stored
+since its heartbeat) saturate at 2^64 - 1 rather than overflow the uint64.
 """
 
 from __future__ import annotations
@@ -25,6 +27,12 @@ from kvstore.types import (CopyOrder, CopyResult, DropOrder, EventKind, Inventor
                            ObjectMeta, Replica, ShardStatus, TierKind, TierStats)
 
 _E = TypeVar("_E", bound=enum.IntEnum)
+_U64_MAX = 2**64 - 1
+
+
+def _u64(n: int) -> int:
+    """``n`` clamped to a uint64 field's range."""
+    return min(max(n, 0), _U64_MAX)
 
 
 def _kind(cls: type[_E], value: int, what: str) -> _E:
@@ -88,8 +96,8 @@ def node_status(msg: pb.NodeStat) -> NodeStatus:
 
 def node_status_pb(n: NodeStatus) -> pb.NodeStat:
     return pb.NodeStat(address=node_address_pb(n.address), alive=n.alive, tier=pb.DRAM,
-                       capacity_bytes=n.capacity_bytes, used_bytes=n.used_bytes,
-                       num_objects=n.num_objects, last_heartbeat_ms=n.last_heartbeat_ms,
+                       capacity_bytes=_u64(n.capacity_bytes), used_bytes=_u64(n.used_bytes),
+                       num_objects=_u64(n.num_objects), last_heartbeat_ms=n.last_heartbeat_ms,
                        tiers=[tier_stats_pb(t) for t in n.tiers], counters=n.counters)
 
 
@@ -104,7 +112,7 @@ def shard_status(msg: pb.StatResponse) -> ShardStatus:
 def shard_status_pb(s: ShardStatus) -> pb.StatResponse:
     return pb.StatResponse(shard_id=s.shard_id, shard_map_version=s.shard_map_version,
                            nodes=[node_status_pb(n) for n in s.nodes],
-                           num_objects=s.num_objects, total_bytes=s.total_bytes,
+                           num_objects=s.num_objects, total_bytes=_u64(s.total_bytes),
                            pending_puts=s.pending_puts, counters=s.counters,
                            metrics_address=s.metrics_address,
                            warmup_left_ms=s.warmup_left_ms)

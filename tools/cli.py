@@ -4,6 +4,7 @@
     kvstore master | node | prefill | decode | conductor  [component options, see --help]
     kvstore up [--masters N --nodes M --standbys K --etcd URL|local]
     kvstore chaos [--json]
+    kvstore fuzz [--inputs N] [--seed S] [--surfaces ...] [--json]
 """
 
 from __future__ import annotations
@@ -166,6 +167,7 @@ def _register_tools() -> None:
     from kvstore.tools.bench.command import bench_command
     from kvstore.tools.certs import certs_command
     from kvstore.tools.cache_sim import simulate_cache_command
+    from kvstore.tools.fuzz.command import fuzz_command
     from kvstore.tools.multihost import hosts_command
     from kvstore.tools.partition.command import partition_command
     from kvstore.tools.profile import profile_command
@@ -189,6 +191,9 @@ def _register_tools() -> None:
                                   "load: a shard leader, a node from its master, clients "
                                   "from a replica; count lost and wrong reads.")(
         partition_command)
+    app.command("fuzz", help="Seeded fuzzing of the data port (TCP, Unix socket), the master's "
+                             "gRPC and the HTTP front; checks processes, reads and memory "
+                             "after every batch.")(fuzz_command)
     app.command("profile", help="Fit the cost model (prefill, decode, transfer) from the "
                                 "bundled engines on this machine.")(profile_command)
 

@@ -8,6 +8,8 @@
     inventory object id 2^64-1   INVALID_ARGUMENT, nothing registered (it used up the ids:
                                  every later put and every heartbeat carrying a drop
                                  order failed, so live nodes fell dead)
+    sizes past 2^64 in Stat      answered, saturated (Stat failed UNKNOWN for everyone once
+                                 the sizes nodes reported added up past the uint64)
     stream ending inside a frame the session ends; the bytes it had of the frame are
                                  never parsed as frames (a cut AUTH_PROVE's payload was
                                  executed as requests)
@@ -15,8 +17,9 @@
                                  held without bound for the put timeout); no drop orders
                                  pile up for dead targets
     HTTP bodies json cannot hold 400 (a 4301-digit integer, deep nesting, a lone
-                                 surrogate, max_tokens >= 2^32 were 500s), and a client
-                                 gone mid-body is no ERROR traceback
+                                 surrogate, max_tokens >= 2^32 were 500s), and neither a
+                                 client gone mid-body nor a request aiohttp cannot parse
+                                 is an ERROR traceback
 """
 
 from __future__ import annotations
@@ -136,6 +139,21 @@ def test_an_inventory_cannot_use_up_the_object_ids(procs):
         assert reply.results[0].object_id == 2**63
 
 
+def test_stat_answers_when_reported_sizes_add_up_past_2_64(procs):
+    master = procs.start("master", service_args("master"))
+    time.sleep(3.2)                       # past the warm-up
+    with grpc.insecure_channel(master.address) as ch:
+        stub = pb_grpc.MasterStub(ch)
+        for i in range(2):
+            stub.RegisterNode(pb.RegisterNodeRequest(
+                address=pb.NodeAddress(node_id=f"fz{i}", host="127.0.0.1", data_port=9),
+                capacity_bytes=2**64 - 1, incarnation="i",
+                inventory=[pb.InventoryItem(key=f"big{i}", object_id=1 + i,
+                                            size_bytes=2**64 - 1)]), timeout=10)
+        st = stub.Stat(pb.StatRequest(), timeout=10)
+        assert st.num_objects == 2 and st.total_bytes == 2**64 - 1     # saturated
+
+
 def test_a_stream_that_ends_inside_a_frame_is_never_parsed_further(procs):
     from kvstore.client import KVClient
 
@@ -223,6 +241,11 @@ def test_the_http_front_answers_400_to_bodies_json_cannot_hold(procs, tmp_path):
     host, port = front.address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as s:   # gone mid-body
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n{")
+    for head in (b"Content-Length: -5", b"Content-Length: abc", b"\x82A\xdc: x",
+                 b"Transfer-Encoding: chunked\r\n\r\nzz\r\n"):        # 400s, answered by aiohttp
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\n" + head + b"\r\n\r\n{}")
+            assert s.recv(4096).split(b" ", 2)[1] == b"400", head
     time.sleep(0.5)
     status, _ = _post(front.address, b'{"model": "tiny", "prompt": [1], "max_tokens": 0}')
     assert status == 400
