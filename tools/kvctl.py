@@ -430,54 +430,52 @@ def _live(kv, scraper, watched: tuple[str, ...], interval: float, before) -> Non
 
     console = _console()
     if not console.is_terminal:
-        _stream(kv, scraper, watched, interval, before, console)
+        # A pipe, a file, ``watch``'s log: no redrawing; one titled table per
+        # interval, appended, until Ctrl-C.
+        try:
+            for summary, err in _windows(kv, scraper, watched, interval, before):
+                if err is not None:
+                    console.print(f"{time.strftime('%H:%M:%S')} {type(err).__name__}: {err}")
+                    continue
+                console.print(top_view.render(summary, _table, f"kvctl top  "
+                                              f"{time.strftime('%H:%M:%S')}  window "
+                                              f"{summary['interval_s']:.1f} s"))
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            pass
         return
     shown = None
-    due = time.monotonic()
     with Live(f"sampling every {interval:g} s ...", console=console,
               auto_refresh=False) as live:
         try:
-            while True:
-                due += interval
-                time.sleep(max(0.0, due - time.monotonic()))
-                try:
-                    after = top_view.take_sample(kv, scraper, watched)
-                except KVStoreError as err:
+            for summary, err in _windows(kv, scraper, watched, interval, before):
+                if err is not None:
                     note = f"[red]{time.strftime('%H:%M:%S')} {type(err).__name__}: {err}[/red]"
                     live.update(Group(*(x for x in (shown, note) if x is not None)),
                                 refresh=True)
                     continue
-                summary = top_view.summarize(before, after)
                 title = (f"[bold]kvctl top[/bold]  {time.strftime('%H:%M:%S')}  window "
                          f"{summary['interval_s']:.1f} s  (Ctrl-C quits)")
                 shown = top_view.render(summary, _table, title)
                 live.update(shown, refresh=True)
-                before = after
         except KeyboardInterrupt:
             pass
 
 
-def _stream(kv, scraper, watched: tuple[str, ...], interval: float, before, console) -> None:
-    """Not a terminal (a pipe, a file, ``watch``'s log): no redrawing; one titled
-    table per ``interval``, appended, until Ctrl-C."""
+def _windows(kv, scraper, watched: tuple[str, ...], interval: float, before):
+    """Every ``interval`` s, the summary of the window since the last good sample and
+    None, or (None, the error) when a sample failed (it is taken again next time)."""
     due = time.monotonic()
-    try:
-        while True:
-            due += interval
-            time.sleep(max(0.0, due - time.monotonic()))
-            try:
-                after = top_view.take_sample(kv, scraper, watched)
-            except KVStoreError as err:
-                console.print(f"{time.strftime('%H:%M:%S')} {type(err).__name__}: {err}")
-                continue
-            summary = top_view.summarize(before, after)
-            console.print(top_view.render(summary, _table, f"kvctl top  "
-                                          f"{time.strftime('%H:%M:%S')}  window "
-                                          f"{summary['interval_s']:.1f} s"))
-            sys.stdout.flush()
-            before = after
-    except KeyboardInterrupt:
-        pass
+    while True:
+        due += interval
+        time.sleep(max(0.0, due - time.monotonic()))
+        try:
+            after = top_view.take_sample(kv, scraper, watched)
+        except KVStoreError as err:
+            yield None, err
+            continue
+        yield top_view.summarize(before, after), None
+        before = after
 
 
 def main() -> None:
