@@ -32,10 +32,11 @@ from kvstore import wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.client.aio_data import AsyncNodeConnection
+from kvstore.client.control import next_master
 from kvstore.client.meta_cache import MetaCache
 from kvstore.client.placement import IDS_PER_GRANT, Grant, grant_of, take
 from kvstore.client.puts import settle
-from kvstore.errors import (INDEX_INCOMPLETE, RETRYABLE, InvalidArgument, KVStoreError, NotFound,
+from kvstore.errors import (RETRYABLE, InvalidArgument, KVStoreError, NotFound,
                             Unavailable, WrongShard, error_for_code, from_rpc_error)
 from kvstore.keys import validate_key, value_checksum
 from kvstore.rpc import MAX_KEYS_PER_CALL, MAX_REPLICAS, ClientCredentials, aio_channel
@@ -126,8 +127,7 @@ class AsyncKVClient:
                 err = from_rpc_error(exc)
                 if not isinstance(err, RETRYABLE) or time.monotonic() > deadline:
                     raise err from None
-            if not err.message.startswith(INDEX_INCOMPLETE):
-                at = (at + 1) % len(addresses)
+            at = next_master(addresses, at, err)
             await asyncio.sleep(0.05)
 
     def _by_shard(self, keys: Sequence[str]) -> dict[tuple[str, ...], list[int]]:

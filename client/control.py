@@ -52,6 +52,19 @@ def _as_is(err: KVStoreError) -> KVStoreError:
     return err
 
 
+def next_master(addresses: tuple[str, ...], at: int, err: KVStoreError) -> int:
+    """Which of a shard's masters an HA call tries after ``addresses[at]`` answered the
+    retryable ``err``: the same one when it answered "index incomplete" (it won the
+    election and is warming up: waited on, not left for a cut-off old leader and a
+    whole RPC deadline), the leader a standby named ("(leader: X)"), else the next."""
+    if err.message.startswith(INDEX_INCOMPLETE):
+        return at
+    hint = _leader_hint(err.message)
+    if hint in addresses and hint != addresses[at]:
+        return addresses.index(hint)
+    return (at + 1) % len(addresses)
+
+
 def _leader_hint(message: str) -> str:
     """The leader a standby named in its refusal ("... (leader: host:port)"), or ""."""
     _, sep, rest = message.rpartition("(leader: ")
@@ -132,10 +145,6 @@ class Control:
             return stub
 
     def _call_ha(self, addresses: tuple[str, ...], method: str, request):
-        # A master that answers "index incomplete" won the election: it is
-        # waited on, not left (leaving it meant a round through a cut-off old
-        # leader, a whole RPC deadline). "Not the leader (leader: X)" names X:
-        # it is tried next.
         at = self._leader.get(addresses, 0)
         deadline = time.monotonic() + self.failover_wait_s
         tried = 0
@@ -148,13 +157,12 @@ class Control:
                 err = from_rpc_error(exc)
                 if not isinstance(err, RETRYABLE) or time.monotonic() > deadline:
                     raise err from None
-            if err.message.startswith(INDEX_INCOMPLETE):
+            nxt = next_master(addresses, at, err)
+            if nxt == at:                    # it won the election and is warming up
                 self._leader[addresses] = at
                 time.sleep(0.05)
                 continue
-            hint = _leader_hint(err.message)
-            at = addresses.index(hint) if hint in addresses and hint != addresses[at] \
-                else (at + 1) % len(addresses)
+            at = nxt
             tried += 1
             if tried % len(addresses) == 0:
                 time.sleep(0.1)
