@@ -188,13 +188,21 @@ class PutProtocol:
             waves[w].append(i)
         for wave in waves:
             deadline = time.monotonic() + self.put_wait_s
+            unavailable_until = time.monotonic() + self._control.failover_wait_s
             backoff = 0.005
             failed: dict[int, frozenset] = {}
             for _ in range(_MAX_ROUNDS):
                 retry = self._round(keys, views, checksums, parents, wave, replicas, results,
                                     time.monotonic() < deadline, failed)
                 if not retry:
-                    break
+                    # Every node failed a value (a leader failover, a partition): wait it
+                    # out, as a master call does, for up to failover_wait_s.
+                    retry = [i for i in wave if isinstance(results[i], Unavailable)]
+                    if not retry or time.monotonic() > unavailable_until:
+                        break
+                    for i in retry:
+                        failed.pop(i, None)
+                    time.sleep(0.1)
                 if any(i not in failed for i in retry):   # waiting for another writer
                     time.sleep(backoff)
                     backoff = min(backoff * 2, 0.2)
