@@ -158,10 +158,16 @@ class TokenFile:
 
     def role_of_proof(self, nonce: bytes, answer: bytes) -> Role | None:
         """The role whose token made ``answer`` to ``nonce`` (the data-port handshake), or None."""
-        found: Role | None = None
+        found = self.match_proof(nonce, answer)
+        return found[0] if found else None
+
+    def match_proof(self, nonce: bytes, answer: bytes) -> tuple[Role, str] | None:
+        """The role and :func:`fingerprint` of the token that made ``answer`` to
+        ``nonce``, or None; compares with every token, in constant time."""
+        found: tuple[Role, str] | None = None
         for known, role in self._table.items():
             if hmac.compare_digest(proof(known, nonce), answer):
-                found = role
+                found = (role, fingerprint(known))
         return found
 
 

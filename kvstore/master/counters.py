@@ -17,6 +17,8 @@ class MasterCounter(str, enum.Enum):
     PUTS_EXPIRED = "puts_expired"                # ... revoked at their deadline
     PUTS_BUSY = "puts_busy"                      # refused: max_pending_puts in progress
     STORED_REFUSED = "stored_refused"            # STORED reports of no known put (dropped)
+    LINK_REPORTS = "link_reports"                # node reports on the report link
+    LINKS_REFUSED = "links_refused"              # report links closed on a bad frame or proof
     LOOKUP_HITS = "lookup_hits"
     LOOKUP_MISSES = "lookup_misses"
     EXISTS_KEYS = "exists_keys"                  # keys asked about by Exists

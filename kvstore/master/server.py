@@ -28,6 +28,7 @@ from kvstore.master import metrics as master_metrics
 from kvstore.master.index import ObjectIndex
 from kvstore.master.limits import DEFAULT_MAX_PENDING_PUTS
 from kvstore.master.membership import Membership
+from kvstore.master.report_port import ReportPort
 from kvstore.master.servicer import METHOD_ROLES, MasterServicer, now_ms
 from kvstore.process import announce_ready, wait_for_stop_signal
 from kvstore.shardmap import ShardMap
@@ -88,6 +89,9 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
     if metrics is not None:
         master_metrics.register(metrics, servicer, asyncio.get_running_loop())
     await server.start()
+    # The report link (kvstore.master.report_port) on the same host; serve() closes it.
+    server.report_port = ReportPort(servicer, security)
+    servicer.report_port = await server.report_port.start(host)
     return server, bound, index
 
 
@@ -184,7 +188,8 @@ async def serve(cfg: MasterConfig) -> None:
     task = asyncio.create_task(_maintenance(server.servicer, 0.2, health))
     if cfg.security.tokens is not None:
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, cfg.security.tokens.reload)
-    info = {"role": "master", "address": address, "port": bound, "shard_id": cfg.shard_id}
+    info = {"role": "master", "address": address, "port": bound, "shard_id": cfg.shard_id,
+            "report_port": server.servicer.report_port}
     if maddress:
         info["metrics_address"] = maddress
     announce_ready(info)
@@ -192,6 +197,7 @@ async def serve(cfg: MasterConfig) -> None:
     # Drain: NOT_SERVING first, then stop accepting, then the calls in flight end;
     # only then give up the lead (a standby takes over after the lease).
     await drain(health, server, cfg.drain_s)
+    server.report_port.close()
     task.cancel()
     if election is not None:
         election.stop()

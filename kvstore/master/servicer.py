@@ -82,6 +82,7 @@ class MasterServicer(pb_grpc.MasterServicer):
                  warmup_ms: int | None = None, security: ServerSecurity | None = None):
         self.index = index
         self.security = security
+        self.report_port = 0         # the report link's port (kvstore.master.report_port); 0: none
         self.repairs = RepairPlanner(index)
         self.election = election
         self.new_index = new_index
@@ -185,7 +186,8 @@ class MasterServicer(pb_grpc.MasterServicer):
                      "%d lost their last replica", reg.address.node_id, " again" if known else "",
                      len(inventory), indexed, lost)
         return pb.RegisterNodeResponse(heartbeat_interval_ms=self.membership.heartbeat_interval_ms,
-                                       node_ttl_ms=self.membership.node_ttl_ms)
+                                       node_ttl_ms=self.membership.node_ttl_ms,
+                                       report_port=self.report_port)
 
     async def Heartbeat(self, request, context):
         await self._gate(context, client_rpc=False)
@@ -207,7 +209,8 @@ class MasterServicer(pb_grpc.MasterServicer):
             self.repairs.done(wire.copy_result(result))
         return pb.HeartbeatResponse(
             known=True, drops=[wire.drop_order_pb(d) for d in self.membership.take_drops(node_id)],
-            copies=[wire.copy_order_pb(c) for c in self.membership.take_copies(node_id)])
+            copies=[wire.copy_order_pb(c) for c in self.membership.take_copies(node_id)],
+            report_port=self.report_port)
 
     async def ReportEvents(self, request, context):
         await self._gate(context, client_rpc=False)
@@ -219,14 +222,23 @@ class MasterServicer(pb_grpc.MasterServicer):
             yield await self._report(request, context)
 
     async def _report(self, request, context) -> pb.ReportEventsResponse:
+        try:
+            return self.apply_report(request, self._owner(context))
+        except KVStoreError as err:
+            await self._refuse(context, err)
+
+    def apply_report(self, request: pb.ReportEventsRequest, owner: str) -> pb.ReportEventsResponse:
+        """Apply a node's events (ReportEvents, StreamEvents and the report link of
+        :mod:`kvstore.master.report_port`); ``owner``: its token's fingerprint.
+
+        Raises:
+            PermissionDenied: the node id is registered by another process or token.
+            InvalidArgument: an event that cannot be read (none is applied).
+        """
         node_id = NodeId(request.node_id)
         if not self.membership.is_known(node_id):
             return pb.ReportEventsResponse(known=False)
-        try:
-            self.membership.check_identity(self.membership.nodes[node_id], request.incarnation,
-                                           self._owner(context))
-        except KVStoreError as err:
-            await self._refuse(context, err)
+        self.membership.check_identity(self.membership.nodes[node_id], request.incarnation, owner)
         events = [wire.node_event(e) for e in request.events]   # all or none: bad input first
         now = now_ms()
         return pb.ReportEventsResponse(known=True, statuses=[

@@ -46,6 +46,7 @@ from kvstore.store.lease import MasterLease
 from kvstore.store.node import StoreNode
 from kvstore.store.repair import Copier
 from kvstore.store.stats import NodeStats
+from kvstore.transfer.report_link import LinkBroken, ReportLink
 from kvstore.types import EventKind, NodeAddress
 
 log = logging.getLogger(__name__)
@@ -142,6 +143,7 @@ class NodeAgent:
         self.rpc_timeout_s = 2.0
         self.interval_s = 0.5
         self.min_beat_interval_s = min_beat_interval_s
+        self.coalesce_s = 0.005
         self.full_stats_interval_s = full_stats_interval_s
         self._stats: NodeStats | None = None
         self._stats_at = 0.0
@@ -158,16 +160,41 @@ class NodeAgent:
         self.channel = rpc.channel(self._addrs[self._cur], self.creds)
         self.stub = pb_grpc.MasterStub(self.channel)
         self.stream = EventStream(self.stub)
+        self.link: ReportLink | None = None       # set by a registration that names a port
 
     def _report(self, req: pb.ReportEventsRequest, timeout_s: float) -> pb.ReportEventsResponse:
-        """One report, on the event stream (unary where the master has none)."""
+        """One report: on the master's report link (:mod:`kvstore.transfer.report_link`),
+        else on the event stream, else unary (a master without either)."""
+        if self.link is not None:
+            try:
+                return self.link.report(req, timeout_s)
+            except LinkBroken as exc:
+                # Reports go on the stream until a heartbeat names the port again
+                # (a restarted master listens on another one).
+                log.info("master %s: report link: %s", self.master, exc.details())
+                self.link = None
+                raise
         if self.stream.supported:
             return self.stream.report(req, timeout_s)
         return self.stub.ReportEvents(req, timeout=timeout_s)
 
+    def _use_port(self, port: int, renew: bool = False) -> None:
+        """Report on the master's report link at ``port`` (0: none) from now on;
+        ``renew``: a new link even if the port is the same (a new registration)."""
+        if self.link is not None and (renew or self.link.port != port):
+            self.link.close()
+            self.link = None
+        if port and self.link is None:
+            self.link = ReportLink(self._addrs[self._cur].rsplit(":", 1)[0], port, self.creds)
+
+    def _close_links(self) -> None:
+        self.stream.close()
+        if self.link is not None:
+            self.link.close()
+
     def failover(self) -> None:
         """Move on to the shard's next master (after a failed RPC)."""
-        self.stream.close()
+        self._close_links()
         if len(self._addrs) == 1:
             return
         self.channel.close()
@@ -215,6 +242,7 @@ class NodeAgent:
                     time.sleep(0.05)
             self.interval_s = resp.heartbeat_interval_ms / 1000.0
             self.ttl_ms = resp.node_ttl_ms
+            self._use_port(resp.report_port, renew=True)
             if self.lease is not None:
                 self.lease.renew(self.shard, sent, self.ttl_ms)
             if inventory:
@@ -289,6 +317,8 @@ class NodeAgent:
             log.warning("master %s does not know this node: registering again", self.master)
             self.register()
             return
+        with self._lock:
+            self._use_port(resp.report_port)
         for order in resp.copies:
             self.copier.submit(wire.copy_order(order))
         for d in map(wire.drop_order, resp.drops):
@@ -313,7 +343,7 @@ class NodeAgent:
                                 timeout=1.0)
         except grpc.RpcError:
             pass                  # the master will expire it instead
-        self.stream.close()
+        self._close_links()
         self.channel.close()
 
     def _loop(self) -> None:
@@ -325,6 +355,11 @@ class NodeAgent:
             if self._stop.is_set():
                 return
             self._ready.clear()
+            if time.monotonic() < next_beat:
+                # Woken by new events: a writer waiting for its STORED event
+                # delivers it (with the rest of its batch, one report); this
+                # thread takes what no writer waits for, a moment later.
+                self._stop.wait(self.coalesce_s)
             try:
                 self.deliver()
                 if time.monotonic() >= next_beat:

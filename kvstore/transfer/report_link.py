@@ -1,0 +1,194 @@
+"""The report link: a store node's STORED reports to its master shard on a plain socket.
+
+A write is acknowledged only once the node's master shard has applied its
+STORED event, so the report's round trip sits on every put's critical path
+(:mod:`kvstore.store.events`). On gRPC's streaming call (StreamEvents) that
+round trip costs about 450 us here, most of it in the hand-offs between the
+threads of Python's synchronous gRPC client (the request iterator's thread,
+the channel's, the reader's); the master spends about 30 us applying a report.
+The link sends each report from the writer's own thread and reads the answer
+there, on one TCP connection per node and master: no thread hand-off on the
+node, an asyncio protocol on the master (:mod:`kvstore.master.report_port`).
+
+The master announces the link's port in its RegisterNode answer
+(``report_port``; 0: it has none, the node keeps StreamEvents). Frames,
+both ways::
+
+    | type u8 | length u32 | body (length bytes) |      big-endian
+
+    HELLO   master -> node, first   a nonce (empty: the master checks no tokens)
+    PROVE   node -> master          HMAC-SHA256(token, nonce) (kvstore.auth.proof)
+    REPORT  node -> master          a ReportEventsRequest
+    ANSWER  master -> node          its ReportEventsResponse, in order
+    ERROR   master -> node          code u8 (kvstore Code) + a UTF-8 message; a
+                                    refusal of the report (not the leader, another
+                                    incarnation) or of the link (bad credentials,
+                                    a malformed frame: the master then closes it)
+
+With ``--auth`` the master sends a nonce and takes only a proof by a
+``node`` or ``admin`` token (the token never crosses the link); the node's
+identity check is the same as on gRPC (the token's fingerprint). With TLS
+the link is TLS (the master's certificate, the node's client certificate
+under mutual TLS). Lengths are bounded before anything is read: a proof at
+:data:`MAX_PROOF_BYTES`, a report at :data:`kvstore.rpc.MAX_MESSAGE_BYTES`.
+
+Delivery semantics are the event stream's: reports go one at a time (the
+node's agent lock), the n-th answer is the n-th report's, and a report whose
+answer does not come stays queued in the agent and is sent again (the master
+applies events idempotently).
+
+Thread safety: a :class:`ReportLink` is used by one thread at a time (the
+agent's lock).
+"""
+
+from __future__ import annotations
+
+import enum
+import socket
+import struct
+
+import grpc
+
+from kvstore import tls as tlsmod
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore.auth import proof
+from kvstore.errors import ERRORS, error_for_code
+from kvstore.rpc import MAX_MESSAGE_BYTES, ClientCredentials
+
+HEADER = struct.Struct("!BI")
+MAX_PROOF_BYTES = 64
+MAX_NONCE_BYTES = 64
+MAX_ERROR_BYTES = 4096
+
+
+class Frame(enum.IntEnum):
+    HELLO = 1
+    PROVE = 2
+    REPORT = 3
+    ANSWER = 4
+    ERROR = 5
+
+
+def frame(kind: Frame, body: bytes) -> bytes:
+    """One frame's bytes."""
+    return HEADER.pack(kind, len(body)) + body
+
+
+def error_frame(code: int, message: str) -> bytes:
+    """An ERROR frame: ``code`` (a kvstore Code) and ``message`` (cut at MAX_ERROR_BYTES)."""
+    return frame(Frame.ERROR, bytes([code]) + message.encode()[:MAX_ERROR_BYTES - 1])
+
+
+class LinkBroken(grpc.RpcError):
+    """The report was not answered: the link failed, timed out or was refused
+    (``code()`` says which, as a gRPC status, so the agent handles it as it
+    handles a failed RPC)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(details)
+        self._code = code
+        self._details = details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if not k:
+            raise ConnectionError("the master closed the report link")
+        got += k
+    return bytes(buf)
+
+
+class ReportLink:
+    """One node's link to one master (opened at the first report, again after a failure).
+
+    Args:
+        host, port: the master's host (as the node reaches its gRPC port) and
+            its report port (from the RegisterNode answer).
+        creds: the node's token (a proof answers the master's nonce) and TLS files.
+    """
+
+    def __init__(self, host: str, port: int, creds: ClientCredentials | None = None):
+        self.host = host.strip("[]")
+        self.port = port
+        self.creds = creds or ClientCredentials()
+        self._sock: socket.socket | None = None
+
+    def _read(self, limit: int) -> tuple[int, bytes]:
+        kind, length = HEADER.unpack(_recv_exact(self._sock, HEADER.size))
+        if length > limit:
+            raise ConnectionError(f"a report-link frame of {length} B (at most {limit})")
+        return kind, _recv_exact(self._sock, length)
+
+    def _open(self, timeout_s: float) -> None:
+        sock = socket.create_connection((self.host, self.port), timeout=timeout_s)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.creds.tls is not None:
+                sock = tlsmod.client_context(self.creds.tls).wrap_socket(
+                    sock, server_hostname=self.host)
+            self._sock = sock
+            kind, nonce = self._read(MAX_NONCE_BYTES)
+            if kind != Frame.HELLO:
+                raise ConnectionError(f"the master's first frame is {kind}, not HELLO")
+            if nonce:
+                if not self.creds.token:
+                    raise LinkBroken(grpc.StatusCode.UNAUTHENTICATED,
+                                     "the master's report link needs a token")
+                sock.sendall(frame(Frame.PROVE, proof(self.creds.token, nonce)))
+        except BaseException:
+            self.close()
+            sock.close()
+            raise
+
+    def report(self, request: pb.ReportEventsRequest, timeout_s: float) -> pb.ReportEventsResponse:
+        """Send one report and wait (at most ``timeout_s``) for its answer.
+
+        Raises:
+            LinkBroken: no answer (the link is closed; the next report opens a new
+                one), or the master refused the report (its code and reason).
+        """
+        try:
+            if self._sock is None:
+                self._open(timeout_s)
+            self._sock.settimeout(timeout_s)
+            self._sock.sendall(frame(Frame.REPORT, request.SerializeToString()))
+            kind, body = self._read(MAX_MESSAGE_BYTES)
+        except LinkBroken:
+            raise
+        except socket.timeout:
+            self.close()
+            raise LinkBroken(grpc.StatusCode.DEADLINE_EXCEEDED,
+                             f"no answer on the report link within {timeout_s:.1f} s") from None
+        except (OSError, ConnectionError) as exc:
+            self.close()
+            raise LinkBroken(grpc.StatusCode.UNAVAILABLE, f"report link: {exc}") from None
+        if kind == Frame.ANSWER:
+            try:
+                return pb.ReportEventsResponse.FromString(body)
+            except Exception:       # protobuf's DecodeError: not an answer of ours
+                self.close()
+                raise LinkBroken(grpc.StatusCode.INTERNAL,
+                                 "an undecodable answer on the report link") from None
+        self.close()
+        if kind == Frame.ERROR and body:
+            err = error_for_code(body[0] or pb.INTERNAL, body[1:].decode("utf-8", errors="replace"))
+            raise LinkBroken(ERRORS.get(type(err), grpc.StatusCode.UNKNOWN), err.message)
+        raise LinkBroken(grpc.StatusCode.INTERNAL, f"an unexpected report-link frame ({kind})")
+
+    def close(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+            self._sock = None
