@@ -36,6 +36,8 @@ from kvstore.transfer.tcp import NodeConnection, TcpTransport
 from kvstore.types import NodeAddress, NodeId, ObjectMeta
 
 log = logging.getLogger(__name__)
+#: How much of a node's segment a same-host client maps ahead of its copies.
+CLIENT_PREFAULT_BYTES = 4 << 30
 
 
 class _ThreadTransports:
@@ -121,6 +123,9 @@ class Connections:
             except OSError as exc:
                 log.info("shared memory %s not usable (%s); using TCP", node.shm_name, exc)
             else:
+                # Map its pages ahead of the copies (a page's first touch here
+                # is a fault, 1.7 us per 4 KiB), on a background thread.
+                segment.prefault_in_background(CLIENT_PREFAULT_BYTES)
                 try:
                     conn = self.connect(node, unix_address=local_address(node.shm_name))
                 except Unavailable:

@@ -237,6 +237,9 @@ def node_main(argv: list[str]) -> None:
     p.add_argument("--node-id", default="",
                    help="stable node id (default: the one recorded on --ssd-path, else random)")
     p.add_argument("--dram", default="256MiB", help="DRAM tier capacity, e.g. 512MiB, 4GiB")
+    p.add_argument("--no-prefault", dest="prefault", action="store_false",
+                   help="take the DRAM tier's pages at their first write instead of at start "
+                        "(a put into a fresh page pays its page fault)")
     p.add_argument("--gpu", default="", help="GPU tier capacity (needs CUDA); default none")
     p.add_argument("--gpu-device", default=d.gpu_device, help="torch device of the GPU tier")
     p.add_argument("--ssd", default="", help="SSD tier capacity, e.g. 256MiB; default none")
@@ -268,7 +271,8 @@ def node_main(argv: list[str]) -> None:
     _check_node(a)
     cfg = NodeConfig(
         masters=tuple(a.master.split("|")), host=a.host, port=a.port, node_id=a.node_id,
-        dram_bytes=parse_size(a.dram), gpu_bytes=parse_size(a.gpu) if a.gpu else 0,
+        dram_bytes=parse_size(a.dram), prefault=a.prefault,
+        gpu_bytes=parse_size(a.gpu) if a.gpu else 0,
         gpu_device=a.gpu_device, ssd_bytes=parse_size(a.ssd) if a.ssd else 0,
         ssd_path=a.ssd_path,
         ssd_map_size_bytes=parse_size(a.ssd_map_size) if a.ssd_map_size else None,

@@ -4,6 +4,7 @@ Run as ``kvstore node`` (:mod:`kvstore.tools.services` parses the options into
 a :class:`NodeConfig`). Tiers and their defaults::
 
     --dram 256MiB                      DRAM: shared-memory segment; every put lands here
+    [--no-prefault]                    its pages are mapped at start unless this is given
     --gpu SIZE [--gpu-device cuda]     GPU: device memory, below DRAM (needs CUDA; off by default)
     --ssd SIZE --ssd-path DIR          SSD: lmdb environment in DIR (off by default)
     [--ssd-map-size SIZE]              lmdb map size (default 3 x SSD + 64 MiB)
@@ -58,6 +59,7 @@ class NodeConfig:
 
     masters: tuple[str, ...]           # one shard's masters (any shard: the node learns the map)
     dram_bytes: int = 256 << 20        # DRAM tier (shared-memory segment)
+    prefault: bool = True              # map the DRAM segment's pages at start (DramTier)
     host: str = "127.0.0.1"            # bind address (loopback by default)
     port: int = 0                      # data port; 0 picks a free one
     node_id: str = ""                  # "" : the one recorded on the SSD, else a fresh one
@@ -93,7 +95,7 @@ def build_tiers(cfg: NodeConfig) -> list[Tier]:
     """
     if cfg.dram_bytes <= 0:
         raise ValueError(f"--dram must be larger than 0 B, got {cfg.dram_bytes} B")
-    tiers: list[Tier] = [DramTier(cfg.dram_bytes)]
+    tiers: list[Tier] = [DramTier(cfg.dram_bytes, prefault=cfg.prefault)]
     try:
         if cfg.gpu_bytes:
             from kvstore.store.tiers.gpu import GpuTier
