@@ -45,6 +45,20 @@ def start_cluster(log_dir: str, num_nodes: int = 2, dram: str = "64MiB",
                                node_args=extra_node_args, log_dir=log_dir)
 
 
+def start_secured_cluster(tmp, tokens: dict[str, str], nodes: int = 1,
+                          node_ttl_ms: int = 3000) -> RunningCluster:
+    """A master and ``nodes`` nodes started with ``--auth`` (a token file in ``tmp``
+    with ``tokens``: role -> token; the nodes hold the ``node`` one); the caller
+    stops it. ``cluster.auth_file`` is the file."""
+    auth = tmp / "tokens"
+    auth.write_text("".join(f"{role} {tok}\n" for role, tok in tokens.items()))
+    c = start_store_cluster(nodes=nodes, log_dir=str(tmp), master_args=("--auth", str(auth)),
+                            node_args=("--auth", str(auth)), node_ttl_ms=node_ttl_ms,
+                            env={"KVSTORE_TOKEN": tokens["node"]})
+    c.auth_file = auth
+    return c
+
+
 @contextlib.contextmanager
 def cluster_running(log_dir: str, **kwargs) -> Iterator[RunningCluster]:
     """``start_cluster`` as a context: checks every process survived, then stops them."""

@@ -22,21 +22,15 @@ import pytest
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.auth import proof
 from kvstore.client.client import KVClient
-from kvstore.tools.launcher import start_store_cluster
 from kvstore.transfer.report_link import HEADER, Frame, frame
-from kvtest import wait_for
+from kvtest import start_secured_cluster, wait_for
 
 TOKENS = {role: f"{role}-{secrets.token_hex(16)}" for role in ("admin", "client", "node")}
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("report-link")
-    auth = tmp / "tokens"
-    auth.write_text("".join(f"{role} {tok}\n" for role, tok in TOKENS.items()))
-    c = start_store_cluster(nodes=1, log_dir=str(tmp), master_args=("--auth", str(auth)),
-                            node_args=("--auth", str(auth)), node_ttl_ms=3000,
-                            env={"KVSTORE_TOKEN": TOKENS["node"]})
+    c = start_secured_cluster(tmp_path_factory.mktemp("report-link"), TOKENS)
     try:
         yield c
     finally:

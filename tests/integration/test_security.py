@@ -31,28 +31,21 @@ from kvstore.client.client import KVClient
 from kvstore.errors import KeyConflict, KVStoreError, NotFound, Unauthenticated
 from kvstore.keys import value_checksum
 from kvstore.rpc import ClientCredentials, channel
-from kvstore.tools.launcher import start_store_cluster
 from kvstore.transfer.protocol import Op, local_address
 from kvstore.transfer.tcp import NodeConnection
-from kvtest import wait_for
+from kvtest import start_secured_cluster, wait_for
 
 TOKENS = {role: f"{role}-{secrets.token_hex(16)}" for role in ("admin", "client", "node")}
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("security")
-    auth = tmp / "tokens"
-    auth.write_text("".join(f"{role} {tok}\n" for role, tok in TOKENS.items()))
-    c = start_store_cluster(nodes=2, log_dir=str(tmp), master_args=("--auth", str(auth)),
-                            node_args=("--auth", str(auth)), node_ttl_ms=3000,
-                            env={"KVSTORE_TOKEN": TOKENS["node"]})
+    c = start_secured_cluster(tmp_path_factory.mktemp("security"), TOKENS, nodes=2)
     values = {f"live-{i}": os.urandom(2000 + i) for i in range(40)}
     with KVClient(c.master, token=TOKENS["client"]) as kv:
         for k, v in values.items():
             assert kv.put(k, v)
     c.values = values
-    c.auth_file = auth
     try:
         yield c
     finally:
