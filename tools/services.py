@@ -189,6 +189,9 @@ def master_main(argv: list[str]) -> None:
     p = _parser("master", "Run a master shard.", client=False)
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
     p.add_argument("--port", type=_port, default=0, help="0 picks a free port")
+    p.add_argument("--report-port", type=_port, default=0,
+                   help="the report link's port (store nodes' STORED reports); 0 picks a "
+                        "free one, announced to the nodes")
     p.add_argument("--node-ttl-ms", type=int, default=3000,
                    help="a node without a heartbeat this long is dead (no reads or puts go there)")
     p.add_argument("--node-forget-ms", type=int, default=600_000,
@@ -213,7 +216,8 @@ def master_main(argv: list[str]) -> None:
              f"--etcd {a.etcd!r}: give a URL, http://HOST:PORT")
     _require(a.max_pending_puts >= 1, f"--max-pending-puts must be >= 1, got {a.max_pending_puts}")
     cfg = MasterConfig(
-        host=a.host, port=a.port, node_ttl_ms=a.node_ttl_ms, node_forget_ms=a.node_forget_ms,
+        host=a.host, port=a.port, report_port=a.report_port,
+        node_ttl_ms=a.node_ttl_ms, node_forget_ms=a.node_forget_ms,
         max_pending_puts=a.max_pending_puts,
         shard_id=a.shard_id,
         shard_map=ShardMap.parse(a.shard_map) if a.shard_map else None, etcd=a.etcd,

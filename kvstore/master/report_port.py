@@ -71,10 +71,15 @@ class ReportPort:
         self.port = 0
         self._writers: set[asyncio.StreamWriter] = set()
 
-    async def start(self, host: str) -> int:
-        """Listen on ``host`` (a free port); returns the port."""
+    async def start(self, host: str, port: int = 0) -> int:
+        """Listen on ``host``:``port`` (0: a free port); returns the port.
+
+        Raises:
+            OSError: the address cannot be bound.
+        """
         ssl_ctx = tlsmod.server_context(self.security.tls) if self.security.tls else None
-        self.server = await asyncio.start_server(self._serve, host.strip("[]"), 0, ssl=ssl_ctx)
+        self.server = await asyncio.start_server(self._serve, host.strip("[]"), port,
+                                                 ssl=ssl_ctx, reuse_address=True)
         self.port = self.server.sockets[0].getsockname()[1]
         return self.port
 

@@ -45,7 +45,8 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
                         shard_id: int = 0, election=None,
                         security: ServerSecurity | None = None, advertise_host: str = "",
                         metrics: ProcessMetrics | None = None,
-                        health: Health | None = None) -> tuple[grpc.aio.Server, int, ObjectIndex]:
+                        health: Health | None = None,
+                        report_port: int = 0) -> tuple[grpc.aio.Server, int, ObjectIndex]:
     """Build and start a master shard on ``host:port`` (0 = a free port).
 
     Without ``shard_map`` it is the only shard (every slot), named by its
@@ -59,6 +60,7 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
             :mod:`kvstore.master.limits`).
         metrics: count and time every call, and export the shard's figures.
         health: serve the gRPC health service (SERVING while leading).
+        report_port: the report link's port on ``host`` (0: a free one).
 
     Returns:
         ``(server, port, index)``; stop with ``await server.stop(grace)``.
@@ -91,7 +93,7 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
     await server.start()
     # The report link (kvstore.master.report_port) on the same host; serve() closes it.
     server.report_port = ReportPort(servicer, security)
-    servicer.report_port = await server.report_port.start(host)
+    servicer.report_port = await server.report_port.start(host, report_port)
     return server, bound, index
 
 
@@ -127,6 +129,7 @@ class MasterConfig:
 
     host: str = "127.0.0.1"            # bind address (loopback by default)
     port: int = 0                      # 0: a free port (or this shard's in shard_map)
+    report_port: int = 0               # the report link's port (report_port.py); 0: a free one
     node_ttl_ms: int = 3000            # a node without heartbeats this long is dead
     node_forget_ms: int = 600_000      # ... this long: removed, with its replicas
     max_pending_puts: int = DEFAULT_MAX_PENDING_PUTS   # puts in progress held at once
@@ -177,7 +180,8 @@ async def serve(cfg: MasterConfig) -> None:
                                                shard_map=cfg.shard_map, shard_id=cfg.shard_id,
                                                election=election, security=cfg.security,
                                                advertise_host=cfg.advertise_host,
-                                               metrics=metrics, health=health)
+                                               metrics=metrics, health=health,
+                                               report_port=cfg.report_port)
     host = advertised_host(cfg.host, cfg.advertise_host)
     address = f"{host}:{bound}"
     mserver, maddress = start_metrics(cfg.metrics, cfg.host, metrics, health, cfg.security, host)

@@ -50,6 +50,7 @@ from kvstore.transfer.report_link import LinkBroken, ReportLink
 from kvstore.types import EventKind, NodeAddress
 
 log = logging.getLogger(__name__)
+LINK_BACKOFF_MAX_S = 300.0    # a failing report link is tried again at most this far apart
 
 
 class EventRouter:
@@ -161,30 +162,42 @@ class NodeAgent:
         self.stub = pb_grpc.MasterStub(self.channel)
         self.stream = EventStream(self.stub)
         self.link: ReportLink | None = None       # set by a registration that names a port
+        self._link_retry_at = 0.0                 # no new link before (monotonic s)
+        self._link_backoff_s = 0.0
 
     def _report(self, req: pb.ReportEventsRequest, timeout_s: float) -> pb.ReportEventsResponse:
         """One report: on the master's report link (:mod:`kvstore.transfer.report_link`),
         else on the event stream, else unary (a master without either)."""
         if self.link is not None:
             try:
-                return self.link.report(req, timeout_s)
+                answer = self.link.report(req, timeout_s)
             except LinkBroken as exc:
                 # Reports go on the stream until a heartbeat names the port again
-                # (a restarted master listens on another one).
-                log.info("master %s: report link: %s", self.master, exc.details())
+                # (a restarted master listens on another one), after a back-off
+                # that doubles while the link keeps failing (a port that a
+                # firewall drops must not stall writers at every heartbeat).
+                self._link_backoff_s = min(LINK_BACKOFF_MAX_S, max(1.0, 2 * self._link_backoff_s))
+                self._link_retry_at = time.monotonic() + self._link_backoff_s
+                log.info("master %s: report link: %s (again in %.0f s at the earliest)",
+                         self.master, exc.details(), self._link_backoff_s)
                 self.link = None
                 raise
+            self._link_backoff_s = 0.0
+            return answer
         if self.stream.supported:
             return self.stream.report(req, timeout_s)
         return self.stub.ReportEvents(req, timeout=timeout_s)
 
     def _use_port(self, port: int, renew: bool = False) -> None:
         """Report on the master's report link at ``port`` (0: none) from now on;
-        ``renew``: a new link even if the port is the same (a new registration)."""
+        ``renew``: a new link even if the port is the same, and at once (a new
+        registration); else not before the back-off of a failed link ends."""
         if self.link is not None and (renew or self.link.port != port):
             self.link.close()
             self.link = None
-        if port and self.link is None:
+        if renew:
+            self._link_retry_at = 0.0
+        if port and self.link is None and time.monotonic() >= self._link_retry_at:
             self.link = ReportLink(self._addrs[self._cur].rsplit(":", 1)[0], port, self.creds)
 
     def _close_links(self) -> None:

@@ -130,7 +130,7 @@ class ReportLink:
         return kind, _recv_exact(self._sock, length)
 
     def _open(self, timeout_s: float) -> None:
-        sock = socket.create_connection((self.host, self.port), timeout=timeout_s)
+        sock = socket.create_connection((self.host, self.port), timeout=min(timeout_s, 1.0))
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.creds.tls is not None:
