@@ -423,9 +423,13 @@ async def _watch_engines(scheduler: Scheduler, health: Health, period_s: float =
     """SERVING while a prefill and a decode instance are alive; otherwise up but
     not serving (``/health`` 503, ``/ready`` 200), as the HTTP front's /health says."""
     while True:
-        live = (any(p.alive for p in scheduler.prefill) and any(d.alive for d in scheduler.decode))
-        health.set(State.SERVING if live else State.STANDBY)
+        _set_engine_state(scheduler, health)
         await asyncio.sleep(period_s)
+
+
+def _set_engine_state(scheduler: Scheduler, health: Health) -> None:
+    live = (any(p.alive for p in scheduler.prefill) and any(d.alive for d in scheduler.decode))
+    health.set(State.SERVING if live else State.STANDBY)
 
 
 async def serve(cfg: ConductorConfig) -> None:
@@ -470,6 +474,7 @@ async def serve(cfg: ConductorConfig) -> None:
     mserver, maddress = start_metrics(cfg.metrics, cfg.host, metrics, health, cfg.security, host)
     if maddress:
         info["metrics_address"] = maddress
+    _set_engine_state(scheduler, health)     # no longer "starting" once READY is out
     watch = asyncio.create_task(_watch_engines(scheduler, health))
     announce_ready(info)
     await wait_for_stop_signal()
