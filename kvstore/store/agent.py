@@ -162,20 +162,22 @@ class NodeAgent:
         self.stub = pb_grpc.MasterStub(self.channel)
         self.stream = EventStream(self.stub)
         self.link: ReportLink | None = None       # set by a registration that names a port
+        self.report_port = 0                      # ... the port the master last announced
         self._link_retry_at = 0.0                 # no new link before (monotonic s)
         self._link_backoff_s = 0.0
 
     def _report(self, req: pb.ReportEventsRequest, timeout_s: float) -> pb.ReportEventsResponse:
         """One report: on the master's report link (:mod:`kvstore.transfer.report_link`),
         else on the event stream, else unary (a master without either)."""
+        self._use_port(self.report_port)
         if self.link is not None:
             try:
                 answer = self.link.report(req, timeout_s)
             except LinkBroken as exc:
-                # Reports go on the stream until a heartbeat names the port again
-                # (a restarted master listens on another one), after a back-off
-                # that doubles while the link keeps failing (a port that a
-                # firewall drops must not stall writers at every heartbeat).
+                # Reports go on the stream for a back-off that doubles while the
+                # link keeps failing (a port that a firewall drops must not stall
+                # writers at every report), then on a link to the port the master
+                # last announced (a restarted master listens on another one).
                 self._link_backoff_s = min(LINK_BACKOFF_MAX_S, max(1.0, 2 * self._link_backoff_s))
                 self._link_retry_at = time.monotonic() + self._link_backoff_s
                 log.info("master %s: report link: %s (again in %.0f s at the earliest)",
@@ -191,7 +193,8 @@ class NodeAgent:
     def _use_port(self, port: int, renew: bool = False) -> None:
         """Report on the master's report link at ``port`` (0: none) from now on;
         ``renew``: a new link even if the port is the same, and at once (a new
-        registration); else not before the back-off of a failed link ends."""
+        registration); else not before the back-off of a failed link ends.
+        Called under the agent's lock (reports, registrations)."""
         if self.link is not None and (renew or self.link.port != port):
             self.link.close()
             self.link = None
@@ -255,6 +258,7 @@ class NodeAgent:
                     time.sleep(0.05)
             self.interval_s = resp.heartbeat_interval_ms / 1000.0
             self.ttl_ms = resp.node_ttl_ms
+            self.report_port = resp.report_port
             self._use_port(resp.report_port, renew=True)
             if self.lease is not None:
                 self.lease.renew(self.shard, sent, self.ttl_ms)
@@ -330,8 +334,9 @@ class NodeAgent:
             log.warning("master %s does not know this node: registering again", self.master)
             self.register()
             return
-        with self._lock:
-            self._use_port(resp.report_port)
+        # The link follows at the next report (beats never wait for the agent's
+        # lock, which a report holds for up to its timeout).
+        self.report_port = resp.report_port
         for order in resp.copies:
             self.copier.submit(wire.copy_order(order))
         for d in map(wire.drop_order, resp.drops):
