@@ -29,9 +29,9 @@ import ssl
 import time
 
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.auth import NONCE_BYTES, proof
+from kvstore.auth import proof
 from kvstore.errors import KVStoreError, Unavailable, error_for_code
-from kvstore.transfer.protocol import REQUEST, RESPONSE, Op
+from kvstore.transfer.protocol import REQUEST, RESPONSE, Op, hello_nonce_bytes
 
 #: Wait for the socket to take what is queued only beyond this much (a drain per
 #: request costs a trip through the event loop).
@@ -92,12 +92,8 @@ class AsyncNodeConnection:
 
     async def _authenticate(self, token: str) -> None:
         code, _oid, size, _ck, msg, nonce = await self.request(Op.AUTH_HELLO, "")
-        if code != pb.OK:
-            raise error_for_code(code, msg)
-        if size == 0:
+        if not hello_nonce_bytes(code, size, msg):
             return                         # the node needs no authentication
-        if size > NONCE_BYTES:
-            raise Unavailable(f"the node sent a nonce of {size} B")
         answer = proof(token, bytes(nonce))
         code, *_rest, msg, _v = await self.request(Op.AUTH_PROVE, "", size=len(answer),
                                                    payload=answer)

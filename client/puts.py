@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from kvstore import wire
@@ -64,7 +64,16 @@ _MAX_NODES_TRIED = 6
 #: ... in at most this many rounds (PUT_IN_PROGRESS waits count too, up to put_wait_s).
 _MAX_ROUNDS = 64
 _REGRANTED = NodeId("")          # in a value's failed set: it was given a new grant once
-_MAP_REFRESHED = -1              # in ``failed``: this put refreshed the shard map once
+
+
+@dataclass(slots=True)
+class _Tries:
+    """What one wave of puts has tried so far: per value index the nodes that
+    could not take it (with _REGRANTED once it got a new grant), and whether the
+    wave refreshed the shard map (once at most)."""
+
+    failed: dict[int, frozenset] = field(default_factory=dict)
+    map_refreshed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,10 +199,11 @@ class PutProtocol:
             deadline = time.monotonic() + self.put_wait_s
             unavailable_until = time.monotonic() + self._control.failover_wait_s
             backoff = 0.005
-            failed: dict[int, frozenset] = {}
+            tries = _Tries()
+            failed = tries.failed
             for _ in range(_MAX_ROUNDS):
                 retry = self._round(keys, views, checksums, parents, wave, replicas, results,
-                                    time.monotonic() < deadline, failed)
+                                    time.monotonic() < deadline, tries)
                 if not retry:
                     # Every node failed a value (a leader failover, a partition): wait it
                     # out, as a master call does, for up to failover_wait_s.
@@ -210,12 +220,13 @@ class PutProtocol:
         return results
 
     def _round(self, keys, views, checksums, parents, todo: list[int], replica_num: int,
-               results: list, may_wait: bool, failed: dict[int, frozenset]) -> list[int]:
+               results: list, may_wait: bool, tries: _Tries) -> list[int]:
         """One place -> write round; returns the indices to try again.
 
-        ``failed`` (per index, the nodes that could not take it) grows here; an
-        index that ran out of nodes, or of rounds, keeps its error.
+        ``tries.failed`` (per index, the nodes that could not take it) grows here;
+        an index that ran out of nodes, or of rounds, keeps its error.
         """
+        failed = tries.failed
         retry: list[int] = []
         wrong: list[int] = []
         by_node: dict[NodeId, list[tuple[int, NodeAddress]]] = defaultdict(list)
@@ -229,7 +240,7 @@ class PutProtocol:
             except WrongShard as err:
                 err.key = err.key or keys[i]
                 results[i] = err
-                if not failed.get(_MAP_REFRESHED):
+                if not tries.map_refreshed:
                     wrong.append(i)          # again after one refresh of the shard map
                 continue
             except KVStoreError as err:
@@ -276,7 +287,7 @@ class PutProtocol:
             # A grant asked of a shard that does not own the key (as for every
             # routed call): the map is refreshed once, and those keys go again.
             self._control.refresh_shard_map()
-            failed[_MAP_REFRESHED] = frozenset({_REGRANTED})
+            tries.map_refreshed = True
             for i in wrong:
                 self._placements.invalidate(shard_of[i])
             retry += wrong

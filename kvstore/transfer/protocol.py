@@ -39,11 +39,29 @@ import ssl
 import struct
 import time
 
-from kvstore.errors import Unavailable
+from kvstore._proto import kvstore_pb2 as _pb
+from kvstore.auth import NONCE_BYTES
+from kvstore.errors import Unavailable, error_for_code
 
 REQUEST = struct.Struct("<BBHIQQQ")
 RESPONSE = struct.Struct("<BBHIQQQQQ")
 MAX_KEY_BYTES = 65535
+
+
+def hello_nonce_bytes(code: int, size: int, message: str) -> int:
+    """Read a node's answer to AUTH_HELLO (the handshake's first step, blocking and
+    asyncio clients alike): the size of the nonce to prove, 0 when the node needs
+    no authentication.
+
+    Raises:
+        KVStoreError: the node refused (its code and message).
+        Unavailable: a nonce of more than NONCE_BYTES (not a node of ours).
+    """
+    if code != _pb.OK:
+        raise error_for_code(code, message)
+    if size > NONCE_BYTES:
+        raise Unavailable(f"the node sent a nonce of {size} B")
+    return size
 
 
 class StreamEnded(Unavailable):

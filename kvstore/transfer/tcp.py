@@ -23,12 +23,13 @@ import time
 from typing import Callable
 
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.auth import NONCE_BYTES, proof
+from kvstore.auth import proof
 from kvstore.errors import (ChecksumMismatch, InvalidArgument, KVStoreError, Unavailable,
                             error_for_code)
 from kvstore.keys import value_checksum
 from kvstore.transfer.base import ReadItem, Transport, WriteItem
-from kvstore.transfer.protocol import REQUEST, RESPONSE, FrameReader, Op, send_parts, tune_socket
+from kvstore.transfer.protocol import (REQUEST, RESPONSE, FrameReader, Op, hello_nonce_bytes,
+                                       send_parts, tune_socket)
 from kvstore.types import TransportKind
 
 _READ_AHEAD_BYTES = 8 * 1024
@@ -99,12 +100,8 @@ class NodeConnection:
         try:
             self.send(Op.AUTH_HELLO, "")
             code, _oid, size, _ck, _off, msg = self.recv_header()
-            if code != pb.OK:
-                raise error_for_code(code, msg)
-            if size == 0:
+            if not hello_nonce_bytes(code, size, msg):
                 return                   # the node needs no authentication
-            if size > NONCE_BYTES:
-                raise Unavailable(f"the node sent a nonce of {size} B")
             nonce = bytearray(size)
             self.recv_value_into(size, memoryview(nonce))
             answer = proof(token, bytes(nonce))
