@@ -43,7 +43,8 @@ import grpc
 from kvstore.client import KVClient, KVStoreError, Namespace, prefix_keys
 from kvstore.client.models import model_config, namespace_for_model
 from kvstore.conductor.health import HealthMonitor, ProbeResult, Worker
-from kvstore.conductor.scheduler import DecodeInstance, PrefillInstance, Scheduler
+from kvstore.conductor.cost_model import load_cost_model
+from kvstore.conductor.scheduler import DecodeInstance, PrefillInstance, Rejected, Scheduler, Slo
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
 from kvstore import rpc
@@ -265,6 +266,9 @@ class Conductor:
         for attempt in range(1, attempts + 1):
             try:
                 choice = self.scheduler.pick_prefill(len(prompt), cached, first_key)
+            except Rejected as exc:        # the TTFT SLO cannot be met: refused before any work
+                raise _RequestFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), rejected=True,
+                                     reason=exc.rejection.reason.value) from None
             except RuntimeError as exc:    # no live instance
                 raise _RequestFailed(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                      str(exc) + (f" (after: {last})" if last else ""),
@@ -411,6 +415,8 @@ class ConductorConfig:
     advertise_host: str = ""             # the address in its READY line ("" : kvstore.binding)
     metrics: MetricsConfig = MetricsConfig()   # --metrics-port, --metrics-host
     drain_s: float = 0.0               # SIGTERM: NOT_SERVING this long before stopping
+    cost_model: str = ""                 # prefill time estimates: a bundled name or a file; "": tokens
+    ttft_slo_ms: float = float("inf")    # refuse at arrival when the estimated TTFT is above it
 
 
 #: Which roles may call the conductor (admin may do all).
@@ -441,7 +447,9 @@ async def serve(cfg: ConductorConfig) -> None:
     check_metrics_binding("conductor", cfg.metrics, cfg.host, authenticated, cfg.insecure)
     namespace = namespace_for_model(cfg.model, cfg.block_tokens)
     scheduler = Scheduler(_parse_instances(cfg.prefill, PrefillInstance),
-                          _parse_instances(cfg.decode, DecodeInstance))
+                          _parse_instances(cfg.decode, DecodeInstance),
+                          cost_model=load_cost_model(cfg.cost_model) if cfg.cost_model else None,
+                          slo=Slo(ttft_ms=cfg.ttft_slo_ms, tbt_ms=float("inf")))
     kv = KVClient(cfg.master, token=cfg.creds.token, tls=cfg.creds.tls)
     metrics = ProcessMetrics("conductor")
     observed = cfg.metrics.port is not None

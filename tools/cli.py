@@ -1,6 +1,6 @@
 """``kvstore``: run the demo or any component by hand.
 
-    kvstore demo [--requests N] [--trace PATH] [--no-cache] [--out FILE]
+    kvstore demo [--requests N] [--trace PATH] [--no-cache | --cache-only] [--overload] [--out FILE]
     kvstore master | node | prefill | decode | conductor  [component options, see --help]
     kvstore up [--masters N --nodes M --standbys K --etcd URL|local]
     kvstore chaos [--json]
@@ -23,11 +23,26 @@ _PASS = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_
 
 @app.command()
 def demo(
-    requests: int = typer.Option(200, "--requests", "-n", help="first N requests of the trace"),
+    requests: int = typer.Option(200, "--requests", "-n", help="requests measured (the window)"),
     trace: Optional[str] = typer.Option(None, help="trace JSONL (default: bundled conversation trace)"),
-    no_cache: bool = typer.Option(False, "--no-cache", help="bypass the prefix cache"),
-    out: Optional[str] = typer.Option(None, help="write the JSON summary here"),
-    time_scale: float = typer.Option(0.25, help="arrival-time multiplier (0 = all at once)"),
+    no_cache: bool = typer.Option(False, "--no-cache", help="only the run without the cache"),
+    cache_only: bool = typer.Option(False, "--cache-only", help="only the run with the cache"),
+    out: Optional[str] = typer.Option(None, help="write the JSON (both summaries and the "
+                                                 "comparison; one summary with --no-cache)"),
+    warmup: int = typer.Option(400, help="requests before the window that fill the store, "
+                                         "not counted (0: none)"),
+    window_start: Optional[int] = typer.Option(
+        None, help="first measured request (default: the window whose prefix reuse is closest "
+                   "to the whole trace's)"),
+    time_scale: Optional[float] = typer.Option(
+        None, help="trace clock multiplier (0 = all at once; default: derived from "
+                   "--target-utilisation)"),
+    target_utilisation: float = typer.Option(
+        0.35, help="predicted prefill busy fraction without cache that sets the arrival rate"),
+    overload: bool = typer.Option(False, "--overload", help="arrivals at twice the capacity, "
+                                  "conductor TTFT SLO on: early rejection"),
+    plot: Optional[str] = typer.Option(None, help="TTFT plot PNG (needs the plot extra; default: "
+                                                  "beside --out, else in the log folder)"),
     block_tokens: int = typer.Option(16, help="tokens per KV block (a trace block is 512)"),
     max_output_tokens: int = typer.Option(16, help="cap on generated tokens per request"),
     node_dram: str = typer.Option("512MiB", help="DRAM tier per store node"),
@@ -36,39 +51,58 @@ def demo(
         None, help="prefill KV save: 'sync' (default), 'streamed' (blocks, overlapping "
                  "compute) or 'layerwise' (each layer as computed)"),
 ) -> None:
-    """Start an embedded local cluster and replay the bundled Mooncake trace."""
-    from kvstore.tools.demo import run_demo
+    """Replay the bundled Mooncake trace on an embedded local cluster, with the prefix
+    cache and without it, and compare."""
+    from kvstore.errors import InvalidArgument
+    from kvstore.tools.demo import run_comparison, run_demo
     from kvstore.tools.processes import ChildFailed
 
     logging.basicConfig(level=logging.WARNING)
     console = Console()
+
+    def bad(message: str) -> None:
+        typer.echo(f"kvstore demo: error: {message}", err=True)
+        raise typer.Exit(2)
+
     if requests < 1:
-        typer.echo("kvstore demo: error: --requests must be >= 1", err=True)
-        raise typer.Exit(2)
+        bad("--requests must be >= 1")
+    if warmup < 0 or (window_start is not None and window_start < 0):
+        bad("--warmup and --window-start must be >= 0")
+    if no_cache and cache_only:
+        bad("--no-cache and --cache-only exclude each other")
+    if target_utilisation <= 0 or (time_scale is not None and time_scale < 0):
+        bad("--target-utilisation must be > 0 and --time-scale >= 0")
     if trace and not os.path.isfile(trace):
-        typer.echo(f"kvstore demo: error: no trace file at {trace}", err=True)
-        raise typer.Exit(2)
-    if out and not os.path.isdir(os.path.dirname(os.path.abspath(out))):
-        typer.echo(f"kvstore demo: error: the folder of --out {out} does not exist", err=True)
-        raise typer.Exit(2)
+        bad(f"no trace file at {trace}")
+    for name, path in (("--out", out), ("--plot", plot)):
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            bad(f"the folder of {name} {path} does not exist")
     from kvstore.engines.kv_saver import SAVE_MODES
 
     if save_mode is not None and save_mode not in SAVE_MODES:
-        typer.echo(f"kvstore demo: error: --save-mode must be one of {sorted(SAVE_MODES)}, "
-                   f"got {save_mode!r}", err=True)
-        raise typer.Exit(2)
+        bad(f"--save-mode must be one of {sorted(SAVE_MODES)}, got {save_mode!r}")
+    common = dict(requests=requests, trace=trace, out=out, time_scale=time_scale,
+                  block_tokens=block_tokens, max_output_tokens=max_output_tokens,
+                  node_dram=node_dram, log_dir=log_dir, console=console, save_mode=save_mode,
+                  warmup=warmup, window_start=window_start,
+                  target_utilisation=target_utilisation, overload=overload)
     try:
-        summary = run_demo(requests=requests, trace=trace, use_cache=not no_cache, out=out,
-                           time_scale=time_scale, block_tokens=block_tokens,
-                           max_output_tokens=max_output_tokens, node_dram=node_dram,
-                           log_dir=log_dir, console=console, save_mode=save_mode)
+        if no_cache or cache_only:
+            summaries = [run_demo(use_cache=cache_only, **common)]
+        else:
+            result = run_comparison(plot=plot, **common)
+            summaries = [result["cache"], result["no_cache"]]
+    except InvalidArgument as exc:      # the window does not fit the trace
+        bad(str(exc))
     except ChildFailed as exc:
         console.print(f"[red]a cluster process failed:[/] {exc}")
         raise typer.Exit(1)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted; cluster stopped[/]")
         raise typer.Exit(130)
-    if summary["errors"]:
+    if any(s["errors"] or s["warmup"]["errors"] for s in summaries):
+        raise typer.Exit(1)
+    if len(summaries) == 2 and not result["comparison"]["outputs_identical"]:
         raise typer.Exit(1)
 
 

@@ -1,74 +1,270 @@
-"""The main job: an embedded local cluster replaying the bundled Mooncake trace."""
+"""The main job: an embedded local cluster replaying the bundled Mooncake trace,
+with the prefix cache and without it.
+
+``kvstore demo`` (:func:`run_comparison`) runs the same requests twice, each
+time on a freshly started cluster::
+
+    plan     window of the trace (demo_window), arrival rate (demo_arrivals)
+    cache    start cluster -> warm-up fills the store, then warms the engines (demo_warmup)
+             -> replay window -> stop
+    no cache start cluster -> the same engine warm-up -> replay window -> stop
+    verdict  side-by-side table and ratios (demo_compare), TTFT plot, JSON
+
+A fresh cluster per mode (about 10 s each) rather than one reused: the
+conductor's ``--no-cache`` is a process option, and neither mode should
+inherit the other's store contents, engine pages or warm caches.
+``--no-cache`` or ``--cache-only`` run one mode (:func:`run_demo`, the
+single summary); ``--overload`` sends arrivals above capacity to a
+conductor with a TTFT SLO, which refuses early what it cannot serve.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 from rich.console import Console
 
+from kvstore.conductor.cost_model import load_cost_model
 from kvstore.engines.kv_saver import SAVE_MODE_ENV
 from kvstore import rpc
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
+from kvstore.tools.demo_arrivals import (DEFAULT_TARGET_UTILISATION, OVERLOAD_UTILISATION,
+                                         ArrivalPlan, plan_arrivals, retime)
+from kvstore.tools.demo_compare import compare, render_comparison_table, write_ttft_plot
+from kvstore.tools.demo_warmup import ENGINE_WARMUP_REQUESTS, store_fill, warm_up
+from kvstore.tools.demo_window import Window, pick_window
 from kvstore.tools.launcher import ClusterSpec, LocalCluster
 from kvstore.tools.processes import ChildFailed
 from kvstore.tools.replay import replay
 from kvstore.tools.report import render_summary, save_summary, summarize
-from kvstore.tools.trace import ScaleConfig, default_trace_path, load_trace, scale_trace
+from kvstore.tools.trace import ScaleConfig, ScaledRequest, default_trace_path, load_trace, scale_trace
 
 log = logging.getLogger(__name__)
 
+COST_MODEL = "tiny-cpu"
+"""The profiled cost model of the bundled engines (``kvstore profile``)."""
+
+OVERLOAD_TTFT_SLO_MS = 5_000.0
+"""``--overload``: the conductor refuses a request whose estimated TTFT is above this."""
+
+
+@dataclass(frozen=True, slots=True)
+class DemoPlan:
+    """What both modes replay."""
+
+    trace: Path
+    block_tokens: int
+    window: Window
+    arrivals: ArrivalPlan
+    measured: list[ScaledRequest]  # the window, arrivals from its first request
+    store_warmup: list[ScaledRequest]  # cache mode: cut warm-up requests (store_fill), in order
+    engine_warmup: list[ScaledRequest]  # both modes, after store_warmup: whole requests
+
+    def to_dict(self) -> dict:
+        """The plan's JSON entries (``window``, ``arrivals``)."""
+        w, a = self.window, self.arrivals
+        return {
+            "window": {"start": w.start, "requests": w.num_requests, "warmup": w.warmup,
+                       "infinite_cache_hit_rate": w.hit_rate,
+                       "trace_infinite_cache_hit_rate": w.trace_hit_rate,
+                       "trace_requests": w.trace_requests, "chosen": w.chosen,
+                       "description": w.describe()},
+            "arrivals": {"rate_rps": a.rate_rps, "time_scale": a.time_scale,
+                         "target_utilisation": a.target_utilisation,
+                         "mean_prefill_ms": a.mean_prefill_ms, "capacity_rps": a.capacity_rps,
+                         "num_prefill": a.num_prefill, "cost_model": a.cost_model,
+                         "derived": a.derived, "description": a.describe()},
+        }
+
+
+def plan_demo(*, trace: str | None, requests: int, warmup: int, window_start: int | None,
+              time_scale: float | None, target_utilisation: float, scale: ScaleConfig,
+              num_prefill: int = 1) -> DemoPlan:
+    """Chooses the window and the arrival rate (see demo_window, demo_arrivals).
+
+    Args:
+        requests: requests measured.
+        warmup: requests before the window that fill the store.
+        window_start: first measured request; None picks it.
+        time_scale: trace clock multiplier; None derives it from ``target_utilisation``.
+        scale: how trace requests shrink (``time_scale`` of it is ignored).
+
+    Raises:
+        InvalidArgument: the window does not fit the trace.
+    """
+    path = Path(trace) if trace else default_trace_path("conversation")
+    records = load_trace(path)
+    window = pick_window(records, requests, warmup, start=window_start)
+    measured_recs = records[window.start:window.start + window.num_requests]
+    measured = scale_trace(measured_recs, scale)
+    arrivals = plan_arrivals(measured_recs, measured, load_cost_model(COST_MODEL), num_prefill,
+                             target_utilisation, time_scale)
+    engine_from = max(window.start - ENGINE_WARMUP_REQUESTS, window.warmup_start)
+    fill = store_fill(records, engine_from, window.start + window.num_requests,
+                      begin=window.warmup_start)
+    b = scale.block_tokens
+    store_warmup = [dataclasses.replace(r, prompt_tokens=r.prompt_tokens[:n * b], num_blocks=n)
+                    for r, (_, n) in zip(scale_trace([records[i] for i, _ in fill], scale), fill)]
+    return DemoPlan(path, b, window, arrivals,
+                    retime(measured, measured_recs, arrivals.time_scale), store_warmup,
+                    scale_trace(records[engine_from:window.start], scale))
+
+
+def _run_mode(plan: DemoPlan, *, use_cache: bool, node_dram: str, log_dir: str,
+              console: Console, save_mode: str | None, conductor_args: tuple[str, ...]) -> dict:
+    """One mode on a fresh cluster: warm-up, replay of the window; its summary.
+
+    Raises:
+        ChildFailed: a component died (everything is stopped first).
+    """
+    mode = "cache" if use_cache else "no-cache"
+    spec = ClusterSpec(node_dram=node_dram, block_tokens=plan.block_tokens, use_cache=use_cache,
+                       log_dir=log_dir, conductor_args=conductor_args)
+    warm_reqs = (plan.store_warmup if use_cache else []) + plan.engine_warmup
+    cluster = LocalCluster(spec)
+    with console.status(f"{mode}: starting cluster") as status, _env(SAVE_MODE_ENV, save_mode):
+        cluster.start(on_step=lambda name: status.update(f"{mode}: starting {name}"))
+    try:
+        watchdog = _Watchdog(cluster)
+        with console.status(f"{mode}: warm-up, {len(warm_reqs)} requests"):
+            warm = asyncio.run(watchdog.guard(warm_up(cluster.conductor, warm_reqs)))
+        outcome = asyncio.run(watchdog.guard(replay(cluster.conductor, plan.measured)))
+        save = save_summary(_prefill_save_totals(cluster))
+    finally:
+        with console.status(f"{mode}: stopping cluster"):
+            cluster.stop()
+    summary = summarize(outcome.results, outcome.duration_s, block_hit_rate=outcome.block_hit_rate,
+                        total_blocks=outcome.total_blocks, hit_blocks=outcome.hit_blocks, mode=mode)
+    summary["trace"] = plan.trace.name
+    summary["block_tokens"] = plan.block_tokens
+    summary["kv_save"] = save
+    summary["warmup"] = warm.to_dict()
+    summary.update(plan.to_dict())
+    if warm.errors:
+        console.print(f"[red]{mode}: {warm.errors} of {warm.requests} warm-up requests failed[/] "
+                      f"({warm.first_error})")
+    return summary
+
 
 def run_demo(*, requests: int, trace: str | None, use_cache: bool, out: str | None,
-             time_scale: float, block_tokens: int, max_output_tokens: int, node_dram: str,
-             log_dir: str | None, console: Console, save_mode: str | None = None) -> dict:
-    """Start the cluster, replay ``requests`` trace requests, print and return the summary.
+             time_scale: float | None, block_tokens: int, max_output_tokens: int, node_dram: str,
+             log_dir: str | None, console: Console, save_mode: str | None = None,
+             warmup: int = 0, window_start: int | None = 0,
+             target_utilisation: float = DEFAULT_TARGET_UTILISATION,
+             overload: bool = False) -> dict:
+    """One mode: start the cluster, warm up, replay the window, print and return the summary.
+
+    The defaults of ``warmup`` and ``window_start`` replay the trace's first
+    ``requests`` with no warm-up; ``time_scale`` None derives the arrival
+    rate (demo_arrivals), a number multiplies the trace clock.
 
     Args:
         save_mode: the prefill engines' ``--save-mode`` ("sync", "streamed", "layerwise");
             None keeps their default. The summary's ``kv_save`` entry reports
             how much of the save time was hidden behind compute.
+        overload: arrivals at OVERLOAD_UTILISATION of capacity, conductor TTFT SLO on.
 
     Raises:
+        InvalidArgument: the window does not fit the trace.
         ChildFailed: a component died (everything is stopped first).
     """
-    path = Path(trace) if trace else default_trace_path("conversation")
-    cfg = ScaleConfig(block_tokens=block_tokens, time_scale=time_scale,
-                      max_output_tokens=max_output_tokens)
-    reqs = scale_trace(load_trace(path, limit=requests), cfg)
+    plan, conductor_args = _plan(trace, requests, warmup, window_start, time_scale,
+                                 target_utilisation, overload, block_tokens, max_output_tokens)
     log_dir = log_dir or tempfile.mkdtemp(prefix="kvstore-demo-")
-    spec = ClusterSpec(node_dram=node_dram, block_tokens=block_tokens, use_cache=use_cache,
-                       log_dir=log_dir)
     mode = "cache" if use_cache else "no-cache"
-    console.print(f"[bold]kvstore demo[/] ({mode}): {len(reqs)} requests of {path.name}, "
-                  f"{block_tokens} tokens per block; logs in {log_dir}")
-    cluster = LocalCluster(spec)
-    with console.status("starting cluster") as status, _env(SAVE_MODE_ENV, save_mode):
-        cluster.start(on_step=lambda name: status.update(f"starting {name}"))
-    try:
-        watchdog = _Watchdog(cluster)
-        outcome = asyncio.run(watchdog.guard(replay(cluster.conductor, reqs)))
-        save = save_summary(_prefill_save_totals(cluster))
-    finally:
-        with console.status("stopping cluster"):
-            cluster.stop()
-    summary = summarize(outcome.results, outcome.duration_s, block_hit_rate=outcome.block_hit_rate,
-                        total_blocks=outcome.total_blocks, hit_blocks=outcome.hit_blocks, mode=mode)
-    summary["trace"] = path.name
-    summary["block_tokens"] = block_tokens
-    summary["kv_save"] = save
+    _announce(console, plan, f"{mode} only", log_dir)
+    summary = _run_mode(plan, use_cache=use_cache, node_dram=node_dram, log_dir=log_dir,
+                        console=console, save_mode=save_mode, conductor_args=conductor_args)
     console.print(render_summary(summary))
     if out:
         Path(out).write_text(json.dumps(summary, indent=2))
         console.print(f"summary written to {out}")
     return summary
+
+
+def run_comparison(*, requests: int, trace: str | None, out: str | None,
+                   time_scale: float | None, block_tokens: int, max_output_tokens: int,
+                   node_dram: str, log_dir: str | None, console: Console,
+                   save_mode: str | None = None, warmup: int = 400,
+                   window_start: int | None = None,
+                   target_utilisation: float = DEFAULT_TARGET_UTILISATION,
+                   overload: bool = False, plot: str | None = None) -> dict:
+    """Both modes on the same requests; prints the side-by-side table, writes the
+    TTFT plot (``plot``, default beside ``out`` or in the log folder) and ``out``.
+
+    Returns:
+        ``{"cache", "no_cache", "comparison", "window", "arrivals", "trace",
+        "block_tokens", "overload", "plot", "wall_s"}``: each mode's summary as
+        :func:`run_demo` returns it, and their comparison (demo_compare).
+
+    Raises:
+        InvalidArgument: the window does not fit the trace.
+        ChildFailed: a component died (everything is stopped first).
+    """
+    started = time.perf_counter()
+    plan, conductor_args = _plan(trace, requests, warmup, window_start, time_scale,
+                                 target_utilisation, overload, block_tokens, max_output_tokens)
+    log_dir = log_dir or tempfile.mkdtemp(prefix="kvstore-demo-")
+    _announce(console, plan, "cache against no cache", log_dir)
+    runs = {}
+    for use_cache, key in ((True, "cache"), (False, "no_cache")):
+        runs[key] = _run_mode(plan, use_cache=use_cache, node_dram=node_dram,
+                              log_dir=os.path.join(log_dir, key), console=console,
+                              save_mode=save_mode, conductor_args=conductor_args)
+    comparison = compare(runs["cache"], runs["no_cache"])
+    title = (f"kvstore demo: {plan.window.num_requests} requests of {plan.trace.name} at "
+             f"{plan.arrivals.rate_rps:.2f} requests/s" + (" (overload)" if overload else ""))
+    console.print(render_comparison_table(comparison, title))
+    save = runs["no_cache"]["kv_save"]
+    if save["requests"]:
+        console.print(f"no-cache prefill: {save['prefill_ms_total'] / save['requests']:.0f} ms "
+                      f"per request measured (engine warm-up included), "
+                      f"{plan.arrivals.mean_prefill_ms:.0f} ms by cost model "
+                      f"{plan.arrivals.cost_model}")
+    plot_path = Path(plot) if plot else (Path(out).with_suffix(".ttft.png") if out
+                                         else Path(log_dir) / "ttft.png")
+    why_not = write_ttft_plot(runs["cache"], runs["no_cache"], plot_path, title)
+    console.print(f"TTFT plot: {plot_path}" if why_not is None else f"no TTFT plot: {why_not}",
+                  markup=False)
+    result = {"trace": plan.trace.name, "block_tokens": plan.block_tokens, **plan.to_dict(),
+              "overload": overload, "conductor_args": list(conductor_args),
+              "cache": runs["cache"], "no_cache": runs["no_cache"], "comparison": comparison,
+              "plot": None if why_not else str(plot_path),
+              "wall_s": time.perf_counter() - started}
+    if out:
+        Path(out).write_text(json.dumps(result, indent=2))
+        console.print(f"both summaries and the comparison written to {out}")
+    return result
+
+
+def _plan(trace, requests, warmup, window_start, time_scale, target_utilisation, overload,
+          block_tokens, max_output_tokens) -> tuple[DemoPlan, tuple[str, ...]]:
+    """The plan and the conductor's extra options (the SLO under ``overload``)."""
+    scale = ScaleConfig(block_tokens=block_tokens, max_output_tokens=max_output_tokens)
+    target = OVERLOAD_UTILISATION if overload else target_utilisation
+    plan = plan_demo(trace=trace, requests=requests, warmup=warmup, window_start=window_start,
+                     time_scale=time_scale, target_utilisation=target, scale=scale)
+    args = (("--cost-model", COST_MODEL, "--ttft-slo-ms", f"{OVERLOAD_TTFT_SLO_MS:g}")
+            if overload else ())
+    return plan, args
+
+
+def _announce(console: Console, plan: DemoPlan, what: str, log_dir: str) -> None:
+    console.print(f"[bold]kvstore demo[/] ({what}): {plan.window.num_requests} requests of "
+                  f"{plan.trace.name}, {plan.block_tokens} tokens per block; logs in {log_dir}")
+    console.print(f"  window: {plan.window.describe()}")
+    console.print(f"  arrivals: {plan.arrivals.describe()}")
 
 
 @contextlib.contextmanager

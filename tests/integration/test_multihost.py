@@ -87,8 +87,10 @@ def test_replay_from_host_e_matches_loopback(layout, tmp_path):
 
     loop_out, far_out = tmp_path / "loopback.json", tmp_path / "multihost.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVSTORE_T")}
-    loop = subprocess.run([sys.executable, "-m", "kvstore.tools.cli", "demo", "-n",
-                           str(REPLAY_REQUESTS), "--out", str(loop_out)],
+    # One mode on the trace's first requests at its 0.25x clock: what replay sends.
+    loop = subprocess.run([sys.executable, "-m", "kvstore.tools.cli", "demo", "--cache-only",
+                           "-n", str(REPLAY_REQUESTS), "--warmup", "0", "--window-start", "0",
+                           "--time-scale", "0.25", "--out", str(loop_out)],
                           env=env, capture_output=True, text=True, timeout=600)
     assert loop.returncode == 0, loop.stdout[-2000:] + loop.stderr[-2000:]
     far = layout.run_client([sys.executable, "-m", "kvstore.tools.cli", "replay", "--conductor",
