@@ -1,0 +1,242 @@
+"""``kvstore resp``: the RESP listener, one thread per connection over one SDK client.
+
+    kvstore resp --master ADDR [--host H] [--port N] [--auth FILE] [--token-file FILE]
+
+The front is a client of the store (:class:`~kvstore.client.KVClient`: same-
+host nodes over shared memory, others over TCP) and keeps no state of its
+own beyond its connections, so as many fronts as wanted can stand behind a
+load balancer. Each connection has a thread that reads a command, runs it
+and encodes the reply; replies are sent when no further command is already
+received (pipelining of any depth costs one send per burst) or when 256 KiB
+are waiting. A client that reads no replies blocks its own thread in send,
+which stops reading it: the memory a connection holds stays bounded by one
+command and the replies of one burst.
+
+Thread safety: the SDK client is shared by the connection threads (it is
+thread-safe, its data connections are per thread); :class:`FrontStats` is
+updated without a lock (counters; a lost increment is harmless).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+from kvstore.auth import Role, TokenFile
+from kvstore.tools.resp import data, verbs  # noqa: F401  (they fill the command table)
+from kvstore.tools.resp.protocol import (CommandReader, Limits, ProtocolError, RespError,
+                                         encode)
+from kvstore.tools.resp.data import get_run
+from kvstore.tools.resp.table import Session, dispatch
+
+log = logging.getLogger(__name__)
+
+_FLUSH_BYTES = 256 * 1024
+_MAX_GET_RUN = 64                # pipelined GETs read as one batch
+_IOV_MAX = 512                  # buffers per sendmsg (Linux allows 1024)
+VERSION = "0.1.0"
+
+
+@dataclass(frozen=True, slots=True)
+class FrontConfig:
+    """What a RESP front serves, and its bounds."""
+
+    master: str                         # a shard's masters, "host:port" or "a|b"
+    host: str = "127.0.0.1"
+    port: int = 0                       # 0: a free port
+    auth: str = ""                      # --auth token file; "": every connection is admin
+    max_clients: int = 1000             # more connections are answered -ERR and closed
+    limits: Limits = field(default_factory=Limits)
+    token: str | None = None            # the front's own token as a client of the store
+
+
+@dataclass(slots=True)
+class FrontStats:
+    """Counters INFO reports."""
+
+    connections: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    commands: int = 0
+    hits: int = 0
+    misses: int = 0
+    sets: int = 0
+
+
+class RespFront:
+    """A RESP server over one SDK client.
+
+    Args:
+        cfg: the front's configuration.
+        kv: the SDK client (a :class:`~kvstore.client.KVClient` or anything with its methods).
+
+    Raises:
+        OSError: the address cannot be bound.
+        AuthFileError: a bad ``--auth`` file.
+    """
+
+    def __init__(self, cfg: FrontConfig, kv):
+        self.cfg = cfg
+        self.kv = kv
+        self.master = cfg.master
+        self.limits = cfg.limits
+        self.max_clients = cfg.max_clients
+        self.tokens = TokenFile(cfg.auth) if cfg.auth else None
+        self.stats = FrontStats()
+        self.version = VERSION
+        self.started_s = time.monotonic()
+        self._ids = iter(range(1, 1 << 62))
+        self._stop = threading.Event()
+        self._policy = ""
+        self._sock = socket.create_server((cfg.host, cfg.port), backlog=512)
+        self.host, self.port = self._sock.getsockname()[:2]
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def eviction_policy(self, nodes: dict) -> str:
+        """The store nodes' eviction policy, as INFO's maxmemory_policy."""
+        if not self._policy:
+            try:
+                policies = {s.get("eviction_policy", "") for s in self.kv.node_stats().values()}
+            except Exception:             # an unreachable node: asked again next time
+                return "unknown"
+            self._policy = ",".join(sorted(p for p in policies if p)) or "node-policy"
+        return self._policy
+
+    # ---- serving ----
+    def serve_forever(self) -> None:
+        """Accept connections until :meth:`stop`; each gets its own daemon thread."""
+        self._sock.settimeout(0.5)
+        while not self._stop.is_set():
+            try:
+                conn, peer = self._sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                if self._stop.is_set():
+                    break
+                raise
+            self.stats.accepted += 1
+            if self.stats.connections >= self.max_clients:
+                self.stats.rejected += 1
+                _refuse(conn)
+                continue
+            self.stats.connections += 1
+            threading.Thread(target=self._connection, args=(conn, peer), daemon=True,
+                             name=f"resp-{peer[1]}").start()
+        self._sock.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _connection(self, conn: socket.socket, peer) -> None:
+        conn.setblocking(True)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        session = Session(next(self._ids), f"{peer[0]}:{peer[1]}",
+                          Role.ADMIN if self.tokens is None else None)
+        reader = CommandReader(conn.recv_into, self.limits)
+        out: list = []
+        pending = 0
+        try:
+            while not session.closing:
+                try:
+                    args = reader.read_command()
+                except ProtocolError as err:
+                    out.append(RespError(f"Protocol error: {err}").line())
+                    break
+                if args is None:
+                    break
+                if not args:
+                    continue
+                before = len(out)
+                if is_get(args) and reader.buffered():
+                    args = self._get_run(session, reader, args, out)
+                if args is not None:
+                    encode(dispatch(self, session, args), session.proto, out)
+                pending += sum(len(b) if not isinstance(b, memoryview) else b.nbytes
+                               for b in out[before:])
+                if pending >= _FLUSH_BYTES or not reader.buffered():
+                    send_all(conn, out)
+                    out.clear()
+                    pending = 0
+            send_all(conn, out)
+        except (EOFError, OSError):
+            pass                            # the peer went away; nothing to answer
+        finally:
+            self.stats.connections -= 1
+            conn.close()
+
+    def _get_run(self, session: Session, reader: CommandReader, first: list, out: list):
+        """Pipelined GETs already received, answered with one batch read (one Lookup
+        per shard for the keys not in the metadata cache, reads in parallel).
+
+        Returns:
+            The command that ended the run (to run next), or None.
+
+        Raises:
+            ProtocolError, EOFError: as :meth:`CommandReader.read_command`.
+        """
+        run, nxt = [first], None
+        while reader.buffered() and len(run) < _MAX_GET_RUN:
+            args = reader.read_command()
+            if args is None:
+                break
+            if not is_get(args):
+                nxt = args
+                break
+            run.append(args)
+        for reply in get_run(self, session, run):
+            encode(reply, session.proto, out)
+        return nxt
+
+
+def is_get(args: list) -> bool:
+    return len(args) == 2 and len(args[0]) == 3 and bytes(args[0]).upper() == b"GET"
+
+
+def send_all(conn: socket.socket, bufs: list) -> None:
+    """Send every buffer of ``bufs`` in order (sendmsg: no joining copy)."""
+    views = [memoryview(b).cast("B") for b in bufs]
+    i = 0
+    while i < len(views):
+        sent = conn.sendmsg(views[i:i + _IOV_MAX])
+        while sent and i < len(views):       # advance past what went out
+            n = views[i].nbytes
+            if sent >= n:
+                sent -= n
+                i += 1
+            else:
+                views[i] = views[i][sent:]
+                sent = 0
+        while i < len(views) and not views[i].nbytes:
+            i += 1
+
+
+def _refuse(conn: socket.socket) -> None:
+    try:
+        conn.sendall(b"-ERR max number of clients reached\r\n")
+    except OSError:
+        pass
+    conn.close()
+
+
+def serve(cfg: FrontConfig, kv) -> None:
+    """Run a front until SIGTERM / SIGINT; prints ``READY {json}`` once it listens."""
+    import signal
+
+    from kvstore.process import announce_ready
+
+    front = RespFront(cfg, kv)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: front.stop())
+    if front.tokens is not None and hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, lambda *_: front.tokens.reload())
+    announce_ready({"address": front.address, "host": front.host, "port": front.port,
+                    "master": cfg.master, "auth": front.tokens is not None})
+    log.info("RESP front on %s over master %s", front.address, cfg.master)
+    front.serve_forever()
