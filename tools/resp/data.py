@@ -19,8 +19,8 @@ Thread safety: verbs run on their connection's thread; the SDK client is shared.
 from __future__ import annotations
 
 from kvstore.errors import KeyConflict, KVStoreError, NotFound
-from kvstore.tools.resp.protocol import OK, RespError
-from kvstore.tools.resp.table import command, integer, text
+from kvstore.tools.resp.protocol import OK, RespError, Status
+from kvstore.tools.resp.table import command, dispatch, integer, text
 
 _NO_EXPIRY = ("kvstore has no expiry: objects live until DEL or eviction, "
               "so SET {opt} is refused (see README: Redis clients)")
@@ -56,8 +56,6 @@ def _get_one(front, key: str):
 def get_run(front, session, run: list[list]) -> list:
     """Replies to a run of pipelined ``GET key`` commands, read as one batch; any
     failure of the batch (a bad key, a store error) answers each command alone."""
-    from kvstore.tools.resp.table import dispatch
-
     try:
         if session.role is None:
             raise RespError("not authenticated")
@@ -197,8 +195,6 @@ def getrange(front, session, args):
 
 @command("TYPE", 2, "readonly fast", (1, 1, 1), "string, or none for a missing key")
 def type_(front, session, args):
-    from kvstore.tools.resp.protocol import Status
-
     return Status("string" if front.kv.exists(text(args[1])) else "none")
 
 

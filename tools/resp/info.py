@@ -23,6 +23,9 @@ from collections import defaultdict
 
 from kvstore.tools.resp.protocol import RespError
 
+#: The version redis-cli and client libraries see (HELLO, INFO): the RESP
+#: surface follows Redis 7.0's.
+REDIS_VERSION = "7.0.0"
 SECTIONS = ("server", "clients", "memory", "stats", "keyspace", "kvstore")
 
 
@@ -70,8 +73,6 @@ def info_text(front, sections: list[str]) -> str:
 
 
 def _server(front, facts) -> dict:
-    from kvstore.tools.resp.verbs import REDIS_VERSION
-
     return {"redis_version": REDIS_VERSION, "redis_mode": "standalone",
             "kvstore_version": front.version, "server_name": "kvstore-resp",
             "os": f"{platform.system()} {platform.release()} {platform.machine()}",

@@ -16,15 +16,12 @@ import itertools
 import re
 
 from kvstore.errors import NotFound
-from kvstore.tools.resp.info import config_values, info_text
+from kvstore.tools.resp.info import REDIS_VERSION, config_values, info_text
 from kvstore.tools.resp.protocol import OK, RespError, Status
 from kvstore.tools.resp.table import COMMANDS, command, integer, text
 
 MAX_CURSORS = 16
 MAX_SCAN_COUNT = 10_000
-#: The version redis-cli and client libraries see (HELLO, INFO): the RESP
-#: surface follows Redis 7.0's.
-REDIS_VERSION = "7.0.0"
 
 
 @command("PING", -1, "fast", summary="PONG, or the argument back", group="connection")
