@@ -132,6 +132,12 @@ def test_redis_py_sync(port, prefix, protocol):
         out = pipe.execute()
         assert out[:500] == [True] * 500
         assert out[500:] == [str(i).encode() for i in range(500)]
+        # A pipelined run of SETs is one batch put; a repeated key keeps the
+        # one-after-the-other meaning (equal bytes OK, other bytes KeyConflict).
+        pipe = r.pipeline(transaction=False)
+        pipe.set(prefix + "dup", b"one").set(prefix + "dup", b"one").set(prefix + "dup", b"two")
+        first, second, third = pipe.execute(raise_on_error=False)
+        assert first is True and second is True and "KeyConflict" in str(third)
         assert r.delete(*values, prefix + "m1") == len(values) + 1
         assert r.get(prefix + "v0") is None
         if protocol == 3:

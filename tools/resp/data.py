@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from kvstore.errors import KeyConflict, KVStoreError, NotFound
 from kvstore.tools.resp.protocol import OK, RespError, Status
-from kvstore.tools.resp.table import command, dispatch, integer, text
+from kvstore.tools.resp.table import command, dispatch, integer, store_error, text
 
 _NO_EXPIRY = ("kvstore has no expiry: objects live until DEL or eviction, "
               "so SET {opt} is refused (see README: Redis clients)")
@@ -59,12 +59,46 @@ def get_run(front, session, run: list[list]) -> list:
     try:
         if session.role is None:
             raise RespError("not authenticated")
-        keys = [text(args[1]) for args in run]
-        values = get_many(front, keys)
-        front.stats.commands += len(run)
-        return values
+        values = get_many(front, [text(args[1]) for args in run])
     except (RespError, KVStoreError):
         return [dispatch(front, session, args) for args in run]
+    front.stats.commands += len(run)
+    return values
+
+
+def set_run(front, session, run: list[list]) -> list:
+    """Replies to a run of pipelined plain ``SET key value`` commands, stored with
+    one batch put. A key repeated in the run is put once: a later SET of equal
+    bytes gets the first one's reply, of other bytes KeyConflict, as if the
+    commands had run one after the other."""
+    if session.role is None:
+        return [dispatch(front, session, args) for args in run]
+    first: dict[str, int] = {}            # key -> index of its first SET in the run
+    replies: list = [None] * len(run)
+    for i, args in enumerate(run):
+        try:
+            key = text(args[1])
+        except RespError as err:
+            replies[i] = err
+            continue
+        first.setdefault(key, i)
+    keys = list(first)
+    results = front.kv.batch_put(keys, [memoryview(run[first[k]][2]) for k in keys])
+    front.stats.sets += len(keys)
+    front.stats.commands += len(run)
+    for key, err in zip(keys, results):
+        replies[first[key]] = OK if err is None else store_error(err)
+    for i, args in enumerate(run):
+        if replies[i] is not None:
+            continue
+        j = first[text(args[1])]
+        same = len(args[2]) == len(run[j][2]) and bytes(run[j][2]) == bytes(args[2])
+        if replies[j] is OK and not same:
+            replies[i] = store_error(KeyConflict("key holds different bytes; objects are "
+                                                 "immutable", key=text(args[1])))
+        else:
+            replies[i] = replies[j]
+    return replies
 
 
 @command("GET", 2, "readonly fast", (1, 1, 1), "the value of a key (nil: missing)", "string")
@@ -237,3 +271,7 @@ def unpin(front, session, args):
         raise RespError("syntax error")
     front.kv.unpin(text(args[1]), soft=soft)
     return OK
+
+
+#: Verbs the server answers a pipelined run of with one batch call.
+RUNS = {"GET": get_run, "SET": set_run}

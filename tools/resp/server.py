@@ -29,13 +29,13 @@ from kvstore.auth import Role, TokenFile
 from kvstore.tools.resp import data, verbs  # noqa: F401  (they fill the command table)
 from kvstore.tools.resp.protocol import (CommandReader, Limits, ProtocolError, RespError,
                                          encode)
-from kvstore.tools.resp.data import get_run
+from kvstore.tools.resp.data import RUNS
 from kvstore.tools.resp.table import Session, dispatch
 
 log = logging.getLogger(__name__)
 
 _FLUSH_BYTES = 256 * 1024
-_MAX_GET_RUN = 64                # pipelined GETs read as one batch
+_MAX_RUN = 64                    # pipelined GETs (SETs) read as one batch
 _IOV_MAX = 512                  # buffers per sendmsg (Linux allows 1024)
 VERSION = "0.1.0"
 
@@ -154,8 +154,9 @@ class RespFront:
                 if not args:
                     continue
                 before = len(out)
-                if is_get(args) and reader.buffered():
-                    args = self._get_run(session, reader, args, out)
+                kind = batchable(args)
+                if kind is not None and (reader.buffered() or _readable(conn)):
+                    args = self._run(conn, session, reader, args, kind, out)
                 if args is not None:
                     encode(dispatch(self, session, args), session.proto, out)
                 pending += sum(len(b) if not isinstance(b, memoryview) else b.nbytes
@@ -171,9 +172,10 @@ class RespFront:
             self.stats.connections -= 1
             conn.close()
 
-    def _get_run(self, session: Session, reader: CommandReader, first: list, out: list):
-        """Pipelined GETs already received, answered with one batch read (one Lookup
-        per shard for the keys not in the metadata cache, reads in parallel).
+    def _run(self, conn: socket.socket, session: Session, reader: CommandReader, first: list,
+             kind: str, out: list):
+        """Pipelined GETs (or plain SETs) already received, answered with one batch
+        call of the SDK (reads or puts in parallel, one Lookup per shard).
 
         Returns:
             The command that ended the run (to run next), or None.
@@ -182,21 +184,34 @@ class RespFront:
             ProtocolError, EOFError: as :meth:`CommandReader.read_command`.
         """
         run, nxt = [first], None
-        while reader.buffered() and len(run) < _MAX_GET_RUN:
+        while (reader.buffered() or _readable(conn)) and len(run) < _MAX_RUN:
             args = reader.read_command()
             if args is None:
                 break
-            if not is_get(args):
+            if batchable(args) != kind:
                 nxt = args
                 break
             run.append(args)
-        for reply in get_run(self, session, run):
+        for reply in RUNS[kind](self, session, run):
             encode(reply, session.proto, out)
         return nxt
 
 
-def is_get(args: list) -> bool:
-    return len(args) == 2 and len(args[0]) == 3 and bytes(args[0]).upper() == b"GET"
+def _readable(conn: socket.socket) -> bool:
+    """Whether more bytes from the client wait in the socket (without blocking)."""
+    try:
+        return bool(conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except (BlockingIOError, InterruptedError):
+        return False
+
+
+def batchable(args: list) -> str | None:
+    """"GET" for ``GET key``, "SET" for ``SET key value`` (no options), else None."""
+    if len(args) in (2, 3) and len(args[0]) == 3:
+        name = bytes(args[0]).upper()
+        if (name, len(args)) in ((b"GET", 2), (b"SET", 3)):
+            return name.decode()
+    return None
 
 
 def send_all(conn: socket.socket, bufs: list) -> None:
