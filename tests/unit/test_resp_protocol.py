@@ -95,3 +95,15 @@ def test_encoder_resp2_and_resp3():
     assert _wire({"k": 1}, 2) == b"*2\r\n$1\r\nk\r\n:1\r\n"
     assert _wire(RespError("bad\r\nthing", "NOAUTH"), 2) == b"-NOAUTH bad  thing\r\n"
     assert _wire(memoryview(b"xyz")[1:], 2) == b"$2\r\nyz\r\n"
+
+
+def test_readme_lists_every_command():
+    import pathlib
+
+    from kvstore.tools.resp import server  # noqa: F401  (fills the command table)
+    from kvstore.tools.resp.table import COMMANDS
+
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme.split("## Redis clients", 1)[1].split("\n## ", 1)[0]
+    missing = [name for name in COMMANDS if f"| `{name}` |" not in table]
+    assert not missing, f"README's Redis clients table lacks {missing}"
