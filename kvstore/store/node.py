@@ -126,7 +126,6 @@ class StoreNode:
         self._tiering = Tiering(self._table, room_wait_s)
         self.levels: list[TierLevel] = self._table.levels
         self.tier: Tier = chain[0]
-        self.policy_name = policy                 # the eviction policy's registry name
         self.counters: dict[NodeCounter, int] = self._table.counters
         self.events: EventLog = self._table.events
         self.events.set_on_applied(lambda event: self.confirm(event.key, event.object_id))
@@ -493,9 +492,8 @@ class StoreNode:
                 num_doomed=len(self._table.doomed),
                 num_evictable=sum(o.can_give_up(0, True, now) for o in objs),
                 evictions=self.counters[NodeCounter.EVICTIONS],
-                tiers=tiers,
+                tiers=tiers, eviction_policy=self.levels[0].policy.name,
                 counters=counters_by_name(self.counters),
-                eviction_policy=self.policy_name,
             )
 
     def refresh_usage(self, stats: NodeStats) -> NodeStats:
