@@ -444,8 +444,7 @@ def resp_main(argv: list[str]) -> None:
     _require(max_bulk >= 1, "--max-bulk must be at least 1 B")
     if a.auth:
         TokenFile(a.auth)                  # a bad file: one line, exit 2
-    if not a.insecure:
-        check_binding("resp", a.host, bool(a.auth), insecure=False)
+    check_binding("resp", a.host, bool(a.auth), insecure=a.insecure)   # warns with --insecure
     cfg = FrontConfig(master=a.master, host=a.host, port=a.port, auth=a.auth,
                       max_clients=a.max_clients,
                       limits=Limits(max_bulk_bytes=max_bulk))

@@ -5,21 +5,25 @@
 The front is a client of the store (:class:`~kvstore.client.KVClient`: same-
 host nodes over shared memory, others over TCP) and keeps no state of its
 own beyond its connections, so as many fronts as wanted can stand behind a
-load balancer. Each connection has a thread that reads a command, runs it
-and encodes the reply; replies are sent when no further command is already
+load balancer. Each connection has a worker thread (kept for the next
+connection when it ends, with its SDK data connections) that reads a
+command, runs it and encodes the reply; replies are sent when no further command is already
 received (pipelining of any depth costs one send per burst) or when 256 KiB
 are waiting. A client that reads no replies blocks its own thread in send,
 which stops reading it: the memory a connection holds stays bounded by one
 command and the replies of one burst.
 
 Thread safety: the SDK client is shared by the connection threads (it is
-thread-safe, its data connections are per thread); :class:`FrontStats` is
-updated without a lock (counters; a lost increment is harmless).
+thread-safe, its data connections are per thread). The open-connection
+count (``--max-clients``) and the idle-worker count change under the
+front's lock; the other :class:`FrontStats` counters are updated without
+one (INFO's statistics; a lost increment is harmless).
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import socket
 import threading
 import time
@@ -90,6 +94,9 @@ class RespFront:
         self.started_s = time.monotonic()
         self._ids = iter(range(1, 1 << 62))
         self._stop = threading.Event()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()    # connections for the workers
+        self._lock = threading.Lock()
+        self._idle = 0                    # workers waiting on the queue
         self._policy = ""
         self._sock = socket.create_server((cfg.host, cfg.port), backlog=512)
         self.host, self.port = self._sock.getsockname()[:2]
@@ -126,10 +133,33 @@ class RespFront:
                 self.stats.rejected += 1
                 _refuse(conn)
                 continue
-            self.stats.connections += 1
-            threading.Thread(target=self._connection, args=(conn, peer), daemon=True,
-                             name=f"resp-{peer[1]}").start()
+            with self._lock:
+                self.stats.connections += 1
+            self._hand_over(conn, peer)
         self._sock.close()
+
+    def _hand_over(self, conn: socket.socket, peer) -> None:
+        """Give a connection to an idle worker thread, or to a new one. Workers live on
+        after their connection ends: their SDK data connections (shared memory, an
+        authenticated socket per node) are opened once, not per Redis connection."""
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+            else:
+                threading.Thread(target=self._worker, daemon=True,
+                                 name=f"resp-worker-{self.stats.accepted}").start()
+        self._queue.put((conn, peer))
+
+    def _worker(self) -> None:
+        while True:
+            conn, peer = self._queue.get()
+            try:
+                self._connection(conn, peer)
+            except Exception:             # a bug: logged; the worker serves the next one
+                log.exception("RESP connection from %s failed", peer)
+            finally:
+                with self._lock:
+                    self._idle += 1
 
     def stop(self) -> None:
         self._stop.set()
@@ -169,7 +199,8 @@ class RespFront:
         except (EOFError, OSError):
             pass                            # the peer went away; nothing to answer
         finally:
-            self.stats.connections -= 1
+            with self._lock:
+                self.stats.connections -= 1
             conn.close()
 
     def _run(self, conn: socket.socket, session: Session, reader: CommandReader, first: list,
