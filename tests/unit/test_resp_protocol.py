@@ -107,3 +107,20 @@ def test_readme_lists_every_command():
     table = readme.split("## Redis clients", 1)[1].split("\n## ", 1)[0]
     missing = [name for name in COMMANDS if f"| `{name}` |" not in table]
     assert not missing, f"README's Redis clients table lacks {missing}"
+
+
+def test_reply_buffers_are_reused_and_bounded():
+    from kvstore.tools.resp.data import ReplyBuffers
+
+    pool = ReplyBuffers()
+    pool.learn(1000)
+    first = [pool.take() for _ in range(40)]
+    assert all(len(b) == 1000 for b in first)
+    pool.recycle()                                   # the replies are sent
+    again = [pool.take() for _ in range(40)]
+    assert sum(any(a is b for b in first) for a in again) == ReplyBuffers.MAX_POOLED
+    pool.learn(ReplyBuffers.MAX_POOLED_BYTES + 1)    # too large to pool: the size stays
+    assert pool.size_bytes == 1000
+    pool.learn(2000)                                 # larger values: larger buffers
+    pool.recycle()
+    assert len(pool.take()) == 2000

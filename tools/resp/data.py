@@ -18,7 +18,7 @@ Thread safety: verbs run on their connection's thread; the SDK client is shared.
 
 from __future__ import annotations
 
-from kvstore.errors import KeyConflict, KVStoreError, NotFound
+from kvstore.errors import InvalidArgument, KeyConflict, KVStoreError, NotFound
 from kvstore.tools.resp.protocol import OK, RespError, Status
 from kvstore.tools.resp.table import command, dispatch, integer, store_error, text
 
@@ -26,13 +26,61 @@ _NO_EXPIRY = ("kvstore has no expiry: objects live until DEL or eviction, "
               "so SET {opt} is refused (see README: Redis clients)")
 
 
-def get_many(front, keys: list[str]) -> list:
+class ReplyBuffers:
+    """One connection's buffers that GET values are read into, reused once the
+    replies holding them are sent (:meth:`recycle`): no new buffer, and no
+    fresh pages, per GET.
+
+    Buffers are ``size_bytes`` long: the largest value this connection has
+    read, up to :data:`MAX_POOLED_BYTES`; larger values get buffers of their
+    own. At most :data:`MAX_POOLED` are kept (the connection's memory stays
+    ``MAX_POOLED * MAX_POOLED_BYTES`` at most).
+
+    Thread safety: one connection's thread.
+    """
+
+    MAX_POOLED = 32
+    MAX_POOLED_BYTES = 256 * 1024
+
+    def __init__(self):
+        self.size_bytes = 0
+        self._free: list[bytearray] = []
+        self._lent: list[bytearray] = []
+
+    def learn(self, size_bytes: int) -> None:
+        """A value of ``size_bytes`` was read: pool buffers that can hold it (if small enough)."""
+        if self.size_bytes < size_bytes <= self.MAX_POOLED_BYTES:
+            self.size_bytes = size_bytes
+            self._free.clear()
+
+    def take(self) -> bytearray:
+        buf = self._free.pop() if self._free else bytearray(self.size_bytes)
+        self._lent.append(buf)
+        return buf
+
+    def recycle(self) -> None:
+        """The replies are sent: lent buffers may be read into again."""
+        keep = self.MAX_POOLED - len(self._free)
+        self._free += [b for b in self._lent[:keep] if len(b) == self.size_bytes]
+        self._lent.clear()
+
+
+def get_many(front, keys: list[str], buffers: ReplyBuffers | None = None) -> list:
     """Values (bytes-like) or None per key; counts hits and misses.
+
+    With ``buffers``, values up to its size are read into its buffers (valid
+    until it is recycled); others into new ones.
 
     Raises:
         KVStoreError: a failure other than NotFound (the first).
     """
-    values = front.kv.batch_get(keys) if len(keys) > 1 else [_get_one(front, keys[0])]
+    if buffers is not None and buffers.size_bytes:
+        values = _get_pooled(front, keys, buffers)
+    else:
+        values = front.kv.batch_get(keys) if len(keys) > 1 else [_get_one(front, keys[0])]
+        if buffers is not None:
+            buffers.learn(max((len(v) for v in values if not isinstance(v, KVStoreError)),
+                              default=0))
     out = []
     for v in values:
         if isinstance(v, NotFound):
@@ -44,6 +92,25 @@ def get_many(front, keys: list[str]) -> list:
             front.stats.hits += 1
             out.append(v)
     return out
+
+
+def _get_pooled(front, keys: list[str], buffers: ReplyBuffers) -> list:
+    dests = [buffers.take() for _ in keys]
+    if len(keys) == 1:                   # the SDK's fast path for a cached key
+        try:
+            sizes = [front.kv.get_into(keys[0], dests[0])]
+        except KVStoreError as err:
+            sizes = [err]
+    else:
+        sizes = front.kv.batch_get_into(keys, dests)
+    values = [memoryview(d)[:n] if isinstance(n, int) else n for d, n in zip(dests, sizes)]
+    larger = [i for i, v in enumerate(values) if isinstance(v, InvalidArgument)]
+    if larger:                           # did not fit (or a bad key): read into new buffers
+        for i, v in zip(larger, front.kv.batch_get([keys[i] for i in larger])):
+            values[i] = v
+            if not isinstance(v, KVStoreError):
+                buffers.learn(len(v))
+    return values
 
 
 def _get_one(front, key: str):
@@ -59,7 +126,7 @@ def get_run(front, session, run: list[list]) -> list:
     try:
         if session.role is None:
             raise RespError("not authenticated")
-        values = get_many(front, [text(args[1]) for args in run])
+        values = get_many(front, [text(args[1]) for args in run], session.buffers)
     except (RespError, KVStoreError):
         return [dispatch(front, session, args) for args in run]
     front.stats.commands += len(run)
@@ -103,13 +170,13 @@ def set_run(front, session, run: list[list]) -> list:
 
 @command("GET", 2, "readonly fast", (1, 1, 1), "the value of a key (nil: missing)", "string")
 def get(front, session, args):
-    return get_many(front, [text(args[1])])[0]
+    return get_many(front, [text(args[1])], session.buffers)[0]
 
 
 @command("MGET", -2, "readonly fast", (1, -1, 1), "the values of keys (nil for each missing)",
          "string")
 def mget(front, session, args):
-    return get_many(front, [text(a) for a in args[1:]])
+    return get_many(front, [text(a) for a in args[1:]], session.buffers)
 
 
 def _put(front, key: str, value) -> bool:

@@ -113,7 +113,7 @@ class CommandReader:
         while True:
             at = self._buf.find(b"\n", self._start + scanned, self._end)
             if at >= 0:
-                line = bytes(self._buf[self._start:at])
+                line = bytes(memoryview(self._buf)[self._start:at])     # one copy
                 self._start = at + 1
                 return line[:-1] if line.endswith(b"\r") else line
             if self._end - self._start > self.limits.max_inline_bytes:
@@ -162,7 +162,7 @@ class CommandReader:
         if size <= self.limits.direct_bytes:
             while self._end - self._start < size + 2:
                 self._fill()
-            data = bytes(self._buf[self._start:self._start + size])
+            data = bytes(memoryview(self._buf)[self._start:self._start + size])   # one copy
             self._start += size
         else:
             data = _buffer(size)

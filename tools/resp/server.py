@@ -33,7 +33,7 @@ from kvstore.auth import Role, TokenFile
 from kvstore.tools.resp import data, verbs  # noqa: F401  (they fill the command table)
 from kvstore.tools.resp.protocol import (CommandReader, Limits, ProtocolError, RespError,
                                          encode)
-from kvstore.tools.resp.data import RUNS
+from kvstore.tools.resp.data import RUNS, ReplyBuffers
 from kvstore.tools.resp.table import Session, dispatch
 
 log = logging.getLogger(__name__)
@@ -168,7 +168,7 @@ class RespFront:
         conn.setblocking(True)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         session = Session(next(self._ids), f"{peer[0]}:{peer[1]}",
-                          Role.ADMIN if self.tokens is None else None)
+                          Role.ADMIN if self.tokens is None else None, buffers=ReplyBuffers())
         reader = CommandReader(conn.recv_into, self.limits)
         out: list = []
         pending = 0
@@ -194,6 +194,7 @@ class RespFront:
                 if pending >= _FLUSH_BYTES or not reader.buffered():
                     send_all(conn, out)
                     out.clear()
+                    session.buffers.recycle()     # the values in them are sent
                     pending = 0
             send_all(conn, out)
         except (EOFError, OSError):

@@ -80,6 +80,7 @@ class Session:
     cursors: dict[int, object] = field(default_factory=dict)   # SCAN cursor -> iterator
     next_cursor: int = 1
     closing: bool = False                 # QUIT: close after this reply
+    buffers: object = None                # the connection's ReplyBuffers (GET values)
 
 
 _PREFIX: dict[type[KVStoreError], str] = {
