@@ -68,13 +68,13 @@ class ReplyBuffers:
 def get_many(front, keys: list[str], buffers: ReplyBuffers | None = None) -> list:
     """Values (bytes-like) or None per key; counts hits and misses.
 
-    With ``buffers``, values up to its size are read into its buffers (valid
-    until it is recycled); others into new ones.
+    With ``buffers`` and at most ``MAX_POOLED`` keys, values up to its size are
+    read into its buffers (valid until it is recycled); others into new ones.
 
     Raises:
         KVStoreError: a failure other than NotFound (the first).
     """
-    if buffers is not None and buffers.size_bytes:
+    if buffers is not None and buffers.size_bytes and len(keys) <= buffers.MAX_POOLED:
         values = _get_pooled(front, keys, buffers)
     else:
         values = front.kv.batch_get(keys) if len(keys) > 1 else [_get_one(front, keys[0])]
