@@ -124,3 +124,16 @@ def test_reply_buffers_are_reused_and_bounded():
     pool.learn(2000)                                 # larger values: larger buffers
     pool.recycle()
     assert len(pool.take()) == 2000
+
+
+def test_glob_patterns_of_scan_and_keys():
+    from kvstore.tools.resp.verbs import glob_prefix, glob_regex
+
+    assert glob_regex("k[a-c]?x*").fullmatch("kbzx123")
+    assert glob_regex("k[^a]").fullmatch("kb") and not glob_regex("k[^a]").fullmatch("ka")
+    assert glob_regex("a\\*b").fullmatch("a*b") and not glob_regex("a\\*b").fullmatch("axb")
+    assert glob_regex("[[]x").fullmatch("[x") and glob_regex("a.b").fullmatch("a.b")
+    assert not glob_regex("a.b").fullmatch("axb")
+    assert glob_prefix("user:1*") == "user:1" and glob_prefix("*x") == ""
+    with pytest.raises(RespError, match="invalid pattern"):
+        glob_regex("[z-a]")            # an error reply, never an internal error

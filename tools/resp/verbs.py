@@ -195,7 +195,11 @@ def glob_prefix(pattern: str) -> str:
 
 
 def glob_regex(pattern: str) -> re.Pattern:
-    """Redis' glob (``*``, ``?``, ``[a-z]``, ``[^x]``, ``\\`` escapes) as a regex."""
+    """Redis' glob (``*``, ``?``, ``[a-z]``, ``[^x]``, ``\\`` escapes) as a regex.
+
+    Raises:
+        RespError: a pattern with no regex form (a range such as ``[z-a]``).
+    """
     out, i, n = [], 0, len(pattern)
     while i < n:
         c = pattern[i]
@@ -214,12 +218,16 @@ def glob_regex(pattern: str) -> re.Pattern:
                 body = pattern[i + 1:j]
                 neg = body.startswith("^")
                 body = body[1:] if neg else body
-                out.append("[" + ("^" if neg else "") + body.replace("\\", "\\\\") + "]")
+                body = "".join(ch if ch == "-" else re.escape(ch) for ch in body)
+                out.append("[" + ("^" if neg else "") + body + "]")
                 i = j
         else:
             out.append(re.escape(c))
         i += 1
-    return re.compile("".join(out), re.S)
+    try:
+        return re.compile("".join(out), re.S)
+    except re.error as exc:
+        raise RespError(f"invalid pattern {pattern[:64]!r}: {exc}") from None
 
 
 def _scan_options(args: list) -> tuple[str, int, str | None]:
