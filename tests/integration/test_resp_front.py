@@ -260,6 +260,14 @@ def test_malformed_input_keeps_the_front_serving(port, prefix):
             except OSError:              # the front closed first (a protocol error)
                 pass
             _read_all(s)
+    # Pipelined GETs (one batch read) before a broken frame are answered, then the error.
+    get = b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(prefix) + 1, (prefix + "g").encode())
+    for tail, end in ((b"*1\r\n$-5\r\n", b"-ERR Protocol error: invalid bulk length\r\n"),
+                      (b"*2\r\n$3\r\nGET\r\n$10\r\nab", b"")):      # truncated: no error
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(get * 3 + tail)
+            s.shutdown(socket.SHUT_WR)
+            assert _read_all(s) == b"$-1\r\n" * 3 + end
     # An unknown command or a wrong arity keeps the connection usable.
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.sendall(b"NOSUCH a b\r\nGET\r\n" + b"*1\r\n$4\r\nPING\r\n" * 20000 + b"QUIT\r\n")

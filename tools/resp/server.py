@@ -174,20 +174,18 @@ class RespFront:
         pending = 0
         try:
             while not session.closing:
+                before = len(out)
                 try:
                     args = reader.read_command()
-                except ProtocolError as err:
+                    if args is None:
+                        break
+                    kind = batchable(args)
+                    if kind is not None and (reader.buffered() or _readable(conn)):
+                        args = self._run(conn, session, reader, args, kind, out)
+                except ProtocolError as err:      # after the replies of a run before it
                     out.append(RespError(f"Protocol error: {err}").line())
                     break
-                if args is None:
-                    break
-                if not args:
-                    continue
-                before = len(out)
-                kind = batchable(args)
-                if kind is not None and (reader.buffered() or _readable(conn)):
-                    args = self._run(conn, session, reader, args, kind, out)
-                if args is not None:
+                if args:
                     encode(dispatch(self, session, args), session.proto, out)
                 pending += sum(len(b) if not isinstance(b, memoryview) else b.nbytes
                                for b in out[before:])
@@ -197,7 +195,12 @@ class RespFront:
                     session.buffers.recycle()     # the values in them are sent
                     pending = 0
             send_all(conn, out)
-        except (EOFError, OSError):
+        except EOFError:                    # the stream ended inside a command: answer the
+            try:                            # complete ones before it, as Redis does
+                send_all(conn, out)
+            except OSError:
+                pass
+        except OSError:
             pass                            # the peer went away; nothing to answer
         finally:
             with self._lock:
@@ -215,9 +218,13 @@ class RespFront:
         Raises:
             ProtocolError, EOFError: as :meth:`CommandReader.read_command`.
         """
-        run, nxt = [first], None
+        run, nxt, failure = [first], None, None
         while (reader.buffered() or _readable(conn)) and len(run) < _MAX_RUN:
-            args = reader.read_command()
+            try:
+                args = reader.read_command()
+            except (ProtocolError, EOFError) as err:    # raised once the run is answered
+                failure = err
+                break
             if args is None:
                 break
             if batchable(args) != kind:
@@ -226,6 +233,8 @@ class RespFront:
             run.append(args)
         for reply in RUNS[kind](self, session, run):
             encode(reply, session.proto, out)
+        if failure is not None:
+            raise failure
         return nxt
 
 
