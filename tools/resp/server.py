@@ -39,7 +39,10 @@ from kvstore.tools.resp.table import Session, dispatch
 log = logging.getLogger(__name__)
 
 _FLUSH_BYTES = 256 * 1024
-_MAX_RUN = 64                    # pipelined GETs (SETs) read as one batch
+#: Pipelined GETs (or SETs) read as one batch: as many as a connection's reply
+#: buffers hold (ReplyBuffers.MAX_POOLED), and SET values of at most 16 MiB together.
+_MAX_RUN = 32
+_MAX_RUN_BYTES = 16 << 20
 _IOV_MAX = 512                  # buffers per sendmsg (Linux allows 1024)
 VERSION = "0.1.0"
 
@@ -219,7 +222,9 @@ class RespFront:
             ProtocolError, EOFError: as :meth:`CommandReader.read_command`.
         """
         run, nxt, failure = [first], None, None
-        while (reader.buffered() or _readable(conn)) and len(run) < _MAX_RUN:
+        held = len(first[-1]) if kind == "SET" else 0
+        while (reader.buffered() or _readable(conn)) and len(run) < _MAX_RUN and \
+                held < _MAX_RUN_BYTES:
             try:
                 args = reader.read_command()
             except (ProtocolError, EOFError) as err:    # raised once the run is answered
@@ -231,6 +236,7 @@ class RespFront:
                 nxt = args
                 break
             run.append(args)
+            held += len(args[-1]) if kind == "SET" else 0
         for reply in RUNS[kind](self, session, run):
             encode(reply, session.proto, out)
         if failure is not None:
