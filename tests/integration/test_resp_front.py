@@ -280,9 +280,8 @@ def test_malformed_input_keeps_the_front_serving(port, prefix):
 
 
 def test_front_refuses_a_public_bind_without_auth(cluster):
-    out = subprocess.run([sys.executable, *service_args("resp", "--master", cluster.master, "--host", "0.0.0.0",
-                                            "--check-config")],
-                         capture_output=True, text=True, timeout=60)
+    args = service_args("resp", "--master", cluster.master, "--host", "0.0.0.0", "--check-config")
+    out = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--auth" in out.stderr
 
 
