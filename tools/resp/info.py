@@ -21,7 +21,6 @@ import platform
 import time
 from collections import defaultdict
 
-from kvstore.tools.resp.protocol import RespError
 
 #: The version redis-cli and client libraries see (HELLO, INFO): the RESP
 #: surface follows Redis 7.0's.
@@ -89,7 +88,7 @@ def _memory(front, facts) -> dict:
     dram = facts["tiers"].get("dram", [0, 0, 0])
     return {"used_memory": dram[1], "used_memory_human": _human(dram[1]),
             "maxmemory": dram[0], "maxmemory_human": _human(dram[0]),
-            "maxmemory_policy": front.eviction_policy(facts["nodes"]),
+            "maxmemory_policy": front.eviction_policy(),
             "eviction": "the store's own (each node's tiers and policy); the front keeps no data"}
 
 
@@ -122,14 +121,15 @@ _SECTION = {"server": _server, "clients": _clients, "memory": _memory, "stats": 
 
 
 def config_values(front) -> dict[str, str]:
-    """The (read-only) configuration CONFIG GET reports, in Redis' names."""
-    try:
-        nodes = _store_facts(front)["nodes"]
-    except Exception as exc:                   # CONFIG GET must answer without a store
-        raise RespError(f"the store cannot be asked: {exc}") from None
+    """The (read-only) configuration CONFIG GET reports, in Redis' names.
+
+    Raises:
+        KVStoreError: the store cannot be asked (Unavailable, PermissionDenied).
+    """
+    nodes = _store_facts(front)["nodes"]
     return {"save": "", "appendonly": "no", "databases": "1",
             "maxclients": str(front.max_clients),
             "maxmemory": str(sum(n.capacity_bytes for n in nodes.values())),
-            "maxmemory-policy": front.eviction_policy(nodes),
+            "maxmemory-policy": front.eviction_policy(),
             "proto-max-bulk-len": str(front.limits.max_bulk_bytes),
             "port": str(front.port), "bind": front.host, "timeout": "0"}

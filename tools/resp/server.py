@@ -1,4 +1,4 @@
-"""``kvstore resp``: the RESP listener, one thread per connection over one SDK client.
+"""``kvstore resp``: the RESP listener, a worker thread per connection, one SDK client.
 
     kvstore resp --master ADDR [--host H] [--port N] [--auth FILE] [--token-file FILE]
 
@@ -57,7 +57,6 @@ class FrontConfig:
     auth: str = ""                      # --auth token file; "": every connection is admin
     max_clients: int = 1000             # more connections are answered -ERR and closed
     limits: Limits = field(default_factory=Limits)
-    token: str | None = None            # the front's own token as a client of the store
 
 
 @dataclass(slots=True)
@@ -108,8 +107,9 @@ class RespFront:
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def eviction_policy(self, nodes: dict) -> str:
-        """The store nodes' eviction policy, as INFO's maxmemory_policy."""
+    def eviction_policy(self) -> str:
+        """The store nodes' eviction policy (their STATS), as INFO's maxmemory_policy;
+        asked once, and again while a node cannot be reached."""
         if not self._policy:
             try:
                 policies = {s.get("eviction_policy", "") for s in self.kv.node_stats().values()}
@@ -120,7 +120,7 @@ class RespFront:
 
     # ---- serving ----
     def serve_forever(self) -> None:
-        """Accept connections until :meth:`stop`; each gets its own daemon thread."""
+        """Accept connections until :meth:`stop`; each goes to a worker thread."""
         self._sock.settimeout(0.5)
         while not self._stop.is_set():
             try:
