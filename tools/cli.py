@@ -1,7 +1,7 @@
 """``kvstore``: run the demo or any component by hand.
 
     kvstore demo [--requests N] [--trace PATH] [--no-cache | --cache-only] [--overload] [--out FILE]
-    kvstore master | node | prefill | decode | conductor  [component options, see --help]
+    kvstore master | node | prefill | decode | conductor | http | resp  [options, see --help]
     kvstore up [--masters N --nodes M --standbys K --etcd URL|local]
     kvstore chaos [--json]
     kvstore fuzz [--inputs N] [--seed S] [--surfaces ...] [--json]
@@ -252,6 +252,7 @@ _service("prefill", "Run a prefill engine (see --help).")
 _service("decode", "Run a decode engine (see --help).")
 _service("conductor", "Run the conductor (see --help).")
 _service("http", "Run the OpenAI-style HTTP front alone, before a conductor (see --help).")
+_service("resp", "Run the Redis protocol front (RESP2/RESP3) over a master (see --help).")
 
 
 def _interrupt(signum, frame) -> None:

@@ -6,6 +6,7 @@
     python -m kvstore.tools.services decode    [options]   a decode engine
     python -m kvstore.tools.services conductor [options]   the conductor (+ HTTP front)
     python -m kvstore.tools.services http      [options]   the HTTP front alone
+    python -m kvstore.tools.services resp      [options]   the Redis protocol front
 
 Each parses its options into its component's config dataclass
 (:class:`~kvstore.master.server.MasterConfig`, ...), sets up logging and
@@ -427,6 +428,49 @@ def http_main(argv: list[str]) -> None:
         asyncio.run(serve_front(cfg))
 
 
+def resp_main(argv: list[str]) -> None:
+    from kvstore.auth import TokenFile
+    from kvstore.binding import check_binding
+    from kvstore.client import KVClient
+    from kvstore.tools.resp.protocol import Limits
+    from kvstore.tools.resp.server import FrontConfig, serve
+
+    d = Limits()
+    p = _parser("resp", "Redis protocol (RESP2/RESP3) front of the store: redis-cli, "
+                        "redis-py, redis-benchmark and LMCache's redis:// connector.",
+                observed=False)
+    p.add_argument("--master", required=True, help="master address host:port (or a|b)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
+    p.add_argument("--port", type=_port, default=0, help="0 picks a free port")
+    p.add_argument("--max-clients", type=int, default=1000,
+                   help="connections open at once; more are answered an error and closed")
+    p.add_argument("--max-bulk", default=f"{d.max_bulk_bytes}B",
+                   help="longest value or argument a client may send (default 512MiB)")
+    p.add_argument("--replica-num", type=int, default=1, help="replicas per SET")
+    a = p.parse_args(argv)
+    setup_logging(a.log_level)
+    _check_common(a)
+    _require(a.max_clients >= 1, "--max-clients must be >= 1")
+    _require(1 <= a.replica_num <= 8, "--replica-num must be in [1, 8]")
+    _require(not (a.tls_cert or a.tls_key or a.tls_ca),
+             "the RESP front serves plaintext only (TLS: put a TLS proxy in front)")
+    max_bulk = parse_size(a.max_bulk)
+    _require(max_bulk >= 1, "--max-bulk must be at least 1 B")
+    if a.auth:
+        TokenFile(a.auth)                  # a bad file: one line, exit 2
+    check_binding("resp", a.host, bool(a.auth), insecure=a.insecure)   # warns with --insecure
+    cfg = FrontConfig(master=a.master, host=a.host, port=a.port, auth=a.auth,
+                      max_clients=a.max_clients,
+                      limits=Limits(max_bulk_bytes=max_bulk))
+    if a.check_config:
+        print("kvstore resp: configuration ok")
+        return
+    creds = _creds(a)
+    with KVClient(a.master, replica_num=a.replica_num, token=creds.token,
+                  tls=creds.tls) as kv:
+        serve(cfg, kv)
+
+
 #: Service name -> its entry point, which takes the service's own arguments.
 SERVICES: dict[str, Callable[[list[str]], None]] = {
     "master": master_main,
@@ -435,6 +479,7 @@ SERVICES: dict[str, Callable[[list[str]], None]] = {
     "decode": decode_main,
     "conductor": conductor_main,
     "http": http_main,
+    "resp": resp_main,
 }
 
 

@@ -492,7 +492,7 @@ class StoreNode:
                 num_doomed=len(self._table.doomed),
                 num_evictable=sum(o.can_give_up(0, True, now) for o in objs),
                 evictions=self.counters[NodeCounter.EVICTIONS],
-                tiers=tiers,
+                tiers=tiers, eviction_policy=self.levels[0].policy.name,
                 counters=counters_by_name(self.counters),
             )
 

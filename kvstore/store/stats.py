@@ -96,6 +96,7 @@ class NodeStats:
     evictions: int           # objects evicted from the node since start
     tiers: tuple[TierStats, ...] = ()
     counters: dict[str, int] | None = None
+    eviction_policy: str = ""     # the node's policy by registry name (lru, lfu, default, none)
 
     def to_dict(self) -> dict:
         """JSON-ready form (tier kinds by name), as the STATS data op sends it."""

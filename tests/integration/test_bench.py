@@ -75,7 +75,7 @@ def test_tables_and_targets_render(rows):
     console.print(render(rows, verify=True))
     text = console.export_text()
     assert "vs limit: shm / cold memcpy" in text
-    assert "targets (issues 4 and 14)" in text
+    assert "targets (issues 4, 14 and 16)" in text
     names = {t[0] for t in check_targets(rows)}
     assert "batch_exists >= 200k keys/s" in names
     assert "tcp-batch get >= 0.5x socket stream" in names   # the 64 KiB target

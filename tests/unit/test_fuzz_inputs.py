@@ -95,11 +95,13 @@ def test_the_framing_rules_of_the_node():
 
 
 def test_the_split_and_the_batches():
-    assert split(10, list(SURFACES)) == {"data-tcp": 3, "data-unix": 3, "master": 3, "http": 1}
+    assert split(12, list(SURFACES)) == {"data-tcp": 3, "data-unix": 3, "master": 3, "http": 1,
+                                         "resp": 2}
+    total = sum(WEIGHTS[s] for s in SURFACES)
     for n in (1, 7, 999, 1_000_000):
         shares = split(n, list(SURFACES))
         assert sum(shares.values()) == n
-        assert all(abs(shares[s] - n * WEIGHTS[s] / 10) < 1 for s in SURFACES)
+        assert all(abs(shares[s] - n * WEIGHTS[s] / total) < 1 for s in SURFACES)
     assert split(5, ["master"]) == {"master": 5}
     assert batch_sizes(1_000_000, 5000, 20_000) == [20_000] + [5000] * 196
     assert batch_sizes(2000, 500, 20_000) == [1000, 500, 500]

@@ -16,17 +16,18 @@ import typer
 
 from kvstore.sizes import parse_size
 from kvstore.tools.bench import (kvstore_peer, kvstore_tls_peer, mooncake_peer, redis_peer,
-                                  socket_peer)
+                                  resp_peer, socket_peer)
 from kvstore.tools.bench.harness import StartSystem, run_systems
 from kvstore.tools.bench.report import render
 
 #: Start order, which is also the order each size is measured in: the socket peer starts
 #: first (its process comes up while the others start), kvstore last, then (``--tls``)
-#: kvstore with TLS, so each TLS row follows its plain twin closely. The cold-memcpy
-#: limit is timed by kvstore's module, beside its shm gets.
+#: kvstore with TLS, so each TLS row follows its plain twin closely, then (``--resp``)
+#: the RESP front beside its own redis-server. The cold-memcpy limit is timed by
+#: kvstore's module, beside its shm gets.
 SYSTEMS_IN_RUN_ORDER: tuple[StartSystem, ...] = (
     socket_peer.start, redis_peer.start, mooncake_peer.start, kvstore_peer.start,
-    kvstore_tls_peer.start)
+    kvstore_tls_peer.start, resp_peer.start)
 
 
 def run_bench(sizes: str | list[int] = "64KiB,1MiB,4MiB", *, log_dir: str | None = None,
@@ -42,11 +43,11 @@ def run_bench(sizes: str | list[int] = "64KiB,1MiB,4MiB", *, log_dir: str | None
 
 
 def num_steps(num_sizes: int, use_redis: bool, use_mooncake: bool = False,
-              tls: bool = False) -> int:
+              tls: bool = False, resp: bool = False) -> int:
     """Progress labels a run reports (for a progress bar's total): per size, the socket's
-    4, redis's 2, mooncake's 1, kvstore's 12 (4 of them asyncio) and its TLS rows' 4; then
-    the exists row."""
-    return num_sizes * (4 + 2 * use_redis + use_mooncake + 12 + 4 * tls) + 1
+    4, redis's 2, mooncake's 1, kvstore's 12 (4 of them asyncio), its TLS rows' 4 and the
+    RESP front's 4 (2 redis-benchmark runs, 2 redis-py rows); then the exists row."""
+    return num_sizes * (4 + 2 * use_redis + use_mooncake + 12 + 4 * tls + 4 * resp) + 1
 
 
 def bench_command(
@@ -69,6 +70,9 @@ def bench_command(
     tls: bool = typer.Option(False, "--tls",
                              help="also measure kvstore's TCP paths over mutual TLS "
                                   "(a second cluster with throwaway certificates and tokens)"),
+    resp: bool = typer.Option(False, "--resp",
+                              help="also measure the RESP front (kvstore resp) beside a "
+                                   "redis-server: redis-benchmark -P 16 and redis-py rows"),
     metrics: bool = typer.Option(False, "--metrics",
                                  help="kvstore's master and node serve --metrics-port and are "
                                       "scraped every few seconds (what metrics cost)"),
@@ -90,7 +94,7 @@ def bench_command(
                         console=err, transient=True)
     uses_mooncake = mooncake and mooncake_peer.master_binary() is not None
     task = progress.add_task("starting",
-                             total=num_steps(len(size_list), redis, uses_mooncake, tls))
+                             total=num_steps(len(size_list), redis, uses_mooncake, tls, resp))
 
     def step(label: str) -> None:
         progress.update(task, description=label, advance=1)
@@ -101,7 +105,7 @@ def bench_command(
                              warmup_s=warmup_s, rounds=rounds, verify=verify, clients=clients,
                              concurrent_shm=concurrent_shm, batch_keys=batch_keys,
                              exists_keys=exists_keys, node_dram=node_dram, use_redis=redis,
-                             use_mooncake=mooncake, tls=tls, metrics=metrics,
+                             use_mooncake=mooncake, tls=tls, metrics=metrics, use_resp=resp,
                              progress=step, note=lambda t: err.print(f"note: {t}"))
     except (ChildFailed, RuntimeError) as exc:
         err.print(f"[red]benchmark failed:[/] {exc}")

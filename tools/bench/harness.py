@@ -57,6 +57,7 @@ class System(_Name):
     REDIS = "redis"
     MOONCAKE = "mooncake"
     KVSTORE = "kvstore"
+    KVSTORE_RESP = "kvstore-resp"      # kvstore's RESP front (kvstore resp), Redis clients
 
 
 class DataPath(_Name):
@@ -73,6 +74,7 @@ class DataPath(_Name):
     ASYNC_64 = "async-64"        # ... 64 in flight
     TCP_TLS = "tcp+tls"                # tcp over mutual TLS, to a cluster with --auth
     TCP_BATCH_TLS = "tcp-batch+tls"    # tcp-batch likewise
+    REDIS_BENCHMARK = "redis-benchmark"   # redis-benchmark -P 16 (50 connections)
 
 
 class Op(_Name):
@@ -253,6 +255,7 @@ class BenchConfig:
     max_put_bytes: int = 512 * MiB     # cap per put measurement (node memory)
     node_dram: str = "3GiB"
     use_redis: bool = True
+    use_resp: bool = False             # the RESP front beside a redis-server (--resp)
     use_mooncake: bool = True
     tls: bool = False                  # also measure kvstore over mutual TLS (the +tls rows)
     metrics: bool = False              # kvstore's processes serve --metrics-port, scraped

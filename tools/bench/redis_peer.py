@@ -48,29 +48,33 @@ class RedisPeer(Peer):
                 time.sleep(0.05)
 
     def bench(self, size_bytes: int) -> list[Row]:
-        cfg, size = self.cfg, size_bytes
-        src = Pool(size, cfg.pool_bytes, seed=1)
-        keys = [f"bench:{size}:{j}" for j in range(src.num_slots)]
-        r = self.client
-        rows = []
-        cfg.progress(f"redis SET {format_size(size)}")
-        t = cfg.timed(lambda i: r.set(keys[i % len(keys)], src.views[i % len(keys)]))
-        rows.append(timed_row(System.REDIS, DataPath.TCP, Op.PUT, size, t))
-        cfg.progress(f"redis GET {format_size(size)}")
-        for j in range(t.total, len(keys)):   # the SET budget may not have reached every key
-            r.set(keys[j], src.views[j])
-
-        def get(i: int) -> None:
-            if len(r.get(keys[i % len(keys)])) != size:
-                raise RuntimeError("redis returned a value of the wrong size")
-        _settle_allocator(size)
-        rows.append(timed_row(System.REDIS, DataPath.TCP, Op.GET, size, cfg.timed(get)))
-        r.flushall()
-        return rows
+        return redis_py_rows(self.client, System.REDIS, self.cfg, size_bytes)
 
     def stop(self) -> None:
         self.client.close()
         terminate(self.proc)
+
+
+def redis_py_rows(r, system: System, cfg: BenchConfig, size: int) -> list[Row]:
+    """``put`` (SET of a key per pool slot, in rotation) and ``get`` (GET of those keys,
+    each checked for its size) rows through the redis-py client ``r``, then FLUSHALL."""
+    src = Pool(size, cfg.pool_bytes, seed=1)
+    keys = [f"bench:{size}:{j}" for j in range(src.num_slots)]
+    rows = []
+    cfg.progress(f"{system} SET {format_size(size)}")
+    t = cfg.timed(lambda i: r.set(keys[i % len(keys)], src.views[i % len(keys)]))
+    rows.append(timed_row(system, DataPath.TCP, Op.PUT, size, t))
+    cfg.progress(f"{system} GET {format_size(size)}")
+    for j in range(t.total, len(keys)):   # the SET budget may not have reached every key
+        r.set(keys[j], src.views[j])
+
+    def get(i: int) -> None:
+        if len(r.get(keys[i % len(keys)])) != size:
+            raise RuntimeError(f"{system} returned a value of the wrong size")
+    _settle_allocator(size)
+    rows.append(timed_row(system, DataPath.TCP, Op.GET, size, cfg.timed(get)))
+    r.flushall()
+    return rows
 
 
 def _settle_allocator(size: int) -> None:

@@ -61,6 +61,13 @@ TARGETS = (
            (System.SOCKET, DataPath.STREAM, Op.GET), 0.8, (64 * 1024,)),
     Target("async-64 put >= 0.5x socket stream", (System.KVSTORE, DataPath.ASYNC_64, Op.PUT),
            (System.SOCKET, DataPath.STREAM, Op.PUT), 0.5, (64 * 1024,)),
+    # Issue 16 (the RESP front, with --resp).
+    Target("resp redis-benchmark get >= 0.5x redis-server",
+           (System.KVSTORE_RESP, DataPath.REDIS_BENCHMARK, Op.GET),
+           (System.REDIS, DataPath.REDIS_BENCHMARK, Op.GET), 0.5, (64 * 1024,)),
+    Target("resp redis-py get >= 0.7x redis-server",
+           (System.KVSTORE_RESP, DataPath.TCP, Op.GET),
+           (System.REDIS, DataPath.TCP, Op.GET), 0.7, (MiB,)),
 )
 
 #: Ratio columns: kvstore (path) -> baseline (system, path); the memcpy row serves both ops.
@@ -165,7 +172,7 @@ def render(rows: list[dict], verify: bool | None):
     # Fits 80 columns: no rules, two-line ratio headers, the limits named in the caption.
     table = Table(title="kvstore bench (GB/s = 10^9 B/s)", box=None, pad_edge=False,
                   caption="vs limit: shm / cold memcpy, tcp / socket reqresp,\n"
-                          "tcp-batch / socket stream.\n"
+                          "tcp-batch / socket stream. kvstore-resp: vs redis-server.\n"
                           f"gets verify checksums: {verify_label(verify)}",
                   caption_justify="left")
     for name in ("system", "path", "op", "size"):
@@ -180,16 +187,18 @@ def render(rows: list[dict], verify: bool | None):
             op = None if sys_ == System.MEMCPY else r["op"]
             x = _ratio(r, _find(rows, sys_, base_path, op, r["size_bytes"]))
             limit = f"{x:.2f}x" if x is not None else ""
-        if ours and path == DataPath.TCP:
-            x = _ratio(r, _find(rows, System.REDIS, DataPath.TCP, r["op"], r["size_bytes"]))
+        front = r["system"] == System.KVSTORE_RESP
+        if (ours and path == DataPath.TCP) or front:
+            x = _ratio(r, _find(rows, System.REDIS, path, r["op"], r["size_bytes"]))
             redis = f"{x:.2f}x" if x is not None else ""
+        if ours and path == DataPath.TCP:
             x = _ratio(r, _find(rows, System.MOONCAKE, DataPath.TCP, r["op"], r["size_bytes"]))
             mooncake = f"{x:.2f}x" if x is not None else ""
         table.add_row(r["system"], r["path"], r["op"],
                       _short_size(r["size_bytes"]) if r["size_bytes"] else "-",
                       f"{r['gbps']:.3f}" if r["size_bytes"] else "-", f"{r['ops_per_s']:,.0f}",
                       limit, redis, mooncake)
-    targets = Table(title="targets (issues 4 and 14)", box=None, pad_edge=False)
+    targets = Table(title="targets (issues 4, 14 and 16)", box=None, pad_edge=False)
     for name in ("target", "size", "measured", "result"):
         targets.add_column(name)
     for name, size, value, ok in check_targets(rows):

@@ -137,6 +137,8 @@ class Checker:
                     json.loads(r.read())
             except (OSError, ValueError):
                 bad.append("http")
+        if t.resp and not _resp_answers(t.resp, token):
+            bad.append("resp")
         return bad
 
     def close(self) -> None:
@@ -162,3 +164,19 @@ def exited(pids: dict[str, int], popen: dict | None = None) -> dict[str, int]:
             pass
     return out
 
+
+def _resp_answers(address: str, token: str) -> bool:
+    """Whether the RESP front answers AUTH and PING with the client token."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    auth = b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(token), token.encode())
+    try:
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(auth + b"PING\r\n")
+            got = b""
+            while len(got) < 12 and (data := s.recv(64)):
+                got += data
+        return got == b"+OK\r\n+PONG\r\n"
+    except OSError:
+        return False

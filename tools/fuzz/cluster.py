@@ -2,6 +2,7 @@
 
     master (--auth)  <-  node n0 (--auth, node token, 64 MiB DRAM, shm + Unix socket)
     prefill0, decode0 (--model tiny, client token)  <-  conductor (+ HTTP front, --auth)
+    resp-front (kvstore resp --auth, admin token to the store)
 
 Every process gets the same fresh token file (one token per role). The
 fuzzer sends inputs without a token, with bad tokens, and with each role's
@@ -39,12 +40,13 @@ class Target:
     http: str                            # conductor HTTP front host:port ("" none)
     tokens: dict[str, str]               # role -> token
     pids: dict[str, int] = field(default_factory=dict)
+    resp: str = ""                       # the RESP front (kvstore resp) host:port ("" none)
 
     @staticmethod
     def attach(path: str) -> "Target":
         """A running cluster described by a JSON file::
 
-            {"master": "h:p", "node": "h:p", "node_unix": "", "http": "h:p",
+            {"master": "h:p", "node": "h:p", "node_unix": "", "http": "h:p", "resp": "h:p",
              "tokens": {"admin": "...", "client": "...", "node": "..."},
              "pids": {"master": 12, "node": 34, "conductor": 56}}
 
@@ -64,7 +66,8 @@ class Target:
         host, _, port = str(desc["node"]).rpartition(":")
         return Target(str(desc["master"]), (host, int(port)), str(desc.get("node_unix", "")),
                       str(desc.get("http", "")), {str(k): str(v) for k, v in desc["tokens"].items()},
-                      {str(k): int(v) for k, v in desc.get("pids", {}).items()})
+                      {str(k): int(v) for k, v in desc.get("pids", {}).items()},
+                      str(desc.get("resp", "")))
 
 
 @dataclass
@@ -79,13 +82,14 @@ class FuzzCluster:
 
 
 def start_fuzz_cluster(log_dir: str, http: bool = True, dram: str = "64MiB",
-                       on_step=None) -> FuzzCluster:
+                       on_step=None, resp: bool = True) -> FuzzCluster:
     """Start a master, a node and (with ``http``) the engines and the conductor, all with ``--auth``.
 
     Args:
         log_dir: the token file and every process's log go here.
         http: also start prefill, decode and the conductor's HTTP front (the
             engines take most of the start-up time).
+        resp: also start the RESP front.
         dram: the node's DRAM tier.
         on_step: called with a line per started process.
 
@@ -128,8 +132,16 @@ def start_fuzz_cluster(log_dir: str, http: bool = True, dram: str = "64MiB",
             pids["conductor"] = conductor.proc.pid
             http_address = conductor.info["http_address"]
             say(f"conductor: HTTP front at {http_address}")
+        resp_address = ""
+        if resp:
+            front = procs.start("resp-front", service_args(
+                "resp", "--master", store.master, "--auth", auth, *quiet),
+                env={"KVSTORE_TOKEN": tokens["admin"]})
+            pids["resp"] = front.proc.pid
+            resp_address = front.address
+            say(f"resp-front: RESP front at {resp_address}")
         target = Target(store.master, (host, int(port)), local_address(node.info["shm_name"]),
-                        http_address, tokens, pids)
+                        http_address, tokens, pids, resp_address)
     except BaseException:
         procs.stop()
         raise

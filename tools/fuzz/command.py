@@ -61,11 +61,11 @@ def fuzz_command(
             os.makedirs(log_dir, exist_ok=True)
             if not json_out:
                 console.print(f"starting a cluster with --auth (logs in {log_dir})")
-            cluster = start_fuzz_cluster(log_dir, http="http" in chosen,
+            cluster = start_fuzz_cluster(log_dir, http="http" in chosen, resp="resp" in chosen,
                                          on_step=None if json_out else console.print)
             target = cluster.target
             names = {"master0": "master", "n0": "node", "prefill0": "prefill",
-                     "decode0": "decode", "conductor": "conductor"}
+                     "decode0": "decode", "conductor": "conductor", "resp-front": "resp"}
             popen = {names[c.name]: c.proc for c in cluster.procs.children if c.name in names}
     except (OSError, ValueError, KeyError, ChildFailed) as exc:
         typer.echo(f"kvstore fuzz: error: {exc}", err=True)

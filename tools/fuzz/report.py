@@ -1,10 +1,10 @@
 """What a fuzz run counts, the invariants it judges, and the table it prints.
 
-Per surface (``data-tcp``, ``data-unix``, ``master``, ``http``)::
+Per surface (``data-tcp``, ``data-unix``, ``master``, ``http``, ``resp``)::
 
     inputs            inputs sent
     answers           answers by kind: node codes (NOT_FOUND, ...), gRPC status
-                      names, HTTP statuses; OK / 200 included
+                      names, HTTP statuses, RESP reply types (+ - : $ * ...); OK / 200 included
     closed            connections the server closed as the input asked for (a refused
                       handshake, a frame it cannot trust, a malformed HTTP request)
     refused           connection attempts the server refused
@@ -17,8 +17,8 @@ Per surface (``data-tcp``, ``data-unix``, ``master``, ``http``)::
                       two runs with one seed and one input count show the same
 
 Per run: process exits, wrong bytes and failed reads of the reference
-objects, probes per surface that got no answer, RSS of master, node and
-conductor (start after the warm-up batch, max after every batch). The run
+objects, probes per surface that got no answer, RSS of master, node,
+conductor and the RESP front (start after the warm-up batch, max after every batch). The run
 passes when no process exited, no reference read failed or returned other
 bytes, every probe was answered, and each RSS max is within
 ``max_rss_ratio`` of its start.
@@ -30,7 +30,7 @@ import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
 
-SURFACES = ("data-tcp", "data-unix", "master", "http")
+SURFACES = ("data-tcp", "data-unix", "master", "http", "resp")
 
 
 @dataclass(slots=True)

@@ -1,7 +1,7 @@
 """The fuzz loop: inputs split across surfaces, in batches, invariants after each.
 
     inputs N ──batches: the warm-up, then --batch inputs each──> each batch split by weight
-            data-tcp 3 : data-unix 3 : master 3 : http 1 (largest remainder; only the
+            data-tcp 3 : data-unix 3 : master 3 : http 1 : resp 2 (largest remainder; only the
             surfaces asked for); every surface sends its share of the batch in
             its own thread (the servers see the surfaces at once), then the checker
             runs (:mod:`.checks`): processes alive, reference reads byte-exact,
@@ -42,11 +42,13 @@ from kvstore.tools.fuzz.grpc_inputs import GrpcGenerator
 from kvstore.tools.fuzz.http_driver import HttpDriver
 from kvstore.tools.fuzz.http_inputs import HttpGenerator
 from kvstore.tools.fuzz.report import SURFACES, FuzzReport, RssTrack, SurfaceStats
+from kvstore.tools.fuzz.resp_driver import RespDriver
+from kvstore.tools.fuzz.resp_inputs import RespGenerator
 
 #: Relative share of the inputs per surface (see the module docstring).
-WEIGHTS = {"data-tcp": 3, "data-unix": 3, "master": 3, "http": 1}
+WEIGHTS = {"data-tcp": 3, "data-unix": 3, "master": 3, "http": 1, "resp": 2}
 #: Processes whose memory is tracked (the engines hold a model and a KV cache of fixed size).
-RSS_WATCHED = ("master", "node", "conductor")
+RSS_WATCHED = ("master", "node", "conductor", "resp")
 
 
 def generator(surface: str, seed: int):
@@ -58,6 +60,8 @@ def generator(surface: str, seed: int):
         return GrpcGenerator(rng)
     if surface == "http":
         return HttpGenerator(rng)
+    if surface == "resp":
+        return RespGenerator(rng)
     raise ValueError(f"unknown surface {surface!r}; known: {', '.join(SURFACES)}")
 
 
@@ -79,6 +83,8 @@ def _driver(surface: str, target: Target, stats: SurfaceStats):
         return DataDriver(unix_connector(target.node_unix), token, stats)
     if surface == "master":
         return GrpcDriver(target.master, target.tokens, stats)
+    if surface == "resp":
+        return RespDriver(target.resp, target.tokens, stats)
     return HttpDriver(target.http, target.tokens, stats)
 
 
@@ -108,12 +114,15 @@ def run_fuzz(target: Target, *, inputs: int, seed: int = 1, surfaces: list[str] 
         ValueError: an unknown surface, or one the target does not serve.
         KVStoreError: the reference objects cannot be put.
     """
-    surfaces = list(surfaces or [s for s in SURFACES if s != "http" or target.http])
+    served = {"http": target.http, "resp": target.resp}
+    surfaces = list(surfaces or [s for s in SURFACES if served.get(s, True)])
     for s in surfaces:
         if s not in WEIGHTS:
             raise ValueError(f"unknown surface {s!r}; known: {', '.join(SURFACES)}")
     if "http" in surfaces and not target.http:
         raise ValueError("the target has no HTTP front")
+    if "resp" in surfaces and not target.resp:
+        raise ValueError("the target has no RESP front")
     if "data-unix" in surfaces and not target.node_unix:
         raise ValueError("the target has no node Unix socket")
     sizes = batch_sizes(inputs, max(1, batch), warmup)
