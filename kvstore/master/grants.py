@@ -26,6 +26,13 @@ different nodes: the first STORED applied wins, the other is refused, and
 since a node acknowledges only after its shard applied the report, a put
 that returned is visible to every reader.
 
+An id is decided once. A put's first STORED applied decides it; a STORED of
+the same id from another target adds a replica while that version is the
+key's, and is refused NOT_FOUND (the node drops its copy) once the key holds
+nothing or another version: a target that gets the bytes late (its link
+was cut mid-put, and TCP delivered them when it healed) never brings back a
+key that was removed meanwhile. The decided ids go with their grant.
+
 Placement still follows the shard's view: a grant lists only nodes it would
 place on itself, with their free space; the client picks ``replica_num``
 distinct nodes from it (:mod:`kvstore.client.placement`), and a node that
@@ -46,7 +53,7 @@ Thread safety: owned by the master's event loop; not locked.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MAX_GRANTS = 65_536
 MAX_IDS_PER_GRANT = 65_536
@@ -58,6 +65,9 @@ class Grant:
     num_ids: int
     replica_num: int             # what each put of the grant wants (repair copies up to it)
     expires_ms: int              # STORED of its ids are accepted until then
+    # Ids whose put the shard decided (visible, ALREADY_PRESENT or KEY_CONFLICT):
+    # a later STORED of one decides nothing (see the module docstring).
+    decided_ids: set[int] = field(default_factory=set, compare=False, repr=False)
 
     def covers(self, object_id: int) -> bool:
         return self.first_object_id <= object_id < self.first_object_id + self.num_ids

@@ -336,6 +336,7 @@ class ObjectIndex:
         if entry is not None:
             if entry.state is ReplicaState.PENDING:
                 raise PutInProgress("another put of this key is in progress", key=event.key)
+            grant.decided_ids.add(event.object_id)
             if entry.checksum == event.checksum and entry.size_bytes == event.size_bytes:
                 self.counters[C.PUTS_ALREADY_PRESENT] += 1
                 raise AlreadyPresent("equal bytes are stored", key=event.key)
@@ -346,6 +347,7 @@ class ObjectIndex:
             object_id=event.object_id, state=ReplicaState.COMPLETE, targets=[],
             replicas=[node_id], created_ms=now_ms, replica_num=grant.replica_num,
             tiers={node_id: event.tier or TierKind.DRAM})
+        grant.decided_ids.add(event.object_id)
         self._sorted_keys = None
         self.membership.account_stored(node_id, event.size_bytes)
         self.counters[C.PUTS] += 1
@@ -362,11 +364,12 @@ class ObjectIndex:
         entry = self.entries.get(event.key)
         if entry is None or entry.object_id != event.object_id:
             grant = self.grants.find(event.object_id, now_ms)
-            if grant is not None:
+            if grant is not None and event.object_id not in grant.decided_ids:
                 self._stored_placed(node_id, event, entry, grant, now_ms)
                 return
-            # Revoked, timed out, replaced, or an id of no live grant (a previous
-            # master's, or expired): the writer of a placed put asks for a new grant.
+            # Revoked, timed out, replaced, an id of no live grant (a previous
+            # master's, or expired; the writer asks for a new grant), or a decided
+            # id whose version is gone (a late copy: see grants.py).
             raise NotFound("no put of this object_id (revoked, timed out or replaced, or "
                            "its placement grant is unknown here)", key=event.key)
         if entry.state is ReplicaState.PENDING and entry.checksum_at_end \

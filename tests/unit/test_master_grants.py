@@ -86,6 +86,23 @@ def test_a_key_whose_replicas_all_died_is_free_again(index):
     assert index.lookup(["k"], T0)[0].checksum == 9
 
 
+def test_a_late_copy_never_brings_a_removed_key_back(index):
+    """A put's second target that gets the bytes only after the key was removed
+    (its link was cut mid-put) is refused: the put was decided by the first."""
+    g, _ = index.grant(2, 10, T0)
+    oid = g.first_object_id
+    assert stored(index, "n0", "k", oid) is None
+    index.remove(["k"])
+    assert isinstance(stored(index, "n1", "k", oid, now_ms=T0 + 5000), NotFound)
+    assert "k" not in index.entries
+    # Also after a refusal: the put that was already present stays decided.
+    assert stored(index, "n0", "j", oid + 1, checksum=5) is None
+    assert isinstance(stored(index, "n1", "j", oid + 2, checksum=5), AlreadyPresent)
+    index.remove(["j"])
+    assert isinstance(stored(index, "n2", "j", oid + 2, checksum=5), NotFound)
+    assert "j" not in index.entries
+
+
 def test_no_live_node_no_grant(index):
     index.membership.expire(T0 + 10_000)
     with pytest.raises(Unavailable):
