@@ -28,7 +28,8 @@ from redis.retry import Retry  # noqa: E402
 from kvstore.tools.processes import ProcessGroup, service_args  # noqa: E402
 
 SIZES = (0, 1, 64 * 1024, 4 * 1024 * 1024)
-TOKENS = {role: f"{role}-{secrets.token_hex(16)}" for role in ("admin", "client")}
+TOKENS = {role: f"{role}-{secrets.token_hex(16)}" for role in ("admin", "client", "node",
+                                                                 "metrics")}
 
 
 def need(binary: str) -> str:
@@ -223,6 +224,14 @@ def test_auth_roles(fronts, prefix):
                  ("KVSTORE.EVICT", prefix + "k"), ("KEYS", "*")):
         with pytest.raises(redis.ResponseError, match="NOPERM|no permissions"):
             client.execute_command(*verb)
+    for role in ("node", "metrics"):      # as on the master: no object reads or writes
+        other = redis.Redis(port=port, username=role, password=TOKENS[role], retry=once)
+        assert other.ping()
+        for verb in (("GET", prefix + "k"), ("SET", prefix + role, b"v"), ("DEL", prefix + "k"),
+                     ("EXISTS", prefix + "k"), ("DBSIZE",)):
+            with pytest.raises(redis.ResponseError, match="no permissions.*role " + role):
+                other.execute_command(*verb)
+        other.close()
     admin = redis.Redis(port=port, password=TOKENS["admin"], protocol=2)   # AUTH token
     assert admin.execute_command("KVSTORE.INSPECT", prefix + "k")
     assert admin.execute_command("KVSTORE.EVICT", prefix + "k") == 1

@@ -21,6 +21,7 @@ import platform
 import time
 from collections import defaultdict
 
+from kvstore.errors import PermissionDenied
 
 #: The version redis-cli and client libraries see (HELLO, INFO): the RESP
 #: surface follows Redis 7.0's.
@@ -33,6 +34,9 @@ def _human(size_bytes: int) -> str:
         if size_bytes >= scale:
             return f"{size_bytes / scale:.2f}{unit}"
     return f"{size_bytes}B"
+
+
+_NEEDS_STORE = frozenset({"memory", "stats", "keyspace", "kvstore"})
 
 
 def _store_facts(front) -> dict:
@@ -62,11 +66,20 @@ def info_text(front, sections: list[str]) -> str:
     """
     wanted = [s for s in SECTIONS if not sections or s in sections
               or {"all", "default", "everything"} & set(sections)]
-    facts = _store_facts(front) if {"memory", "keyspace", "kvstore"} & set(wanted) else {}
+    facts: dict | None = {}
+    if _NEEDS_STORE & set(wanted):
+        try:
+            facts = _store_facts(front)
+        except PermissionDenied:
+            facts = None          # the front's own token may not read the shards' stats
     lines: list[str] = []
     for name in wanted:
         lines.append(f"# {name.capitalize() if name != 'kvstore' else 'kvstore'}")
-        lines += [f"{k}:{v}" for k, v in _SECTION[name](front, facts).items()]
+        if facts is None and name in _NEEDS_STORE:
+            lines.append("store_stats:unavailable (the front's store token is not an admin "
+                         "one; the shards' Stat needs admin)")
+        else:
+            lines += [f"{k}:{v}" for k, v in _SECTION[name](front, facts).items()]
         lines.append("")
     return "\r\n".join(lines)
 
@@ -96,7 +109,9 @@ def _stats(front, facts) -> dict:
     s = front.stats
     return {"total_connections_received": s.accepted, "total_commands_processed": s.commands,
             "rejected_connections": s.rejected, "keyspace_hits": s.hits,
-            "keyspace_misses": s.misses, "expired_keys": 0, "evicted_keys": 0}
+            "keyspace_misses": s.misses, "expired_keys": 0,
+            # replicas the nodes gave up for room (EVICTED events the shards applied)
+            "evicted_keys": facts["counters"].get("replicas_evicted", 0)}
 
 
 def _keyspace(front, facts) -> dict:

@@ -110,6 +110,10 @@ def lookup(args: list) -> tuple[str, Command | None]:
     return name, COMMANDS.get(name)
 
 
+_DATA_FLAGS = frozenset({"readonly", "write"})
+_DATA_ROLES = (Role.CLIENT, Role.ADMIN)
+
+
 def dispatch(front, session: Session, args: list) -> object:
     """Run one command; the reply value, an error reply for any failure.
 
@@ -123,6 +127,11 @@ def dispatch(front, session: Session, args: list) -> object:
                          + " ".join(f"'{bytes(a[:32]).decode('latin-1')}'" for a in args[1:4]))
     if session.role is None and "noauth" not in cmd.flags:
         return RespError("Authentication required.", "NOAUTH")
+    if cmd.flags & _DATA_FLAGS and session.role not in _DATA_ROLES:
+        # As on the master: a node or metrics token reads and writes no objects.
+        return RespError(f"this user has no permissions to run the '{name.lower()}' command "
+                         f"(role {session.role.value}: data commands need a client or admin "
+                         f"token)", "NOPERM")
     if "admin" in cmd.flags and session.role is not Role.ADMIN:
         return RespError(f"this user has no permissions to run the '{name.lower()}' command "
                          f"(it needs the admin role)", "NOPERM")
