@@ -273,14 +273,21 @@ class AsyncKVClient:
             KeyConflict (other bytes stored), TooLarge, NoSpace, PutInProgress,
             Unavailable, InvalidArgument.
         """
-        (res,) = await self.batch_put([key], [value], replica_num=replica_num)
+        (res,) = await self._put_many([key], [value], replica_num)
         if isinstance(res, KVStoreError):
             raise res
         return res
 
     async def batch_put(self, keys: Sequence[str], values: Sequence[Any], *,
-                        replica_num: int | None = None) -> list[bool | KVStoreError]:
-        """Put each value; per key True, False (already present) or the error."""
+                        replica_num: int | None = None) -> list[KVStoreError | None]:
+        """Put many values; per key ``None`` on success (written or already present)
+        or the error, as :meth:`kvstore.client.KVClient.batch_put`."""
+        return [r if isinstance(r, KVStoreError) else None
+                for r in await self._put_many(keys, values, replica_num)]
+
+    async def _put_many(self, keys: Sequence[str], values: Sequence[Any],
+                        replica_num: int | None) -> list[bool | KVStoreError]:
+        """Per key True (written), False (already present) or the error."""
         if len(keys) != len(values):
             raise InvalidArgument(f"{len(keys)} keys but {len(values)} values")
         replicas = replica_num or self.replica_num
