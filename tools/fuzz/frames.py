@@ -35,7 +35,7 @@ import xxhash
 from kvstore.transfer.protocol import REQUEST, Op
 from kvstore.transfer.rdma_wire import OP_RDMA_CONNECT
 from kvstore.tools.fuzz.mutate import (POOL_KEYS, U64_MAX, boundary_int, flip_bits, fuzz_key,
-                                       fuzz_key_bytes, mutate_bytes, random_bytes,
+                                       fuzz_key_bytes, mutate_bytes, pick_case, random_bytes,
                                        small_or_boundary)
 
 MAX_VALUE_BYTES = 4096          # values the generator sends in full
@@ -89,13 +89,11 @@ class FrameGenerator:
     def __init__(self, rng: random.Random, p_anonymous: float = 0.1):
         self.rng = rng
         self.p_anonymous = p_anonymous
-        self._names = [c for c, _ in self.CASES]
-        self._weights = [w for _, w in self.CASES]
 
     def next(self) -> DataInput:
         rng = self.rng
         authed = rng.random() >= self.p_anonymous
-        case = rng.choices(self._names, self._weights)[0]
+        case = pick_case(rng, self.CASES)
         kind, data = getattr(self, f"_{case}")()
         return DataInput(kind, authed, data)
 

@@ -32,7 +32,7 @@ import json
 import random
 from dataclasses import dataclass
 
-from kvstore.tools.fuzz.mutate import fuzz_text, mutate_bytes, random_bytes
+from kvstore.tools.fuzz.mutate import fuzz_text, mutate_bytes, pick_case, random_bytes
 
 #: Placeholder -> role whose token the driver puts there.
 TOKEN_MARK = b"@@%s@@"
@@ -70,11 +70,9 @@ class HttpGenerator:
 
     def __init__(self, rng: random.Random):
         self.rng = rng
-        self._names = [c for c, _ in self.CASES]
-        self._weights = [w for _, w in self.CASES]
 
     def next(self) -> HttpInput:
-        case = self.rng.choices(self._names, self._weights)[0]
+        case = pick_case(self.rng, self.CASES)
         return getattr(self, f"_{case}")()
 
     def completion_body(self, stream: bool = False) -> dict:

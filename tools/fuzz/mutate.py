@@ -41,6 +41,11 @@ def small_or_boundary(rng: random.Random, small_max: int, max_value: int = U64_M
     return rng.randint(0, small_max)
 
 
+def pick_case(rng: random.Random, cases: tuple[tuple[str, int], ...]) -> str:
+    """One case name of ``cases`` ((name, weight) pairs), drawn by weight."""
+    return rng.choices([c for c, _ in cases], [w for _, w in cases])[0]
+
+
 def random_bytes(rng: random.Random, max_len: int, min_len: int = 0) -> bytes:
     return rng.randbytes(rng.randint(min_len, max_len))
 

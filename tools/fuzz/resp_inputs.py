@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from kvstore.tools.fuzz.mutate import fuzz_key_bytes, mutate_bytes, random_bytes
+from kvstore.tools.fuzz.mutate import fuzz_key_bytes, mutate_bytes, pick_case, random_bytes
 
 #: Placeholder -> role whose token the driver puts there.
 TOKEN_MARK = b"@@%s@@"
@@ -55,11 +55,9 @@ class RespGenerator:
 
     def __init__(self, rng: random.Random):
         self.rng = rng
-        self._names = [c for c, _ in self.CASES]
-        self._weights = [w for _, w in self.CASES]
 
     def next(self) -> RespInput:
-        case = self.rng.choices(self._names, self._weights)[0]
+        case = pick_case(self.rng, self.CASES)
         return getattr(self, f"_{case}")()
 
     def _role(self) -> str:
