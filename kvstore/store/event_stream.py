@@ -25,20 +25,7 @@ import threading
 import grpc
 
 from kvstore._proto import kvstore_pb2 as pb
-
-
-class StreamBroken(grpc.RpcError):
-    """The stream gave no answer in time (the call is cancelled)."""
-
-    def __init__(self, details: str):
-        super().__init__(details)
-        self._details = details
-
-    def code(self) -> grpc.StatusCode:
-        return grpc.StatusCode.DEADLINE_EXCEEDED
-
-    def details(self) -> str:
-        return self._details
+from kvstore.transfer.report_link import LinkBroken
 
 
 class EventStream:
@@ -64,7 +51,7 @@ class EventStream:
             try:
                 for answer in call:
                     answers.put(answer)
-                answers.put(StreamBroken("the master ended the stream"))
+                answers.put(LinkBroken(grpc.StatusCode.DEADLINE_EXCEEDED, "the master ended the stream"))
             except grpc.RpcError as exc:
                 answers.put(exc)
 
@@ -85,7 +72,8 @@ class EventStream:
             answer = self._answers.get(timeout=timeout_s)
         except queue.Empty:
             self.close()
-            raise StreamBroken(f"no answer on the event stream within {timeout_s:.1f} s") from None
+            raise LinkBroken(grpc.StatusCode.DEADLINE_EXCEEDED,
+                             f"no answer on the event stream within {timeout_s:.1f} s") from None
         if isinstance(answer, grpc.RpcError):
             self.close()
             if answer.code() == grpc.StatusCode.UNIMPLEMENTED:

@@ -80,7 +80,8 @@ def error_frame(code: int, message: str) -> bytes:
 
 
 class LinkBroken(grpc.RpcError):
-    """The report was not answered: the link failed, timed out or was refused
+    """A node's report was not answered: this link or the node's event stream
+    (:mod:`kvstore.store.event_stream`) failed, timed out or was refused
     (``code()`` says which, as a gRPC status, so the agent handles it as it
     handles a failed RPC)."""
 
