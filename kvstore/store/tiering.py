@@ -480,7 +480,12 @@ class Tiering:
         """Record a reclaim round; one that freed nothing says why (stats, rate-limited log)."""
         lv = self._levels[level]
         lv.rounds += 1
-        lv.blocked = "" if freed else self.blocked_reason_locked(level, now)
+        # A round that found nothing new while demotions out of this tier are still
+        # being copied is not blocked: their room comes when they finish, and a
+        # writer waiting for it must not give up (wait_for_room_locked) before then.
+        in_flight = not freed and any(o.moving and o.copies[level] is not None
+                                      for o in self._table.objects.values())
+        lv.blocked = "" if freed or in_flight else self.blocked_reason_locked(level, now)
         if lv.blocked and now - lv.blocked_logged_s > _BLOCKED_LOG_INTERVAL_S:
             lv.blocked_logged_s = now
             log.warning("%s tier needs %d B but %s", lv.tier.kind.name, need, lv.blocked)
