@@ -323,7 +323,8 @@ class AsyncKVClient:
             except KVStoreError as err:
                 return result if failed else err
             answers = await asyncio.gather(*(self._request(
-                t, Op.PUT, key, oid, len(view), checksum, view) for t in targets))
+                t, Op.PUT, key, oid, len(view), checksum, view, flags=replica_num)
+                for t in targets))
             written, failures = [], []
             for t, a in zip(targets, answers):
                 if isinstance(a, KVStoreError):

@@ -101,7 +101,8 @@ class AsyncNodeConnection:
             raise error_for_code(code, msg)
 
     async def request(self, op: Op, key: str, object_id: int = 0, size: int = 0,
-                      checksum: int = 0, payload=None, parent: str = "") -> Answer:
+                      checksum: int = 0, payload=None, parent: str = "",
+                      flags: int = 0) -> Answer:
         """Send one frame (with ``payload``, a bytes-like of ``size`` bytes) and await
         its answer.
 
@@ -112,8 +113,8 @@ class AsyncNodeConnection:
             raise self.broken
         kb, pb_ = key.encode(), parent.encode()
         fut = self._loop.create_future()
-        self._writer.write(REQUEST.pack(op, 0, len(kb), len(pb_), object_id, size, checksum)
-                           + kb + pb_)
+        self._writer.write(REQUEST.pack(op, min(flags, 255), len(kb), len(pb_), object_id, size,
+                                        checksum) + kb + pb_)
         if payload is not None and size:
             self._writer.write(payload)
         self._pending.append((fut, op in _WITH_VALUE, time.monotonic()))

@@ -89,6 +89,7 @@ class PartsWriter:
             raise InvalidArgument(f"{len(keys)} keys, {len(sizes_bytes)} sizes, "
                                   f"{len(parents) if parents is not None else '-'} parents")
         self._puts = puts
+        self._replica_num = replica_num
         self._connections = puts.connections
         self._lookup = lookup
         self.keys = list(keys)
@@ -148,7 +149,8 @@ class PartsWriter:
             return
         try:
             replies = tr.control(Op.SHM_ALLOC, [(self.keys[i], self._oid[i], self.sizes[i], 0)
-                                               for i, _ in lst], [self.parents[i] for i, _ in lst])
+                                               for i, _ in lst], [self.parents[i] for i, _ in lst],
+                                 [self._replica_num] * len(lst))
         except Unavailable:
             self._connections.drop(node.node_id)
             return
@@ -229,7 +231,8 @@ class PartsWriter:
                 else:
                     outcome = tr.write_many([WriteItem(self.keys[i], self._oid[i],
                                                        memoryview(t.buffer), checksum[i],
-                                                       self.parents[i]) for i, t in lst])
+                                                       self.parents[i], self._replica_num)
+                                             for i, t in lst])
             except Unavailable as err:
                 self._connections.drop(node_id)
                 outcome = [err] * len(lst)

@@ -252,7 +252,7 @@ class PutProtocol:
         written: dict[int, list[NodeAddress]] = defaultdict(list)
         outcomes: dict[int, list[tuple[NodeAddress, KVStoreError]]] = defaultdict(list)
         for node_id, lst in by_node.items():
-            items = [WriteItem(keys[i], oids[i], views[i], checksums[i], parents[i])
+            items = [WriteItem(keys[i], oids[i], views[i], checksums[i], parents[i], replica_num)
                      for i, _ in lst]
             try:
                 outcome = self.connections.transport(lst[0][1]).write_many(items)

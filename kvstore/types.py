@@ -174,6 +174,7 @@ class InventoryItem:
     checksum: int
     tier: TierKind                # the tier it is served from
     pending: bool = False         # its STORED event is not yet applied (never indexed from here)
+    replica_num: int = 0          # replicas its put asked for (0: not known)
 
 
 @dataclass(frozen=True, slots=True)

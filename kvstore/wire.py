@@ -134,12 +134,13 @@ def node_event_pb(e: NodeEvent) -> pb.ReplicaEvent:
 def inventory_item(msg: pb.InventoryItem) -> InventoryItem:
     return InventoryItem(ObjectKey(msg.key), ObjectId(msg.object_id), msg.size_bytes,
                          msg.checksum, _kind(TierKind, msg.tier or pb.DRAM, "inventory tier"),
-                         msg.pending)
+                         msg.pending, msg.replica_num)
 
 
 def inventory_item_pb(it: InventoryItem) -> pb.InventoryItem:
     return pb.InventoryItem(key=it.key, object_id=it.object_id, size_bytes=it.size_bytes,
-                            checksum=it.checksum, tier=it.tier, pending=it.pending)
+                            checksum=it.checksum, tier=it.tier, pending=it.pending,
+                            replica_num=it.replica_num)
 
 
 def drop_order(msg: pb.DropOrder) -> DropOrder:

@@ -24,7 +24,8 @@ def sync_node_inventory(index, node_id: NodeId, items: Sequence[InventoryItem],
     The node's replicas that its inventory does not list (same key and
     object_id) are forgotten -- a restart loses DRAM -- and listed
     objects the index does not know are indexed as COMPLETE (a restart
-    keeps the SSD; a new master learns the cluster this way). Only objects
+    keeps the SSD; a new master learns the cluster this way), wanting the
+    largest ``replica_num`` any holder announces (what the put asked for). Only objects
     a master confirmed are indexed so: a ``pending`` item (stored, its
     STORED event not yet applied) only keeps its place as a target, and
     its replayed event decides, so bytes written straight to a node never
@@ -75,7 +76,8 @@ def sync_node_inventory(index, node_id: NodeId, items: Sequence[InventoryItem],
             index.entries[it.key] = Entry(
                 key=it.key, size_bytes=it.size_bytes, checksum=it.checksum,
                 object_id=it.object_id, state=ReplicaState.COMPLETE, targets=[],
-                replicas=[node_id], created_ms=now_ms, tiers={node_id: it.tier})
+                replicas=[node_id], created_ms=now_ms, tiers={node_id: it.tier},
+                replica_num=max(1, it.replica_num))
             index._sorted_keys = None
             indexed += 1
         elif entry.object_id == it.object_id:
@@ -85,9 +87,9 @@ def sync_node_inventory(index, node_id: NodeId, items: Sequence[InventoryItem],
                                                    it.tier, it.size_bytes, it.checksum))
             elif node_id not in entry.replicas:
                 entry.replicas.append(node_id)
-                # A rebuilt index learns how many replicas were wanted from
-                # how many it finds (it cannot know more).
-                entry.replica_num = max(entry.replica_num, len(entry.replicas))
+            # A rebuilt index learns how many replicas were wanted from what the
+            # nodes say their puts asked for, and at least as many as it finds.
+            entry.replica_num = max(entry.replica_num, len(entry.replicas), it.replica_num)
             entry.tiers[node_id] = it.tier
         else:
             index.membership.order_drop(node_id, it.key, it.object_id)

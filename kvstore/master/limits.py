@@ -12,6 +12,9 @@
                        ids are left to hand out; an announced 2^64 - 1 would leave none:
                        the next id would not fit the wire's uint64, and every later put,
                        and every drop order in a heartbeat reply, would fail.
+    inventory replicas an item's ``replica_num`` is at most :data:`kvstore.rpc.MAX_REPLICAS`,
+                       as a put's: a larger one would have the master copy an object
+                       to every node.
 
 Calls carry at most :data:`kvstore.rpc.MAX_KEYS_PER_CALL` keys (checked by the servicer).
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from kvstore.errors import InvalidArgument
+from kvstore.rpc import MAX_REPLICAS
 from kvstore.types import InventoryItem
 
 DEFAULT_MAX_PENDING_PUTS = 65_536
@@ -31,9 +35,13 @@ def check_inventory(items: Sequence[InventoryItem]) -> None:
     """Refuse an inventory no node could hold (called before anything is changed).
 
     Raises:
-        InvalidArgument: an object id of 0 or above :data:`MAX_INVENTORY_OBJECT_ID`.
+        InvalidArgument: an object id of 0 or above :data:`MAX_INVENTORY_OBJECT_ID`, or
+            a ``replica_num`` above :data:`kvstore.rpc.MAX_REPLICAS`.
     """
     for it in items:
+        if it.replica_num > MAX_REPLICAS:
+            raise InvalidArgument(f"inventory replica_num {it.replica_num} of {it.key[:64]!r} "
+                                  f"is above {MAX_REPLICAS}")
         if not 0 < it.object_id <= MAX_INVENTORY_OBJECT_ID:
             raise InvalidArgument(f"inventory object id {it.object_id} of {it.key[:64]!r} is "
                                   f"outside [1, {MAX_INVENTORY_OBJECT_ID}]")

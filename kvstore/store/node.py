@@ -136,8 +136,9 @@ class StoreNode:
 
     # ================================================================ write
     def begin_write(self, key: str, object_id: int, size_bytes: int, checksum: int,
-                    parent: str | None = None) -> tuple[StoredObject, bool]:
-        """Reserve DRAM for a new object (waiting, bounded, for the mover to make room).
+                    parent: str | None = None, replica_num: int = 0) -> tuple[StoredObject, bool]:
+        """Reserve DRAM for a new object (waiting, bounded, for the mover to make room);
+        ``replica_num`` (what the put asked for, 0: not said) goes to the inventory.
 
         Returns:
             ``(obj, already_present)``: when this exact version is already
@@ -154,7 +155,7 @@ class StoreNode:
         if size_bytes > self.tier.capacity_bytes:
             raise TooLarge(f"{size_bytes} B exceeds the node's capacity of "
                            f"{self.tier.capacity_bytes} B", key=key)
-        record = ObjectRecord(key, object_id, size_bytes, checksum, parent)
+        record = ObjectRecord(key, object_id, size_bytes, checksum, parent, replica_num)
         with self._table.cond:
             present = self._present_locked(key, object_id, checksum)
             if present is not None:
@@ -179,8 +180,7 @@ class StoreNode:
                 return present, True
             # The writer holds a reference until commit or abort, so a drop
             # during the write never frees memory that is still being filled.
-            obj = StoredObject(key, object_id, size_bytes, checksum, parent,
-                               copies=[alloc] + [None] * (len(self.levels) - 1), refs=1)
+            obj = StoredObject.of(record, [alloc] + [None] * (len(self.levels) - 1), refs=1)
             if key in self._table.objects:
                 # A newer version: staged until its master confirms it; the one
                 # in service stays readable (and is retired) only then.
@@ -462,11 +462,12 @@ class StoreNode:
                     for o in self._table.objects.values() if o.state is ObjectState.COMPLETE]
 
     def inventory_items(self) -> list[InventoryItem]:
-        """Every complete object in service, for a registration: ``pending`` marks the
-        ones whose STORED event no master has applied yet (never indexed from it)."""
+        """Every complete object in service, for a registration (``pending``: no master
+        applied its STORED event yet, so it is never indexed from here)."""
         with self._table.cond:
             return [InventoryItem(o.key, o.object_id, o.size_bytes, o.checksum,
-                                  self.levels[o.best_level()].tier.kind, pending=not o.confirmed)
+                                  self.levels[o.best_level()].tier.kind, pending=not o.confirmed,
+                                  replica_num=o.replica_num)
                     for o in self._table.objects.values() if o.state is ObjectState.COMPLETE]
 
     # ================================================================ stats
@@ -586,10 +587,8 @@ class StoreNode:
                 old = self._table.objects.get(record.key)
                 if old is not None:       # two versions on disk: the later write wins
                     self._table.retire(old)
-                obj = StoredObject(record.key, record.object_id, record.size_bytes,
-                                   record.checksum, record.parent,
-                                   copies=[None] * len(self.levels), state=ObjectState.COMPLETE,
-                                   confirmed=True)   # only confirmed objects leave DRAM
+                obj = StoredObject.of(record, [None] * len(self.levels), state=ObjectState.COMPLETE,
+                                      confirmed=True)   # only confirmed objects leave DRAM
                 obj.copies[level] = extent
                 self._table.objects[record.key] = obj
                 lv.policy.on_insert(record.key, extent.reserved_bytes, obj.last_access_s,

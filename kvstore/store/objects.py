@@ -48,15 +48,23 @@ class StoredObject:
     soft_pin_until_s: float = 0.0  # monotonic; evicted only after unpinned objects until then
     protect_until_s: float = 0.0   # monotonic; prefetch lookahead: never evicted until then
     last_access_s: float = field(default_factory=time.monotonic)
+    replica_num: int = 0           # replicas its put asked for (0: not said), for the inventory
 
     @property
     def alloc(self) -> Extent | None:
         """The DRAM copy's extent (None when the object is only in slower tiers)."""
         return self.copies[0]
 
+    @classmethod
+    def of(cls, record: ObjectRecord, copies: list[Extent | None], **state) -> StoredObject:
+        """The object a tier record describes, with its copies (and any other fields)."""
+        return cls(record.key, record.object_id, record.size_bytes, record.checksum,
+                   record.parent, copies, replica_num=record.replica_num, **state)
+
     @property
     def record(self) -> ObjectRecord:
-        return ObjectRecord(self.key, self.object_id, self.size_bytes, self.checksum, self.parent)
+        return ObjectRecord(self.key, self.object_id, self.size_bytes, self.checksum, self.parent,
+                            self.replica_num)
 
     def best_level(self) -> int | None:
         """Level of the fastest copy, None when there is none."""

@@ -89,7 +89,7 @@ class Copier:
         try:
             buf = bytearray(obj.size_bytes)
             self.node.read_into(obj, memoryview(buf))
-            checksum = obj.checksum
+            checksum, replica_num = obj.checksum, obj.replica_num
         finally:
             self.node.release(obj)
         target = order.target
@@ -98,7 +98,7 @@ class Copier:
                                          tls=self._tls if target.tls else None))
         try:
             (err,) = tr.write_many([WriteItem(order.key, order.object_id, memoryview(buf),
-                                              checksum)])
+                                              checksum, replica_num=replica_num)])
         finally:
             tr.close()
         if err is not None:

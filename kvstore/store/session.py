@@ -38,6 +38,7 @@ from kvstore._proto import kvstore_pb2 as pb
 from kvstore.auth import Role, TokenFile, new_nonce
 from kvstore.errors import (Internal, InvalidArgument, KVStoreError, NotFound, Unauthenticated,
                             Unavailable)
+from kvstore.rpc import MAX_REPLICAS
 from kvstore.store.events import Ticket
 from kvstore.store.node import StoreNode
 from kvstore.store.objects import StoredObject
@@ -123,6 +124,7 @@ class Session:
         self.reading: dict[tuple[str, int], list[StoredObject]] = {}
         self.writing: dict[tuple[str, int], StoredObject] = {}
         self.parent: str | None = None   # parent key of the frame being handled
+        self.replica_num = 0             # its flags: the replicas a PUT / SHM_ALLOC asked for
         self.staging = bytearray()       # GET of an object DRAM had no room for
         self.out = bytearray()           # reply headers not sent yet (see _reply)
         self.parts: list = []            # ... before them: headers, values, _Acks, in order
@@ -158,7 +160,8 @@ class Session:
                     header = self.reader.read(REQUEST.size)
             else:
                 header = self.reader.read(REQUEST.size)
-            op, _flags, key_len, parent_len, object_id, size, checksum = REQUEST.unpack(header)
+            op, self.replica_num, key_len, parent_len, object_id, size, checksum = \
+                REQUEST.unpack(header)
             if blocked_at:
                 # A client that comes back this soon runs a tight loop (a get
                 # per copy): poll for its next request instead of sleeping.
@@ -282,8 +285,9 @@ class Session:
         # The value's bytes must keep coming (within write_timeout_s each), whether
         # they are stored or discarded: a stalled writer holds nothing for long.
         try:
-            self._check_lease(key)
-            obj, present = self.node.begin_write(key, object_id, size, checksum, self.parent)
+            self._check_put(key)
+            obj, present = self.node.begin_write(key, object_id, size, checksum,
+                                                 self.parent, self.replica_num)
         except KVStoreError:
             with self._timed(f"a refused PUT of {size} B"):
                 self.reader.discard(size)
@@ -350,6 +354,13 @@ class Session:
             self.staging = bytearray(size_bytes)
         return memoryview(self.staging)[:size_bytes]
 
+    def _check_put(self, key: str) -> None:
+        """A write's frame: the lease holds, and its replica count (flags) is one a
+        put may ask for, as the master would refuse that inventory."""
+        if self.replica_num > MAX_REPLICAS:
+            raise InvalidArgument(f"replica_num {self.replica_num} > {MAX_REPLICAS}", key=key)
+        self._check_lease(key)
+
     def _check_lease(self, key: str) -> None:
         """Reads and writes only while the node's master lease holds (see
         :mod:`kvstore.store.lease`); Unavailable, counted, otherwise."""
@@ -361,8 +372,9 @@ class Session:
                 raise
 
     def _shm_alloc(self, key: str, object_id: int, size: int, checksum: int) -> None:
-        self._check_lease(key)
-        obj, present = self.node.begin_write(key, object_id, size, checksum, self.parent)
+        self._check_put(key)
+        obj, present = self.node.begin_write(key, object_id, size, checksum, self.parent,
+                                             self.replica_num)
         if present:
             self._reply(object_id=object_id, size=size, checksum=checksum, offset=2**64 - 1)
             return

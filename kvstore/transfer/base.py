@@ -23,6 +23,7 @@ class WriteItem:
     data: memoryview         # the value, 1-D bytes view
     checksum: int            # xxh3-64 of data
     parent: str = ""         # previous block of its prefix chain ("" for none): eviction hint
+    replica_num: int = 0     # replicas the put asked for (0: not said); the frame's flags
 
 
 @dataclass(slots=True)

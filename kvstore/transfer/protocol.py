@@ -13,7 +13,10 @@ which allocation of that range holds it (unique per node lifetime).
 
 ``parent`` (PUT and SHM_ALLOC only, may be empty) is the key of the previous
 block of the object's prefix chain: an eviction hint (a chain's tail goes
-before its head). All integers are little-endian. ``code`` is a :class:`kvstore._proto.kvstore_pb2.Code`
+before its head). ``flags`` of a PUT or SHM_ALLOC is the number of replicas
+the put asked for (0: not said; other requests send 0): the node keeps it
+with the object, on SSD too, and announces it in its inventory, so a master
+that rebuilds its index after a restart still repairs the key to that count. All integers are little-endian. ``code`` is a :class:`kvstore._proto.kvstore_pb2.Code`
 (0 = OK). A response carries a value only for an OK GET or STATS. Requests on one
 connection are answered in order, so a client may pipeline many frames and
 read the answers afterwards (batch operations do one round trip).

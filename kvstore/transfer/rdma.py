@@ -242,9 +242,10 @@ class RdmaTransport(Transport):
 
     # -- data --
 
-    def _phase(self, op: Op, frames: list[tuple[str, int, int, int, str]]) -> list[tuple]:
-        for key, oid, size, ck, parent in frames:
-            self.conn.send(op, key, oid, size, ck, parent=parent)
+    def _phase(self, op: Op, frames: list[tuple[str, int, int, int, str, int]]) -> list[tuple]:
+        """Pipelined frames ``(key, object_id, size, checksum, parent, flags)``."""
+        for key, oid, size, ck, parent, flags in frames:
+            self.conn.send(op, key, oid, size, ck, parent=parent, flags=flags)
         return [self.conn.recv_header() for _ in frames]
 
     def _drop_qp(self) -> None:
@@ -308,7 +309,7 @@ class RdmaTransport(Transport):
     def write_many(self, items: list[WriteItem]) -> list[KVStoreError | None]:
         out: list[KVStoreError | None] = [None] * len(items)
         replies = self._phase(Op.SHM_ALLOC, [(i.key, i.object_id, len(i.data), i.checksum,
-                                              i.parent) for i in items])
+                                              i.parent, i.replica_num) for i in items])
         jobs = []
         for idx, (it, (code, _oid, _size, _ck, offset, msg)) in enumerate(zip(items, replies)):
             if code != _pb.OK:
@@ -321,7 +322,7 @@ class RdmaTransport(Transport):
                     self.conn.broken = True
         moved = self._move(True, jobs)
         commit = [idx for idx, _v, _a in jobs if moved[idx]]
-        replies = self._phase(Op.SHM_COMMIT, [(items[i].key, items[i].object_id, 0, 0, "")
+        replies = self._phase(Op.SHM_COMMIT, [(items[i].key, items[i].object_id, 0, 0, "", 0)
                                               for i in commit])
         for idx, (code, _oid, _size, _ck, _off, msg) in zip(commit, replies):
             if code != _pb.OK:

@@ -169,16 +169,20 @@ class ShmTransport(Transport):
         self.guesses = 0          # values copied from a remembered location
         self.wrong_guesses = 0    # ... that the node's reply did not confirm (copied again)
 
-    def control(self, op: Op, keys_ids: list[tuple], parents: list[str] | None = None):
-        """Pipelined value-less frames ``(key, object_id, size, checksum)``; their reply headers."""
+    def control(self, op: Op, keys_ids: list[tuple], parents: list[str] | None = None,
+                flags: list[int] | None = None):
+        """Pipelined value-less frames ``(key, object_id, size, checksum)``; their reply
+        headers. ``flags``: per frame (SHM_ALLOC: the replica_num, see the protocol)."""
         for i, (key, oid, size, ck) in enumerate(keys_ids):
-            self.conn.send(op, key, oid, size, ck, parent=parents[i] if parents else "")
+            self.conn.send(op, key, oid, size, ck, parent=parents[i] if parents else "",
+                           flags=flags[i] if flags else 0)
         return [self.conn.recv_header() for _ in keys_ids]
 
     def write_many(self, items: list[WriteItem]) -> list[KVStoreError | None]:
         out: list[KVStoreError | None] = [None] * len(items)
         replies = self.control(Op.SHM_ALLOC, [(i.key, i.object_id, len(i.data), i.checksum)
-                                             for i in items], [i.parent for i in items])
+                                             for i in items], [i.parent for i in items],
+                               [i.replica_num for i in items])
         to_commit = []
         seg = self.segment.view
         for idx, (it, (code, _oid, _size, _ck, offset, msg)) in enumerate(zip(items, replies)):

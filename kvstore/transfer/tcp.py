@@ -115,10 +115,11 @@ class NodeConnection:
 
     @staticmethod
     def _frame(op: Op, key: str, object_id: int = 0, size: int = 0, checksum: int = 0,
-               parent: str = "") -> bytes:
+               parent: str = "", flags: int = 0) -> bytes:
         kb = key.encode()
         pb_ = parent.encode()
-        return REQUEST.pack(op, 0, len(kb), len(pb_), object_id, size, checksum) + kb + pb_
+        return REQUEST.pack(op, min(flags, 255), len(kb), len(pb_), object_id, size,
+                            checksum) + kb + pb_
 
     def _send_locked(self, frames: bytes, payload: memoryview | None = None) -> None:
         if self._deferred:
@@ -133,9 +134,9 @@ class NodeConnection:
             raise Unavailable(f"send to store node failed: {exc}") from exc
 
     def send(self, op: Op, key: str, object_id: int = 0, size: int = 0, checksum: int = 0,
-             payload: memoryview | None = None, parent: str = "") -> None:
-        """Send one request frame (after any deferred ones)."""
-        frame = self._frame(op, key, object_id, size, checksum, parent)
+             payload: memoryview | None = None, parent: str = "", flags: int = 0) -> None:
+        """Send one request frame (after any deferred ones); ``flags``: see the protocol."""
+        frame = self._frame(op, key, object_id, size, checksum, parent, flags)
         with self._lock:
             self._send_locked(frame, payload)
 
@@ -368,7 +369,7 @@ class TcpTransport(Transport):
     def write_many(self, items: list[WriteItem]) -> list[KVStoreError | None]:
         for it in items:
             self.conn.send(Op.PUT, it.key, it.object_id, len(it.data), it.checksum, it.data,
-                           it.parent)
+                           it.parent, it.replica_num)
         out: list[KVStoreError | None] = []
         for it in items:
             code, _oid, _size, _ck, _off, msg = self.conn.recv_header()

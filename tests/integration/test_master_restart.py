@@ -53,3 +53,34 @@ def test_restarted_master_rebuilds_from_inventories(tmp_path):
                 assert bytes(kv.get(k)) == v
     finally:
         c.stop()
+
+
+def test_a_rebuilt_master_repairs_keys_to_the_count_their_puts_asked_for(tmp_path):
+    # The master dies, then a node: the new master learns each key from its one
+    # surviving replica, and that node's inventory says the put asked for 2, so
+    # repair copies it to the third node (a master that counted only what it found
+    # would leave these keys on one node for good).
+    c = start_store_cluster(1, 3, log_dir=str(tmp_path))
+    try:
+        values = {f"k-{i}": f"value {i}".encode() * 20 for i in range(30)}
+        with KVClient(c.master, replica_num=2, prefer_shm=False) as kv:
+            for k, v in values.items():
+                kv.put(k, v)
+            victim = kv.lookup(["k-0"])[0].replicas[0].node.node_id
+        c.shards[0][0].proc.kill()
+        c.shards[0][0].proc.wait()
+        c.nodes[victim].proc.kill()
+        c.nodes[victim].proc.wait()
+        c.restart_master(0)
+
+        def all_repaired() -> bool:
+            with KVClient(c.master) as probe:
+                metas = probe.lookup(list(values))
+            return all(not isinstance(m, KVStoreError) and len(m.replicas) == 2
+                       and victim not in {r.node.node_id for r in m.replicas} for m in metas)
+        wait_for(all_repaired, timeout_s=30, interval_s=0.3)
+        with KVClient(c.master, prefer_shm=False) as kv:
+            for k, v in values.items():
+                assert bytes(kv.get(k)) == v
+    finally:
+        c.stop()

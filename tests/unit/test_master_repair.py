@@ -108,3 +108,29 @@ def test_a_new_term_starts_ids_above_its_floor():
     idx = three_nodes()
     idx.start_term(7 << 32)
     assert start(idx, "k").object_id >= 7 << 32
+
+
+def test_a_rebuilt_index_repairs_to_the_replica_num_the_put_asked_for():
+    # A put for 2 replicas that one node holds when a fresh master rebuilds its index
+    # (the other replica was lost, repair had not run): the node's inventory says
+    # 2 were asked for, so the rebuilt entry is repaired to 2, not content with 1.
+    idx = three_nodes()
+    idx.sync_node_inventory("n0", [InventoryItem("k", 5, 100, 7, TierKind.DRAM,
+                                                 replica_num=2)], T0)
+    assert idx.entries["k"].replica_num == 2
+    assert RepairPlanner(idx).plan(T0) == 1
+    # An older node that does not say (0) still counts what it finds.
+    idx.sync_node_inventory("n1", [InventoryItem("j", 6, 100, 7, TierKind.DRAM)], T0)
+    idx.sync_node_inventory("n2", [InventoryItem("j", 6, 100, 7, TierKind.DRAM)], T0)
+    assert idx.entries["j"].replica_num == 2
+
+
+def test_an_inventory_asking_for_more_replicas_than_a_put_may_is_refused():
+    import pytest
+    from kvstore.errors import InvalidArgument
+    from kvstore.master.limits import check_inventory
+    from kvstore.rpc import MAX_REPLICAS
+    check_inventory([InventoryItem("k", 5, 1, 1, TierKind.DRAM, replica_num=MAX_REPLICAS)])
+    with pytest.raises(InvalidArgument, match="replica_num"):
+        check_inventory([InventoryItem("k", 5, 1, 1, TierKind.DRAM,
+                                       replica_num=MAX_REPLICAS + 1)])

@@ -64,6 +64,15 @@ def test_write_commit_read(node):
     check_invariants(node)
 
 
+def test_the_inventory_says_how_many_replicas_the_put_asked_for(node):
+    obj, _ = node.begin_write("k", 5, 3, value_checksum(b"abc"), None, replica_num=3)
+    node.write_view(obj)[:] = b"abc"
+    node.commit_write(obj)
+    write(node, "j", b"xyz", object_id=6)             # a writer that did not say
+    items = {it.key: it for it in node.inventory_items()}
+    assert (items["k"].replica_num, items["j"].replica_num) == (3, 0)
+
+
 def test_zero_byte_object(node):
     write(node, "empty", b"")
     assert read(node, "empty") == b""

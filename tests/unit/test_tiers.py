@@ -16,8 +16,9 @@ from kvstore.store.tiers.ssd import PAGE_BYTES, SsdInUse, SsdTier, slot_of
 KiB, MiB = 1024, 1024 * 1024
 
 
-def record(key: str, data: bytes, object_id: int = 1, parent: str | None = None) -> ObjectRecord:
-    return ObjectRecord(key, object_id, len(data), value_checksum(data), parent)
+def record(key: str, data: bytes, object_id: int = 1, parent: str | None = None,
+           replica_num: int = 0) -> ObjectRecord:
+    return ObjectRecord(key, object_id, len(data), value_checksum(data), parent, replica_num)
 
 
 @pytest.fixture
@@ -84,7 +85,7 @@ def test_ssd_survives_reopen_and_drops_bad_records(tmp_path):
     values = {f"k{i}": os.urandom(3000 + i) for i in range(5)}
     extents = {}
     for i, (k, v) in enumerate(values.items()):
-        extents[k] = tier.allocate(record(k, v, i + 10, parent=f"p{i}"))
+        extents[k] = tier.allocate(record(k, v, i + 10, parent=f"p{i}", replica_num=i))
     tier.write_many([(extents[k], memoryview(v)) for k, v in values.items()])
     tier.free(extents["k4"])                         # freed: must not come back
     tier.claim("n7")
@@ -103,6 +104,7 @@ def test_ssd_survives_reopen_and_drops_bad_records(tmp_path):
         assert again.num_dropped_at_recovery == 1
         r, e = found["k2"]
         assert (r.object_id, r.size_bytes, r.parent) == (12, len(values["k2"]), "p2")
+        assert r.replica_num == 2                        # what its put asked for, kept
         out = memoryview(bytearray(r.size_bytes))
         again.read_into(e, out)
         assert bytes(out) == values["k2"]

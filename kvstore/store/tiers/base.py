@@ -56,6 +56,7 @@ class ObjectRecord:
     size_bytes: int       # value length
     checksum: int         # xxh3-64 of the value
     parent: str | None    # previous block of its prefix chain (eviction hint), or None
+    replica_num: int = 0  # replicas its put asked for (0: not said); a rebuilt master index learns it
 
 
 class Extent(Protocol):

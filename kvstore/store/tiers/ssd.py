@@ -5,7 +5,7 @@ Layout of the environment (a directory, ``--ssd-path``)::
     data.mdb / lock.mdb     lmdb's own files
     kvstore.lock            flock: one node process per directory
     db "data"   slot -> value bytes
-    db "meta"   slot -> | object_id u64 | size u64 | checksum u64 | seq u64 | key_len u16 | parent_len u16 | key | parent |
+    db "meta"   slot -> | object_id u64 | size u64 | checksum u64 | seq u64 | key_len u16 | parent_len u16 | key | parent | replica_num u8 |
     db "info"   b"node_id" -> the node id that owns the directory
 
     slot = xxh3-128(key) || object_id (u64 big-endian)   (24 B, under lmdb's 511 B key limit)
@@ -198,8 +198,9 @@ class SsdTier(Tier):
                         self._seq += 1
                         key_b = record.key.encode()
                         parent_b = (record.parent or "").encode()
-                        meta = _META.pack(record.object_id, record.size_bytes, record.checksum,
-                                          self._seq, len(key_b), len(parent_b)) + key_b + parent_b
+                        meta = (_META.pack(record.object_id, record.size_bytes, record.checksum,
+                                           self._seq, len(key_b), len(parent_b)) + key_b + parent_b
+                                + bytes([min(record.replica_num, 255)]))
                         txn.put(extent.slot, src, db=self._data)
                         txn.put(extent.slot, meta, db=self._meta)
             except lmdb.Error as exc:
@@ -252,6 +253,8 @@ class SsdTier(Tier):
                     names = bytes(meta[_META.size:_META.size + key_len + parent_len])
                     key = names[:key_len].decode()
                     parent = names[key_len:].decode() or None
+                    tail = meta[_META.size + key_len + parent_len:]
+                    replica_num = tail[0] if len(tail) else 0     # absent in older records
                 except (struct.error, UnicodeDecodeError):
                     bad.append(slot)
                     continue
@@ -260,7 +263,8 @@ class SsdTier(Tier):
                         or slot != slot_of(key, oid)):
                     bad.append(slot)
                     continue
-                found.append((seq, ObjectRecord(key, oid, size, checksum, parent), slot))
+                found.append((seq, ObjectRecord(key, oid, size, checksum, parent, replica_num),
+                              slot))
         found.sort(key=lambda t: t[0])
         out: list[tuple[ObjectRecord, SsdExtent]] = []
         for seq, record, slot in found:
