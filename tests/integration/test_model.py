@@ -49,7 +49,9 @@ def cluster(tmp_path_factory):
 
 
 def _value(key: str, n: int, salt: int = 0) -> bytes:
-    return (f"{key}/{salt}/".encode() * (n // 8 + 1))[:n]
+    # The salt first: a short value must differ between salts (key first, any value
+    # shorter than the key would be the same bytes with either salt).
+    return (f"{salt}/{key}/".encode() * (n // 8 + 1))[:n]
 
 
 class StoreModel(RuleBasedStateMachine):
