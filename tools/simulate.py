@@ -85,6 +85,7 @@ class SimConfig:
     offline_fraction: float = 0.0  # share of requests marked offline (seeded)
     offline_chunk_tokens: int = 4096  # offline prefill chunk
     seed: int = 0  # random scheduler and offline marking
+    block_tokens: int = TRACE_BLOCK_TOKENS  # tokens per hash_ids block (the demo's scale: 16)
 
     def __post_init__(self) -> None:
         if self.num_prefill < 1 or self.num_decode < 1:
@@ -203,7 +204,7 @@ class _Simulation:
     """One run's state and event handlers (see the module docstring)."""
 
     def __init__(self, records: Sequence[TraceRecord], cfg: SimConfig, cost: CostModel,
-                 offline: Collection[int] | None = None):
+                 offline: Collection[int] | None = None, warm: Sequence[TraceRecord] = ()):
         self.cfg = cfg
         self.cost = cost
         self.cache_blocks = cfg.cache_blocks if cfg.cache_blocks is not None else cost.prefill_cache_blocks
@@ -215,14 +216,18 @@ class _Simulation:
         self.batch_of = {d.instance_id: i for i, d in enumerate(dec)}
         view = _PoolView({n.inst.instance_id: n.pool for n in self.nodes})
         self.sched = Scheduler(pre, dec, policy=cfg.scheduler, rejection=cfg.rejection, cost_model=cost,
-                               slo=Slo(cfg.ttft_slo_ms, cfg.tbt_slo_ms), block_tokens=TRACE_BLOCK_TOKENS,
+                               slo=Slo(cfg.ttft_slo_ms, cfg.tbt_slo_ms), block_tokens=cfg.block_tokens,
                                balance_ratio=cfg.balance_ratio, cache_view=view, seed=cfg.seed,
                                departures=cfg.departures, confidence_gone=cfg.confidence_gone)
         if offline is None:
             marks = random.Random(cfg.seed + 1)
             offline = {i for i in range(len(records))
                        if cfg.offline_fraction and marks.random() < cfg.offline_fraction}
-        keys = intern_chains(records)
+        keys = intern_chains(list(warm) + list(records))
+        for chain in keys[:len(warm)]:              # a warm-up filled every pool before the run
+            for n in self.nodes:
+                n.pool.store(chain, 0.0)
+        keys = keys[len(warm):]
         t0 = records[0].timestamp_ms if records else 0
         self.jobs = [
             _Job(SchedRequest(rec.index, rec.input_length, keys[i], online=i not in offline),
@@ -346,7 +351,7 @@ class _Simulation:
             return
         node.parked = None
         c = job.choice
-        cached = c.reused_blocks and min(c.reused_blocks * TRACE_BLOCK_TOKENS, job.req.prompt_tokens - 1)
+        cached = c.reused_blocks and min(c.reused_blocks * self.cfg.block_tokens, job.req.prompt_tokens - 1)
         todo = c.tokens_to_compute - job.done_tokens
         chunk = min(todo, self.cfg.offline_chunk_tokens)
         ms = self.cost.prefill_ms(chunk, cached + job.done_tokens)
@@ -450,7 +455,8 @@ class _Simulation:
 
 
 def simulate(records: Sequence[TraceRecord], cfg: SimConfig, cost: CostModel | None = None,
-             offline: Collection[int] | None = None) -> SimResult:
+             offline: Collection[int] | None = None,
+             warm: Sequence[TraceRecord] = ()) -> SimResult:
     """Replays ``records`` through the simulated cluster.
 
     Args:
@@ -459,13 +465,15 @@ def simulate(records: Sequence[TraceRecord], cfg: SimConfig, cost: CostModel | N
         cost: the cost model; default: the bundled GPU-class model.
         offline: positions in ``records`` of the offline requests; None marks
             ``cfg.offline_fraction`` of them at random (seeded).
+        warm: requests whose blocks are in every pool before the first arrival
+            (a warm-up, e.g. the demo's), not replayed.
 
     Returns:
         The measurements.
     """
     started = time.perf_counter()
     cost = cost or load_cost_model(DEFAULT_COST_MODEL)
-    sim = _Simulation(records, cfg, cost, offline)
+    sim = _Simulation(records, cfg, cost, offline, warm)
     end_ms = sim.run()
     online = sum(1 for j in sim.jobs if j.req.online)
     return SimResult(
@@ -535,9 +543,18 @@ def simulate_command(
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="first N requests only"),
     seed: int = typer.Option(0, "--seed"),
     json_out: bool = typer.Option(False, "--json", help="print the summary as JSON on stdout"),
+    like_demo: Optional[str] = typer.Option(None, "--like-demo", metavar="DEMO_JSON",
+                                            help="replay a `kvstore demo --out` run's requests; "
+                                                 "predicted against measured, both modes"),
 ) -> None:
     """Simulate the cluster on a trace with the conductor's scheduler and a cost model."""
     from rich.console import Console
+
+    if like_demo is not None:
+        from kvstore.tools.sim_demo import like_demo_command
+        like_demo_command(like_demo, None if cost_model == DEFAULT_COST_MODEL else cost_model,
+                          json_out)
+        return
 
     try:
         path = resolve_trace(trace)
