@@ -207,6 +207,7 @@ def _register_tools() -> None:
     from kvstore.tools.profile import profile_command
     from kvstore.tools.replay import replay_command
     from kvstore.tools.simulate import simulate_command
+    from kvstore.tools.sim_demo import simulate_demo_command
 
     app.command("bench", help="Data-plane benchmark: kvstore vs memcpy, raw sockets, Redis.")(
         bench_command)
@@ -214,6 +215,9 @@ def _register_tools() -> None:
                                        "policies (and Belady's optimum).")(simulate_cache_command)
     app.command("simulate", help="Discrete-event simulation of the conductor's scheduling "
                                  "over a trace, with a cost model.")(simulate_command)
+    app.command("simulate-demo", help="Replay a `kvstore demo --out` run through the simulator: "
+                                      "predicted against measured TTFT and TBT.")(
+        simulate_demo_command)
     app.command("certs", help="Write a test CA, a server certificate for --host names and a "
                               "client certificate (mutual TLS).")(certs_command)
     app.command("replay", help="Replay the trace against a running conductor (another "

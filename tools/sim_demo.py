@@ -1,4 +1,4 @@
-"""The simulator held against the live cluster: ``kvstore simulate --like-demo FILE``.
+"""The simulator held against the live cluster: ``kvstore simulate-demo FILE``.
 
 ``FILE`` is what ``kvstore demo --out FILE`` wrote. Its plan (window, warm-up,
 arrival clock, blocks of ``block_tokens`` tokens, instance counts) is rebuilt
@@ -25,8 +25,12 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
 
 from kvstore.conductor.cost_model import load_cost_model
 from kvstore.errors import InvalidArgument
@@ -43,7 +47,7 @@ def _records(demo: dict[str, Any], mode: dict[str, Any]):
     name = demo.get("trace")
     path = default_trace_path("conversation")
     if name != path.name:
-        raise InvalidArgument(f"the demo replayed {name!r}; --like-demo knows the bundled "
+        raise InvalidArgument(f"the demo replayed {name!r}; simulate-demo knows the bundled "
                               f"{path.name!r} only")
     w, a = demo["window"], demo["arrivals"]
     plan = plan_demo(trace=str(path), requests=w["requests"], warmup=w["warmup"],
@@ -128,14 +132,17 @@ def like_demo_table(result: dict[str, Any]):
     return table
 
 
-def like_demo_command(demo_file: str, cost_model: str | None, json_out: bool) -> None:
-    """``kvstore simulate --like-demo``: the table (stderr with ``--json``), JSON on stdout.
+def simulate_demo_command(
+    demo_file: str = typer.Argument(..., metavar="DEMO_JSON",
+                                    help="what `kvstore demo --out DEMO_JSON` wrote (both modes)"),
+    cost_model: Optional[str] = typer.Option(None, "--cost-model",
+                                             help="cost model JSON or bundled name (default: the demo's)"),
+    json_out: bool = typer.Option(False, "--json", help="print the result as JSON on stdout"),
+) -> None:
+    """The demo's requests through the simulator: predicted against measured, both modes.
 
-    Exits 2 with the reason on a file it cannot use."""
-    import sys
-
-    import typer
-    from rich.console import Console
+    The table goes to stderr with ``--json``; exits 2 with the reason on a file
+    it cannot use."""
 
     try:
         result = like_demo(demo_file, cost_model)

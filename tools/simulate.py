@@ -543,18 +543,9 @@ def simulate_command(
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="first N requests only"),
     seed: int = typer.Option(0, "--seed"),
     json_out: bool = typer.Option(False, "--json", help="print the summary as JSON on stdout"),
-    like_demo: Optional[str] = typer.Option(None, "--like-demo", metavar="DEMO_JSON",
-                                            help="replay a `kvstore demo --out` run's requests; "
-                                                 "predicted against measured, both modes"),
 ) -> None:
     """Simulate the cluster on a trace with the conductor's scheduler and a cost model."""
     from rich.console import Console
-
-    if like_demo is not None:
-        from kvstore.tools.sim_demo import like_demo_command
-        like_demo_command(like_demo, None if cost_model == DEFAULT_COST_MODEL else cost_model,
-                          json_out)
-        return
 
     try:
         path = resolve_trace(trace)

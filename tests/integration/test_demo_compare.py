@@ -60,11 +60,11 @@ def test_the_cache_saves_prefill_and_the_json_has_the_ratios(result):
 
 def test_the_simulator_predicts_the_demo_ttft(result):
     # The same requests, arrivals and instance counts through the simulator with
-    # the demo's cost model (kvstore simulate --like-demo). The README has the
+    # the demo's cost model (kvstore simulate-demo). The README has the
     # full-size figures (200 requests: within 12 %). Ten requests on two shared
     # cores are noisier (a busy machine measured -33 % once), so this short run
     # is held to 50 %; what it guards is that the replay is the demo's.
-    run = subprocess.run([sys.executable, "-m", "kvstore.tools.cli", "simulate", "--like-demo",
+    run = subprocess.run([sys.executable, "-m", "kvstore.tools.cli", "simulate-demo",
                           result["_file"], "--json"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
     sim = json.loads(run.stdout)
