@@ -43,7 +43,7 @@ import grpc
 from kvstore.client import KVClient, KVStoreError, Namespace, prefix_keys
 from kvstore.client.models import model_config, namespace_for_model
 from kvstore.conductor.health import HealthMonitor, ProbeResult, Worker
-from kvstore.conductor.cost_model import load_cost_model
+from kvstore.conductor.cost_model import CostModel, load_cost_model
 from kvstore.conductor.scheduler import DecodeInstance, PrefillInstance, Rejected, Scheduler, Slo
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
@@ -415,8 +415,27 @@ class ConductorConfig:
     advertise_host: str = ""             # the address in its READY line ("" : kvstore.binding)
     metrics: MetricsConfig = MetricsConfig()   # --metrics-port, --metrics-host
     drain_s: float = 0.0               # SIGTERM: NOT_SERVING this long before stopping
-    cost_model: str = ""                 # prefill time estimates: a bundled name or a file; "": tokens
+    cost_model: str = "auto"             # estimates: a bundled name, a file, "auto" or "none" (tokens)
     ttft_slo_ms: float = float("inf")    # refuse at arrival when the estimated TTFT is above it
+    tbt_slo_ms: float = float("inf")     # decode instances whose predicted TBT is above it are not chosen
+
+
+#: The cost model of the bundled engines (``kvstore profile`` fits it): what "auto" picks
+#: for ``--model tiny``, so the live conductor runs Algorithm 1 on the simulator's model.
+BUNDLED_COST_MODEL = "tiny-cpu"
+
+
+def conductor_cost_model(name: str, model: str) -> CostModel | None:
+    """The conductor's cost model: ``name`` a bundled model or a JSON file; "auto": the
+    bundled engines' profiled model for ``model`` "tiny", none for other models (no
+    profile known: estimates count queued tokens); "none" or "": none.
+
+    Raises:
+        FileNotFoundError, ValueError: ``name`` is no bundled model and no valid file.
+    """
+    if name == "auto":
+        name = BUNDLED_COST_MODEL if model == "tiny" else ""
+    return load_cost_model(name) if name and name != "none" else None
 
 
 #: Which roles may call the conductor (admin may do all).
@@ -448,8 +467,8 @@ async def serve(cfg: ConductorConfig) -> None:
     namespace = namespace_for_model(cfg.model, cfg.block_tokens)
     scheduler = Scheduler(_parse_instances(cfg.prefill, PrefillInstance),
                           _parse_instances(cfg.decode, DecodeInstance),
-                          cost_model=load_cost_model(cfg.cost_model) if cfg.cost_model else None,
-                          slo=Slo(ttft_ms=cfg.ttft_slo_ms, tbt_ms=float("inf")))
+                          cost_model=conductor_cost_model(cfg.cost_model, cfg.model),
+                          slo=Slo(ttft_ms=cfg.ttft_slo_ms, tbt_ms=cfg.tbt_slo_ms))
     kv = KVClient(cfg.master, token=cfg.creds.token, tls=cfg.creds.tls)
     metrics = ProcessMetrics("conductor")
     observed = cfg.metrics.port is not None

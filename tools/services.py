@@ -388,12 +388,16 @@ def conductor_main(argv: list[str]) -> None:
                    help="longest wait for the next decode token")
     p.add_argument("--probe-timeout-s", type=float, default=d.probe_s)
     p.add_argument("--probe-interval-s", type=float, default=d.probe_interval_s)
-    p.add_argument("--cost-model", default="",
-                   help="prefill time estimates: a bundled cost model name (tiny-cpu) or a JSON "
-                        "file (default: queued tokens, no timing)")
+    p.add_argument("--cost-model", default="auto",
+                   help="time estimates (FAST'25 Algorithm 1): a bundled cost model name or a "
+                        "JSON file; auto (default): tiny-cpu for --model tiny, else none; "
+                        "none: queued tokens, no timing")
     p.add_argument("--ttft-slo-ms", type=float, default=float("inf"),
                    help="refuse a request at arrival when its estimated TTFT is above this "
-                        "(early rejection; needs --cost-model to be in ms)")
+                        "(early rejection; needs a cost model to be in ms)")
+    p.add_argument("--tbt-slo-ms", type=float, default=float("inf"),
+                   help="choose only decode instances whose predicted TBT is within this, and "
+                        "refuse at arrival when none is (needs a cost model)")
     a = p.parse_args(argv)
     setup_logging(a.log_level)
     cfg = ConductorConfig(
@@ -402,7 +406,8 @@ def conductor_main(argv: list[str]) -> None:
         http_port=a.http_port, http_host=a.http_host, served_model_name=a.served_model_name,
         deadlines=Deadlines(prefill_s=a.prefill_timeout_s, decode_idle_s=a.decode_timeout_s,
                             probe_s=a.probe_timeout_s, probe_interval_s=a.probe_interval_s),
-        cost_model=a.cost_model, ttft_slo_ms=a.ttft_slo_ms, creds=_creds(a), **_secured(a))
+        cost_model=a.cost_model, ttft_slo_ms=a.ttft_slo_ms, tbt_slo_ms=a.tbt_slo_ms,
+        creds=_creds(a), **_secured(a))
     if not _checked("conductor", a, cfg):
         asyncio.run(serve(cfg))
 

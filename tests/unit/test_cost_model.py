@@ -110,3 +110,12 @@ def test_fit_keeps_coefficients_non_negative():
     assert p[1] == pytest.approx(0.3, rel=1e-6)
     with pytest.raises(ValueError):
         fit_transfer([(10, 1.0)])  # too few samples
+
+
+def test_the_conductor_runs_on_the_bundled_engines_profiled_model_by_default():
+    from kvstore.conductor.service import BUNDLED_COST_MODEL, ConductorConfig, conductor_cost_model
+    assert ConductorConfig(master="m:1", prefill=(), decode=()).cost_model == "auto"
+    assert conductor_cost_model("auto", "tiny").name == BUNDLED_COST_MODEL == "tiny-cpu"
+    assert conductor_cost_model("auto", "/models/llama") is None      # no profile known
+    assert conductor_cost_model("none", "tiny") is None
+    assert conductor_cost_model("llama2-70b-a800", "tiny").name == "llama2-70b-a800"
