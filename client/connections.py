@@ -29,7 +29,7 @@ from kvstore.client.control import Control
 from kvstore.errors import KVStoreError, Unavailable, error_for_code
 from kvstore.transfer.base import Transport
 from kvstore.transfer.protocol import Op, local_address
-from kvstore.transfer.shm import ShmSegment, ShmTransport, host_id
+from kvstore.transfer.shm import SegmentMaps, ShmTransport, host_id
 from kvstore.rpc import ClientCredentials
 from kvstore.tls import client_context
 from kvstore.transfer.tcp import NodeConnection, TcpTransport
@@ -95,6 +95,7 @@ class Connections:
         # Each thread's transports; weak, so that a finished thread's go away with it.
         self._holders: weakref.WeakSet[_ThreadTransports] = weakref.WeakSet()
         self._lock = threading.Lock()
+        self._segments = SegmentMaps(CLIENT_PREFAULT_BYTES)   # one mapping per node, all threads
 
     def transport(self, node: NodeAddress) -> Transport:
         """This thread's transport to ``node``, connected on first use (or after it broke).
@@ -119,22 +120,19 @@ class Connections:
             # Same host: map the node's segment, and send the control frames over
             # its Unix socket when it has one (a cheaper round trip than TCP).
             try:
-                segment = ShmSegment(node.shm_name)
+                segment = self._segments.acquire(node.shm_name)
             except OSError as exc:
                 log.info("shared memory %s not usable (%s); using TCP", node.shm_name, exc)
             else:
-                # Map its pages ahead of the copies (a page's first touch here
-                # is a fault, 1.7 us per 4 KiB), on a background thread.
-                segment.prefault_in_background(CLIENT_PREFAULT_BYTES)
                 try:
                     conn = self.connect(node, unix_address=local_address(node.shm_name))
                 except Unavailable:
                     try:
                         conn = self.connect(node)
                     except Unavailable:
-                        segment.close()
+                        self._segments.release(segment)
                         raise
-                tr = ShmTransport(conn, segment)
+                tr = ShmTransport(conn, segment, maps=self._segments)
         if tr is None and self.rdma is not None:
             tr = self._rdma_transport(node)
         if tr is None:
