@@ -49,7 +49,8 @@ def fronts(cluster, tmp_path_factory):
         open_front = procs.start("resp", service_args("resp", "--master", cluster.master))
         authed = procs.start("resp-auth", service_args("resp", "--master", cluster.master,
                                                        "--auth", str(auth)))
-        yield {"open": open_front.info["port"], "auth": authed.info["port"]}
+        yield {"open": open_front.info["port"], "auth": authed.info["port"],
+               "open_pid": open_front.proc.pid}
         procs.check()
 
 
@@ -286,6 +287,36 @@ def test_malformed_input_keeps_the_front_serving(port, prefix):
     r = redis.Redis(port=port)
     assert r.set(prefix + "after", b"ok") and r.get(prefix + "after") == b"ok"
     r.close()
+
+
+def _rss_mib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) // 1024 for line in f if line.startswith("VmRSS"))
+
+
+def test_a_client_that_reads_no_replies_holds_a_bounded_part_of_the_front(fronts, prefix):
+    # 60 pipelined GETs of a 4 MiB value, never read: the front answers a burst
+    # at about 16 MiB of values and then blocks in send; before that bound it
+    # fetched 32 values (128 MiB) per burst.
+    import time
+
+    r = redis.Redis(port=fronts["open"], protocol=2)
+    key = f"{prefix}big"
+    r.set(key, os.urandom(4 << 20))
+    assert len(r.get(key)) == 4 << 20
+    before = _rss_mib(fronts["open_pid"])
+    s = socket.create_connection(("127.0.0.1", fronts["open"]))
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        s.sendall(f"GET {key}\r\n".encode() * 60)
+        peak = before
+        for _ in range(10):
+            time.sleep(0.2)
+            peak = max(peak, _rss_mib(fronts["open_pid"]))
+        assert peak - before < 64, (before, peak)
+    finally:
+        s.close()
+    assert r.ping()                                  # the front serves on
 
 
 def test_front_refuses_a_public_bind_without_auth(cluster):

@@ -11,7 +11,9 @@ command, runs it and encodes the reply; replies are sent when no further command
 received (pipelining of any depth costs one send per burst) or when 256 KiB
 are waiting. A client that reads no replies blocks its own thread in send,
 which stops reading it: the memory a connection holds stays bounded by one
-command and the replies of one burst.
+command and the replies of one burst, and a burst of pipelined GETs or SETs
+is cut at about 16 MiB of values (GETs by the size of the connection's last
+values), so that is about what a connection holds.
 
 Thread safety: the SDK client is shared by the connection threads (it is
 thread-safe, its data connections are per thread). The open-connection
@@ -221,8 +223,13 @@ class RespFront:
         Raises:
             ProtocolError, EOFError: as :meth:`CommandReader.read_command`.
         """
+        # A run's replies are all held until it is answered, so GETs count what their
+        # values are expected to take: the largest of the connection's last run (8 MiB
+        # before its first). A client that pipelines large GETs and reads nothing
+        # holds about _MAX_RUN_BYTES of replies in the front, not _MAX_RUN values.
         run, nxt, failure = [first], None, None
-        held = len(first[-1]) if kind == "SET" else 0
+        get_bytes = session.get_bytes_hint
+        held = len(first[-1]) if kind == "SET" else get_bytes
         while (reader.buffered() or _readable(conn)) and len(run) < _MAX_RUN and \
                 held < _MAX_RUN_BYTES:
             try:
@@ -236,8 +243,13 @@ class RespFront:
                 nxt = args
                 break
             run.append(args)
-            held += len(args[-1]) if kind == "SET" else 0
-        for reply in RUNS[kind](self, session, run):
+            held += len(args[-1]) if kind == "SET" else get_bytes
+        replies = RUNS[kind](self, session, run)
+        if kind == "GET":
+            sizes = [len(r) for r in replies if isinstance(r, (bytes, bytearray, memoryview))]
+            if sizes:
+                session.get_bytes_hint = max(1, max(sizes))
+        for reply in replies:
             encode(reply, session.proto, out)
         if failure is not None:
             raise failure

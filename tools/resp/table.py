@@ -81,6 +81,7 @@ class Session:
     next_cursor: int = 1
     closing: bool = False                 # QUIT: close after this reply
     buffers: object = None                # the connection's ReplyBuffers (GET values)
+    get_bytes_hint: int = 8 << 20         # expected size of a GET reply (the last run's largest)
 
 
 _PREFIX: dict[type[KVStoreError], str] = {
