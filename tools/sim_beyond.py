@@ -9,7 +9,7 @@ p90 TTFT and block hit rate:
   at least ``balance_ratio`` times the local one.
 * ``+ lookahead prefetch`` -- a request that has to queue starts fetching its
   remote prefix at once, so the transfer overlaps the wait ahead of it; the
-  scheduler knows this (policy ``global-cache-aware-prefetch``): an
+  scheduler knows this (:class:`GlobalCacheAwarePrefetchPolicy`): an
   instance's estimate is ``queue + max(0, transfer - queue) + prefill``, and
   any longer remote prefix is worth considering, not only one past the
   ratio. The paper's workflow (§4, step 1, "KVCache reuse") loads the prefix
@@ -52,7 +52,7 @@ import typer
 from kvstore.conductor.cost_model import CostModel, load_cost_model
 from kvstore.conductor.instances import PrefillChoice
 from kvstore.conductor.policies import (SchedulingPolicy, Situation, _min_by, plan,
-                                        register_scheduling_policy, reused_tokens)
+                                        reused_tokens)
 from kvstore.tools.report import latency_stats
 from kvstore.tools.sim_cluster import LocalPool
 from kvstore.tools.simulate import SimConfig, _PoolView, _Simulation
@@ -68,14 +68,18 @@ def _hidden(sit: Situation, p: PrefillChoice) -> PrefillChoice:
     return dataclasses.replace(p, estimated_ttft_ms=p.queue_ms + exposed + p.prefill_ms)
 
 
-@register_scheduling_policy(PREFETCH_POLICY)
 class GlobalCacheAwarePrefetchPolicy(SchedulingPolicy):
     """Algorithm 1 (FAST'25 §5.2) for a cluster that prefetches from the queue.
+
+    Not registered with the conductor's policies (the live cluster does not
+    prefetch): the simulation of the ``prefetch`` rows installs it.
 
     For each instance both plans are weighed -- its own prefix only, and the
     best prefix anywhere fetched while the request waits -- with the transfer
     counted only where it outlasts the wait. Least estimate wins.
     """
+
+    name = PREFETCH_POLICY
 
     def choose(self, sit: Situation) -> PrefillChoice:
         plans = []
@@ -120,6 +124,8 @@ class _BeyondSimulation(_Simulation):
                  opts: BeyondOptions):
         super().__init__(records, cfg, cost, offline=set())
         self.opts = opts
+        if opts.prefetch:
+            self.sched.policy = GlobalCacheAwarePrefetchPolicy()
         if opts.shared:
             pool = LocalPool(INFINITE_BLOCKS, cfg.eviction)
             for n in self.nodes:
@@ -192,7 +198,7 @@ def compare_beyond(records: Sequence[TraceRecord], cost: CostModel, num_prefill:
     base = dict(rejection="none", num_prefill=num_prefill, num_decode=num_decode, speed=speed,
                 ttft_slo_ms=math.inf, tbt_slo_ms=math.inf, cache_blocks=cache_blocks)
     plain = SimConfig(scheduler="global-cache-aware", **base)
-    pre = SimConfig(scheduler=PREFETCH_POLICY, **base)
+    pre = plain  # the prefetch rows install their policy (BeyondOptions.prefetch)
     inf = dataclasses.replace(plain, cache_blocks=INFINITE_BLOCKS)
     rows = [("global-cache-aware", plain, dataclasses.replace(opts)),
             ("+ lookahead prefetch", pre, dataclasses.replace(opts, prefetch=True)),
