@@ -12,16 +12,17 @@ p90 TTFT and block hit rate:
   scheduler knows this (:class:`GlobalCacheAwarePrefetchPolicy`): an
   instance's estimate is ``queue + max(0, transfer - queue) + prefill``, and
   any longer remote prefix is worth considering, not only one past the
-  ratio. The paper's workflow (§4, step 1, "KVCache reuse") loads the prefix
-  before the prefill; overlapping it with the queue is the idea of
+  ratio. The paper's workflow (its first step, "KVCache reuse") loads the
+  prefix before the prefill; overlapping it with the queue is the idea of
   prefetching from the lookahead window of the waiting queue (cf. the
   lookahead of ``kvstore simulate-cache --lookahead``), not the paper's.
 * ``+ hot-spot replication`` -- a prefix that requests reused at least
   ``hot_hits`` times within ``hot_window_s`` is copied, in the background, to
   the least-loaded instances until ``hot_replicas`` hold it, so later
   requests find it locally and the scheduler can balance load freely. The
-  paper (§5.2) replicates hot blocks only as a side effect of a fetch; this
-  is the proactive form it names as future work for hot spots.
+  paper (§5.2, cache load balancing) replicates hot blocks only as a side
+  effect of a fetch that Algorithm 1 chose; copying them ahead of demand is
+  this simulator's addition.
 * ``+ both``.
 * ``infinite cache`` -- global-cache-aware with no eviction anywhere: the
   hit rate the trace allows to this placement.
