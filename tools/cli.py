@@ -208,6 +208,7 @@ def _register_tools() -> None:
     from kvstore.tools.replay import replay_command
     from kvstore.tools.simulate import simulate_command
     from kvstore.tools.sim_demo import simulate_demo_command
+    from kvstore.tools.sim_beyond import simulate_beyond_command
 
     app.command("bench", help="Data-plane benchmark: kvstore vs memcpy, raw sockets, Redis.")(
         bench_command)
@@ -215,6 +216,9 @@ def _register_tools() -> None:
                                        "policies (and Belady's optimum).")(simulate_cache_command)
     app.command("simulate", help="Discrete-event simulation of the conductor's scheduling "
                                  "over a trace, with a cost model.")(simulate_command)
+    app.command("simulate-beyond", help="Global cache-aware scheduling against + lookahead "
+                                        "prefetch, + hot-spot replication, + both, and cache "
+                                        "bounds (mean/p90 TTFT, hit rate).")(simulate_beyond_command)
     app.command("simulate-demo", help="Replay a `kvstore demo --out` run through the simulator: "
                                       "predicted against measured TTFT and TBT.")(
         simulate_demo_command)
