@@ -169,6 +169,7 @@ class KVStoreConnector(KVConnectorBase_V1):
             self._fail("lookup", "lookup_errors", 1, e)
             return 0, False
         self._stats["hit_blocks"] += hits
+        self._dump_stats()
         return max(0, hits * self._block_size - num_computed_tokens), False
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int):

@@ -71,6 +71,8 @@ def kv_transfer_config(master: str, role: str = "kv_both", **extra) -> dict:
     return {"kv_connector": "KVStoreConnector",
             "kv_connector_module_path": "kvstore.client.vllm_connector",
             "kv_role": role,
+            # a block kvstore cannot deliver is recomputed (vLLM's default fails the request)
+            "kv_load_failure_policy": "recompute",
             "kv_connector_extra_config": {"master": master, **extra}}
 
 
