@@ -243,6 +243,18 @@ def _register_tools() -> None:
 _register_tools()
 
 
+@app.command("vllm-config")
+def vllm_config(master: str = typer.Option(..., help="kvstore master HOST:PORT."),
+                role: str = typer.Option("kv_both", help="kv_both, kv_producer or kv_consumer.")
+                ) -> None:
+    """Print the kv_transfer_config JSON that loads kvstore's vLLM connector."""
+    from kvstore.client.vllm_keys import kv_transfer_config_json
+    try:
+        print(kv_transfer_config_json(master, role))
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--role") from None
+
+
 def _service(name: str, help_text: str) -> None:
     """A component's command: its options go to :mod:`kvstore.tools.services` as they are."""
     @app.command(name=name, context_settings=_PASS, help=help_text, add_help_option=False)

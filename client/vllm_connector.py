@@ -1,0 +1,330 @@
+"""KVStoreConnector: vLLM's v1 KV connector backed by kvstore.
+
+Load it out of tree with ``kvstore vllm-config --master HOST:PORT`` (the
+``kv_transfer_config`` JSON). This module imports vLLM; ``kvstore.client``
+itself never imports it. Key namespacing is :mod:`kvstore.client.vllm_keys`.
+
+Scheduler side: one ``batch_exists`` per request over the prompt's full-block
+keys (all but the last token, which vLLM always computes) says how many
+tokens beyond vLLM's own prefix cache can be loaded. The worker side loads
+those blocks with one ``batch_get`` per request before the forward and
+copies each layer's slice into vLLM's paged tensors, and it collects each
+layer's slice of the newly computed full prompt blocks as vLLM produces
+them and writes them with one ``batch_put`` per step in ``wait_for_save``.
+Loads and saves are synchronous. A store that is down, or a block that
+cannot be read, is never raised into vLLM: the scheduler reports no hit,
+the worker reports the blocks in ``get_block_ids_with_load_errors`` so vLLM
+recomputes them; the first failure is logged, every one counted in
+:meth:`KVStoreConnector.stats` (and in the JSON file ``stats_path`` of the
+extra config, when given).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
+                                                               KVConnectorMetadata,
+                                                               KVConnectorRole)
+
+from kvstore.client.client import KVClient
+from kvstore.client.vllm_keys import EngineIdentity, matched_blocks, request_keys
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+# vLLM shows INFO of out-of-tree modules only under a logger named vllm.*.
+log = logging.getLogger("vllm.kvstore_connector")
+
+
+@dataclass
+class _ReqPlan:
+    """One request's work for this step, sent from scheduler to worker."""
+
+    req_id: str
+    tokens: list[int]
+    lora_name: str
+    cache_salt: str
+    load_blocks: list[tuple[int, int]] = field(default_factory=list)  # (block index, block id)
+    save_blocks: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass
+class KVStoreConnectorMetadata(KVConnectorMetadata):
+    requests: list[_ReqPlan] = field(default_factory=list)
+
+
+@dataclass
+class _Tracked:
+    tokens: list[int]
+    lora_name: str
+    cache_salt: str
+    block_ids: list[int]
+    saved_upto: int  # blocks below this index need no save
+
+
+def _identity(vllm_config: "VllmConfig", tp_rank: int) -> EngineIdentity:
+    mc, pc, cc = vllm_config.model_config, vllm_config.parallel_config, vllm_config.cache_config
+    extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
+    dtype = cc.cache_dtype if cc.cache_dtype != "auto" else str(mc.dtype).removeprefix("torch.")
+    return EngineIdentity(model=str(extra.get("model_id", mc.model)),
+                          revision=str(extra.get("revision", mc.revision or "")),
+                          kv_dtype=str(dtype), num_layers=mc.get_num_layers(pc),
+                          num_kv_heads=mc.get_num_kv_heads(pc), head_dim=mc.get_head_size(),
+                          block_size=cc.block_size, tp_rank=tp_rank,
+                          tp_size=pc.tensor_parallel_size, tenant=str(extra.get("tenant", "")))
+
+
+class KVStoreConnector(KVConnectorBase_V1):
+    """A vLLM v1 KV connector whose cache is a kvstore cluster (see the module doc)."""
+
+    def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config=None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = self._kv_transfer_config.kv_connector_extra_config or {}
+        self._master = str(extra["master"])
+        self._stats_path = extra.get("stats_path")
+        self._timeout_s = float(extra.get("timeout_s", 5.0))
+        self._block_size = vllm_config.cache_config.block_size
+        self._can_load = self._kv_transfer_config.kv_role in ("kv_both", "kv_consumer")
+        self._can_save = self._kv_transfer_config.kv_role in ("kv_both", "kv_producer")
+        tp_rank = 0
+        if role == KVConnectorRole.WORKER:
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+            try:
+                tp_rank = get_tensor_model_parallel_rank()
+            except Exception:  # noqa: BLE001 - no TP group (single process)
+                tp_rank = 0
+        self._identity = _identity(vllm_config, tp_rank)
+        self._client: KVClient | None = None
+        self._lock = threading.Lock()
+        self._warned: set[str] = set()
+        self._stats = {"lookups": 0, "lookup_errors": 0, "hit_blocks": 0,
+                       "loaded_blocks": 0, "load_errors": 0, "load_s": 0.0,
+                       "saved_blocks": 0, "save_errors": 0, "save_s": 0.0}
+        # scheduler state
+        self._tracked: dict[str, _Tracked] = {}
+        self._pending_loads: dict[str, list[tuple[int, int]]] = {}
+        # worker state
+        self._kv_caches: dict[str, torch.Tensor] = {}
+        self._load_errors: set[int] = set()
+        self._save_parts: dict[str, list[tuple[int, int, dict[str, bytes]]]] = {}
+
+    # ---- shared ----
+    def _store(self) -> KVClient:
+        if self._client is None:
+            self._client = KVClient(self._master, timeout_s=self._timeout_s,
+                                    failover_wait_s=self._timeout_s)
+        return self._client
+
+    def _fail(self, what: str, counter: str, n: int, err: BaseException) -> None:
+        self._stats[counter] += n
+        if what not in self._warned:
+            self._warned.add(what)
+            log.warning("kvstore %s failed (%s: %s); vLLM recomputes, later failures are "
+                        "only counted", what, type(err).__name__, err)
+        self._dump_stats()
+
+    def _dump_stats(self) -> None:
+        if not self._stats_path:
+            return
+        path = f"{self._stats_path}.{self._role.name.lower()}.json"
+        with open(path, "w") as f:
+            json.dump(self._stats, f)
+
+    def stats(self) -> dict:
+        """Counters: lookups, hit/loaded/saved blocks, load/save errors and seconds."""
+        return dict(self._stats)
+
+    def shutdown(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    # ---- scheduler side ----
+    @staticmethod
+    def _req_ns(request) -> tuple[str, str]:
+        lora = getattr(request, "lora_request", None)
+        return (lora.lora_name if lora is not None else ""), (request.cache_salt or "")
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        if not self._can_load:
+            return 0, False
+        tokens = list(request.prompt_token_ids or [])
+        usable = (len(tokens) - 1) // self._block_size  # the last token is always computed
+        if usable * self._block_size <= num_computed_tokens:
+            return 0, False
+        lora, salt = self._req_ns(request)
+        keys = request_keys(self._identity, tokens[:usable * self._block_size], lora, salt)
+        self._stats["lookups"] += 1
+        try:
+            hits = matched_blocks(self._store().batch_exists(keys))
+        except Exception as e:  # noqa: BLE001 - never raise into the engine loop
+            self._fail("lookup", "lookup_errors", 1, e)
+            return 0, False
+        self._stats["hit_blocks"] += hits
+        self._dump_stats()
+        return max(0, hits * self._block_size - num_computed_tokens), False
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
+        if num_external_tokens <= 0:
+            return
+        block_ids = blocks.get_block_ids()[0]
+        # blocks holds the request's blocks from the first one; the external
+        # tokens follow the locally computed ones.
+        first = request.num_computed_tokens // self._block_size
+        n = num_external_tokens // self._block_size
+        self._pending_loads[request.request_id] = [(i, block_ids[i])
+                                                   for i in range(first, first + n)]
+
+    def on_new_request(self, request) -> None:
+        lora, salt = self._req_ns(request)
+        self._tracked[request.request_id] = _Tracked(list(request.prompt_token_ids or []),
+                                                     lora, salt, [], 0)
+
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
+        meta = KVStoreConnectorMetadata()
+        steps: list[tuple[str, int]] = []
+        for new in scheduler_output.scheduled_new_reqs:
+            t = self._tracked.get(new.req_id)
+            if t is None:
+                continue
+            t.block_ids = list(new.block_ids[0])
+            loads = self._pending_loads.pop(new.req_id, [])
+            # blocks vLLM already had or loads need no save
+            t.saved_upto = new.num_computed_tokens // self._block_size + len(loads)
+            if loads:
+                meta.requests.append(_ReqPlan(new.req_id, t.tokens, t.lora_name, t.cache_salt,
+                                              load_blocks=loads))
+            steps.append((new.req_id, new.num_computed_tokens))
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            t = self._tracked.get(req_id)
+            if t is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if new_ids is not None:
+                t.block_ids.extend(new_ids[0])
+            steps.append((req_id, cached.num_computed_tokens[i]))
+        if self._can_save:
+            for req_id, computed in steps:
+                t = self._tracked[req_id]
+                done = min(len(t.tokens), computed + scheduler_output.num_scheduled_tokens.get(
+                    req_id, 0)) // self._block_size
+                if done > t.saved_upto:
+                    plan = _ReqPlan(req_id, t.tokens, t.lora_name, t.cache_salt,
+                                    save_blocks=[(b, t.block_ids[b])
+                                                 for b in range(t.saved_upto, done)])
+                    meta.requests.append(plan)
+                    t.saved_upto = done
+        return meta
+
+    def request_finished(self, request, block_ids):
+        self._tracked.pop(request.request_id, None)
+        self._pending_loads.pop(request.request_id, None)
+        return False, None
+
+    # ---- worker side ----
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
+        self._kv_caches = dict(kv_caches)
+
+    def _block_slice(self, tensor: torch.Tensor, block_id: int) -> torch.Tensor:
+        num_blocks = self._kv_cache_config.num_blocks if self._kv_cache_config else None
+        if tensor.shape[0] == num_blocks or tensor.shape[0] != 2:
+            return tensor[block_id]
+        return tensor[:, block_id]  # a [2, num_blocks, ...] layout
+
+    def _keys(self, plan: _ReqPlan, blocks: list[tuple[int, int]]) -> list[str]:
+        n = max(b for b, _ in blocks) + 1
+        keys = request_keys(self._identity, plan.tokens[:n * self._block_size],
+                            plan.lora_name, plan.cache_salt)
+        return [keys[b] for b, _ in blocks]
+
+    def start_load_kv(self, forward_context, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        for plan in meta.requests:
+            if not plan.load_blocks:
+                continue
+            t0 = time.perf_counter()
+            block_ids = [bid for _, bid in plan.load_blocks]
+            try:
+                values = self._store().batch_get(self._keys(plan, plan.load_blocks))
+            except Exception as e:  # noqa: BLE001
+                self._load_errors.update(block_ids)
+                self._fail("load", "load_errors", len(block_ids), e)
+                continue
+            layers = list(self._kv_caches.values())
+            for bid, value in zip(block_ids, values):
+                if isinstance(value, BaseException) or not self._scatter(layers, bid, value):
+                    self._load_errors.add(bid)
+                    self._fail("load", "load_errors", 1,
+                               value if isinstance(value, BaseException)
+                               else ValueError("block size differs from the layout"))
+                    continue
+                self._stats["loaded_blocks"] += 1
+            self._stats["load_s"] += time.perf_counter() - t0
+        self._dump_stats()
+
+    def _scatter(self, layers: list[torch.Tensor], block_id: int, value) -> bool:
+        dests = [self._block_slice(layer, block_id) for layer in layers]
+        sizes = [d.numel() * d.element_size() for d in dests]
+        if sum(sizes) != len(value):
+            return False
+        src = torch.frombuffer(value, dtype=torch.uint8)
+        off = 0
+        for d, size in zip(dests, sizes):
+            d.copy_(src[off:off + size].view(d.dtype).view(d.shape))
+            off += size
+        return True
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # loads complete in start_load_kv
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata,
+                      **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        for plan in meta.requests:
+            if not plan.save_blocks:
+                continue
+            parts = self._save_parts.setdefault(plan.req_id, [])
+            if not parts:
+                parts.extend((b, bid, {}) for b, bid in plan.save_blocks)
+            for _b, bid, chunks in parts:
+                chunks[layer_name] = self._block_slice(kv_layer, bid).contiguous().numpy().tobytes()
+
+    def wait_for_save(self):
+        if not self._save_parts:
+            return
+        meta = self._get_connector_metadata()
+        plans = {p.req_id: p for p in meta.requests if p.save_blocks}
+        for req_id, parts in self._save_parts.items():
+            plan = plans.get(req_id)
+            if plan is None:
+                continue
+            t0 = time.perf_counter()
+            keys = self._keys(plan, [(b, bid) for b, bid, _ in parts])
+            try:
+                # the object holds the layers in register_kv_caches order, as loads read them
+                values = [b"".join(c[name] for name in self._kv_caches) for _, _, c in parts]
+                errs = self._store().batch_put(keys, values)
+            except Exception as e:  # noqa: BLE001
+                self._fail("save", "save_errors", len(keys), e)
+                continue
+            for err in errs:
+                if err is None:
+                    self._stats["saved_blocks"] += 1
+                else:
+                    self._fail("save", "save_errors", 1, err)
+            self._stats["save_s"] += time.perf_counter() - t0
+        self._save_parts.clear()
+        self._dump_stats()
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        out, self._load_errors = self._load_errors, set()
+        return out
