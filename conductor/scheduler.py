@@ -339,15 +339,28 @@ class Scheduler:
             self._last_owner[first_block_key] = choice.instance.instance_id
         return choice
 
-    def pick_decode(self) -> DecodeInstance:
-        """Fewest active requests among live decode instances.
+    def pick_decode(self, prompt_tokens: int = 0) -> DecodeInstance:
+        """The live conductor's decode choice: with a TBT SLO, Algorithm 1's
+        :meth:`select_decode` over the instances' current load (least predicted
+        TBT within the SLO, KV room for the request); without one, the fewest
+        active requests.
+
+        Args:
+            prompt_tokens: the request's KV tokens (its prompt).
 
         Raises:
             RuntimeError: no live decode instance.
+            Rejected: no instance can take it within the TBT SLO or its KV capacity.
         """
         alive = [d for d in self.decode if d.alive]
         if not alive:
             raise RuntimeError("no live decode instance")
+        if math.isfinite(self.slo.tbt_ms):
+            load = [DecodeLoad(d, d.active_requests, d.context_tokens) for d in alive]
+            choice = self.select_decode(load, prompt_tokens, self.slo.tbt_ms)
+            if isinstance(choice, Rejection):
+                raise Rejected(choice)
+            return choice.instance
         return min(alive, key=lambda d: (d.active_requests, d.instance_id))
 
 

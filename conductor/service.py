@@ -327,7 +327,10 @@ class Conductor:
                                          f"not {pre.first_token}: the engines are not deterministic")
                 pre = again
             try:
-                dec = self.scheduler.pick_decode()
+                dec = self.scheduler.pick_decode(len(prompt))
+            except Rejected as exc:        # the TBT SLO or KV capacity: refused after prefill
+                raise _RequestFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), rejected=True,
+                                     reason=exc.rejection.reason.value) from None
             except RuntimeError as exc:
                 raise _RequestFailed(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                      str(exc) + (f" (after: {last})" if last else ""),
@@ -336,6 +339,7 @@ class Conductor:
             metrics.decode_instance = dec.instance_id
             self.monitor.routed(dec.instance_id)
             dec.active_requests += 1
+            dec.context_tokens += len(prompt)
             call = self._decode_stubs[dec.instance_id].Decode(spb.DecodeRequest(
                 request_id=request.request_id, prompt_tokens=prompt,
                 first_token=pre.first_token, max_tokens=request.max_tokens,
@@ -367,6 +371,7 @@ class Conductor:
             finally:
                 call.cancel()        # no-op once finished; stops the stream if we left early
                 dec.active_requests -= 1
+                dec.context_tokens -= len(prompt)
         raise _RequestFailed(grpc.StatusCode.UNAVAILABLE,
                              f"decode failed on {attempts} attempts; last: {last}")
 

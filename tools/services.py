@@ -396,8 +396,9 @@ def conductor_main(argv: list[str]) -> None:
                    help="refuse a request at arrival when its estimated TTFT is above this "
                         "(early rejection; needs a cost model to be in ms)")
     p.add_argument("--tbt-slo-ms", type=float, default=float("inf"),
-                   help="choose only decode instances whose predicted TBT is within this, and "
-                        "refuse at arrival when none is (needs a cost model)")
+                   help="choose the decode instance of least predicted TBT within this (FAST'25 "
+                        "Algorithm 1), and refuse the request after its prefill when none is "
+                        "(needs a cost model)")
     a = p.parse_args(argv)
     setup_logging(a.log_level)
     cfg = ConductorConfig(

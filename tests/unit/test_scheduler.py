@@ -253,6 +253,22 @@ def test_live_pick_decode_and_errors():
         Scheduler([], dec)
 
 
+def test_live_pick_decode_selects_by_the_tbt_slo_as_algorithm_1():
+    # Step = 10 ms + 10 ms per sequence: d0 with 3 requests would step in 50 ms with
+    # this one, d1 with 1 in 30 ms; d1 holds 900 of its 1000 KV tokens, so only d0 fits.
+    dec = [DecodeInstance("d0", "x", active_requests=3, context_tokens=100),
+           DecodeInstance("d1", "y", active_requests=1, context_tokens=900)]
+    s = Scheduler([PrefillInstance("p", "z")], dec, cost_model=COST,
+                  slo=Slo(ttft_ms=math.inf, tbt_ms=60.0))
+    assert s.pick_decode(prompt_tokens=50).instance_id == "d0"    # d1: no KV room
+    dec[1].context_tokens = 100
+    assert s.pick_decode(prompt_tokens=50).instance_id == "d1"    # least predicted TBT
+    s.slo = Slo(ttft_ms=math.inf, tbt_ms=25.0)
+    with pytest.raises(Rejected) as err:
+        s.pick_decode(prompt_tokens=50)
+    assert err.value.rejection.reason is RejectReason.TBT_SLO
+
+
 def test_live_pick_prefill_rejects_past_the_ttft_slo():
     s = Scheduler([PrefillInstance("p", "z", queued_tokens=500)], [DecodeInstance("d", "x")],
                   cost_model=COST, slo=Slo(ttft_ms=100.0, tbt_ms=math.inf))
