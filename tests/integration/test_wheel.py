@@ -72,9 +72,15 @@ import kvstore, kvstore.client, kvstore.engines, kvstore.conductor, kvstore.tool
 assert kvstore.__file__.startswith(sys.argv[1]), kvstore.__file__
 for name in ("client", "tools", "engines", "conductor"):
     assert importlib.util.find_spec(name) is None, name
+# Modules that exist to plug into an optional outside package import it; they are
+# imported too where it is installed.
+OPTIONAL = {"kvstore.client.vllm_connector": "vllm"}
 mods = [m.name for m in pkgutil.walk_packages(kvstore.__path__, "kvstore.")
         if not m.name.endswith(".__main__")]       # scripts: they run when imported
+assert set(OPTIONAL) <= set(mods), set(OPTIONAL) - set(mods)
 for m in mods:
+    if m in OPTIONAL and importlib.util.find_spec(OPTIONAL[m]) is None:
+        continue
     importlib.import_module(m)
 for name in ("client", "tools", "engines", "conductor"):
     assert name not in sys.modules, name
