@@ -42,8 +42,8 @@ from kvstore.tools.trace import ScaleConfig, TraceRecord, default_trace_path, lo
 COMPARED = (("ttft_ms", "mean"), ("ttft_ms", "p90"), ("tbt_ms", "mean"), ("tbt_ms", "p90"))
 
 
-def _records(demo: dict[str, Any], mode: dict[str, Any]):
-    """The demo's warm-up and measured requests as simulator records (demo scale)."""
+def _plan(demo: dict[str, Any]):
+    """The demo's plan, rebuilt as the demo built it, and the trace it came from."""
     name = demo.get("trace")
     path = default_trace_path("conversation")
     if name != path.name:
@@ -55,14 +55,19 @@ def _records(demo: dict[str, Any], mode: dict[str, Any]):
                      target_utilisation=a["target_utilisation"],
                      scale=ScaleConfig(block_tokens=demo["block_tokens"]),
                      num_prefill=a["num_prefill"])
-    trace = load_trace(path)
+    return plan, load_trace(path)
+
+
+def _records(plan, trace, mode: dict[str, Any]):
+    """The plan's warm-up and measured requests as simulator records (demo scale), with
+    the output lengths ``mode``'s engines produced."""
     outputs = {r["index"]: r["output_tokens"] for r in mode["per_request"]}
     measured = [TraceRecord(r.index, r.arrival_ms, r.num_prompt_tokens,
                             max(1, outputs.get(r.index, r.max_tokens)),
                             trace[r.index].hash_ids) for r in plan.measured]
     warm = [TraceRecord(r.index, 0, r.num_prompt_tokens, 1, trace[r.index].hash_ids[:r.num_blocks])
             for r in plan.store_warmup]
-    return plan, warm, measured
+    return warm, measured
 
 
 def like_demo(demo_file: str | Path, cost_model: str | None = None) -> dict[str, Any]:
@@ -85,9 +90,10 @@ def like_demo(demo_file: str | Path, cost_model: str | None = None) -> dict[str,
         raise InvalidArgument(f"{demo_file}: not the JSON of a two-mode `kvstore demo --out`")
     cost = load_cost_model(cost_model or demo["arrivals"].get("cost_model") or COST_MODEL)
     out: dict[str, Any] = {"cost_model": cost.name}
+    plan, trace = _plan(demo)
     for key, use_cache in (("cache", True), ("no_cache", False)):
         mode = demo[key]
-        plan, warm, measured = _records(demo, mode)
+        warm, measured = _records(plan, trace, mode)
         blocks = sum(len(r.hash_ids) for r in warm + measured)
         overload = bool(demo.get("overload"))      # the conductor refused early on a TTFT SLO
         cfg = SimConfig(scheduler="global-cache-aware", rejection="early" if overload else "none",
