@@ -160,6 +160,46 @@ class DecodeForecaster:
         """The request was refused after admission (e.g. at the decode check)."""
         self._inflight.pop(request_id, None)
 
+    # ------------------------------------------------------------ state
+
+    def snapshot(self) -> dict:
+        """Everything the forecasts are made from, as JSON-able data (see :meth:`restore`).
+
+        Request ids become strings. Used to record the live conductor's state
+        beside each decision, so the same decision can be recomputed elsewhere.
+        """
+        return {
+            "decode_time_ms": self.decode_time_ms, "output_tokens": self.output_tokens,
+            "finished": self._finished, "times_ms": list(self._times),
+            "sorted_ms": list(self._sorted), "stale": self._stale,
+            "inflight": {str(k): [v.decode_id, v.prefill_end_ms, v.context_tokens]
+                         for k, v in self._inflight.items()},
+            "decoding": {d: {str(k): [v.start_ms, v.context_tokens] for k, v in members.items()}
+                         for d, members in self._decoding.items()},
+        }
+
+    def restore(self, state: dict) -> None:
+        """Replaces the forecasts' state with a :meth:`snapshot` (its decode instance ids
+        must be this forecaster's).
+
+        Raises:
+            KeyError: a field is missing, or a decode instance id is unknown.
+        """
+        self.decode_time_ms = float(state["decode_time_ms"])
+        self.output_tokens = float(state["output_tokens"])
+        self._finished = int(state["finished"])
+        self._times.clear()
+        self._times.extend(float(t) for t in state["times_ms"])
+        self._sorted = [float(t) for t in state["sorted_ms"]]
+        self._stale = int(state["stale"])
+        self._inflight = {k: _InFlight(d, float(e), int(c)) for k, (d, e, c) in state["inflight"].items()}
+        for d in self._decoding:
+            self._decoding[d] = {}
+        for d, members in state["decoding"].items():
+            if d not in self._decoding:
+                raise KeyError(f"unknown decode instance {d!r} in the forecast state")
+            self._decoding[d] = {k: _Decoding(float(s), int(c)) for k, (s, c) in members.items()}
+
     # ------------------------------------------------------------ loads
 
     def load_live(self) -> list[DecodeLoad]:

@@ -22,17 +22,14 @@ refused: the caller delays them (see ``tools/simulate.py``), and they may take
 a decode slot only while the batch stays within ``offline_tbt_fraction`` of
 the TBT SLO, so they never push an online request past it.
 
-Two faces:
-
-* :meth:`Scheduler.schedule` / :meth:`~Scheduler.admit_decode` and the event
-  hooks: the full algorithm, driven by the simulator, which also supplies a
-  per-instance :class:`~kvstore.conductor.instances.CacheView`.
-* :meth:`Scheduler.pick_prefill` / :meth:`~Scheduler.pick_decode`: the live
-  conductor's calls. Its instances share one store, so every instance holds
-  the same prefix and the choice reduces to the least estimated queue plus
-  prefill, with a bonus for the instance that last computed the prefix (its
-  node-local tier likely still holds the blocks). With the default token-count
-  cost model and no SLOs this is the least-load rule of the first version.
+One face: the simulator (``tools/simulate.py``) and the live conductor
+(``conductor/service.py``) both call :meth:`Scheduler.schedule` at arrival,
+:meth:`~Scheduler.admit_decode` when the prefill ends, and the event hooks.
+The simulator supplies a per-instance :class:`~kvstore.conductor.instances.CacheView`
+over its pools; the live conductor, whose instances share one store, a view
+in which every instance holds the prefix the store holds, and it keeps
+``busy_until_ms`` / ``queued_ms`` by the simulator's rules
+(:mod:`kvstore.conductor.live_state`).
 
 Thread safety: owned by the conductor's event loop (or the simulator); not locked.
 """
@@ -41,7 +38,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Hashable, Sequence
+from typing import Sequence
 
 from kvstore.conductor.cost_model import CostModel
 from kvstore.conductor.instances import (
@@ -58,14 +55,6 @@ from kvstore.conductor.instances import (
 )
 from kvstore.conductor.policies import DEFAULT_SCHEDULING_POLICY, Candidate, Situation, make_scheduling_policy
 from kvstore.conductor.rejection import DEFAULT_REJECTION_POLICY, DecodeForecaster, Slo, make_rejection_policy
-
-
-class Rejected(RuntimeError):
-    """A request refused by the scheduler (a RuntimeError, as "no live instance" is)."""
-
-    def __init__(self, rejection: Rejection):
-        super().__init__(rejection.detail)
-        self.rejection = rejection
 
 
 def token_count_model() -> CostModel:
@@ -85,8 +74,6 @@ class Scheduler:
         prefill: the prefill instances (kept by reference; their counters are
             updated by the caller).
         decode: the decode instances (same).
-        affinity_tokens: live path only: bonus, in tokens of prefill, for the
-            instance that last computed the request's first block.
         policy: scheduling policy name (``kvstore.conductor.policies``).
         rejection: early-rejection policy name (``kvstore.conductor.rejection``).
         cost_model: the time estimates; default counts tokens (no timing).
@@ -111,7 +98,7 @@ class Scheduler:
     """
 
     def __init__(self, prefill: list[PrefillInstance], decode: list[DecodeInstance],
-                 affinity_tokens: int = 256, *, policy: str = DEFAULT_SCHEDULING_POLICY,
+                 *, policy: str = DEFAULT_SCHEDULING_POLICY,
                  rejection: str = DEFAULT_REJECTION_POLICY, cost_model: CostModel | None = None,
                  slo: Slo | None = None, block_tokens: int | None = None,
                  balance_ratio: float = 1.2, cache_view: CacheView | None = None, seed: int = 0,
@@ -123,7 +110,7 @@ class Scheduler:
             raise ValueError(f"balance_ratio must be >= 1, got {balance_ratio}")
         self.prefill = prefill
         self.decode = decode
-        self.affinity_tokens = affinity_tokens
+        self.policy_name, self.rejection_name = policy, rejection
         self.policy = make_scheduling_policy(policy)
         self.rejection = make_rejection_policy(rejection)
         self.cost = cost_model or token_count_model()
@@ -135,7 +122,6 @@ class Scheduler:
         self.rng = random.Random(seed)
         self.forecast = DecodeForecaster(decode, departures=departures,
                                          confidence_gone=confidence_gone)
-        self._last_owner: dict[Hashable, str] = {}  # live path: first block key -> prefill id
 
     # ------------------------------------------------------------ Algorithm 1
 
@@ -301,68 +287,6 @@ class Scheduler:
         """``req`` left without decoding (refused late, failed, or no decode needed)."""
         self.forecast.dropped(req.request_id)
 
-    # ------------------------------------------------------------ live conductor
-
-    def pick_prefill(self, prompt_tokens: int, cached_tokens: int, first_block_key: Hashable | None
-                     ) -> PrefillChoice:
-        """The live conductor's prefill choice; every instance reads the same store.
-
-        Args:
-            prompt_tokens: prompt length.
-            cached_tokens: leading tokens the shared store holds.
-            first_block_key: the prompt's first block key (affinity), or None.
-
-        Raises:
-            RuntimeError: no live prefill instance.
-            Rejected: the TTFT SLO cannot be met (only when an SLO is set).
-        """
-        # One "block" per token: the shared store's prefix is local to every instance.
-        req = SchedRequest(request_id=None, prompt_tokens=prompt_tokens)
-        live = [p for p in self.prefill if p.alive]
-        if not live:
-            raise RuntimeError("no live prefill instance")
-        owner = self._last_owner.get(first_block_key) if first_block_key else None
-        bonus_ms = self.cost.prefill_ms_per_token * self.affinity_tokens
-        cached = min(cached_tokens, prompt_tokens)
-        # The live conductor keeps token counts only, so queue_ms comes from queued_tokens.
-        cands = [Candidate(p, self.queue_ms(p, 0.0) - (bonus_ms if p.instance_id == owner else 0.0),
-                           cached) for p in live]
-        sit = Situation(request=req, candidates=cands, best_blocks=cached, best_holder=None,
-                        cost=self.cost, balance_ratio=self.balance_ratio, block_tokens=1, rng=self.rng)
-        choice = self.policy.choose(sit)
-        if choice.estimated_ttft_ms > self.slo.ttft_ms:
-            raise Rejected(Rejection(
-                RejectReason.TTFT_SLO,
-                f"estimated TTFT {choice.estimated_ttft_ms:.0f} ms > SLO {self.slo.ttft_ms:.0f} ms",
-                estimated_ttft_ms=choice.estimated_ttft_ms))
-        if first_block_key:
-            self._last_owner[first_block_key] = choice.instance.instance_id
-        return choice
-
-    def pick_decode(self, prompt_tokens: int = 0) -> DecodeInstance:
-        """The live conductor's decode choice: with a TBT SLO, Algorithm 1's
-        :meth:`select_decode` over the instances' current load (least predicted
-        TBT within the SLO, KV room for the request); without one, the fewest
-        active requests.
-
-        Args:
-            prompt_tokens: the request's KV tokens (its prompt).
-
-        Raises:
-            RuntimeError: no live decode instance.
-            Rejected: no instance can take it within the TBT SLO or its KV capacity.
-        """
-        alive = [d for d in self.decode if d.alive]
-        if not alive:
-            raise RuntimeError("no live decode instance")
-        if math.isfinite(self.slo.tbt_ms):
-            load = [DecodeLoad(d, d.active_requests, d.context_tokens) for d in alive]
-            choice = self.select_decode(load, prompt_tokens, self.slo.tbt_ms)
-            if isinstance(choice, Rejection):
-                raise Rejected(choice)
-            return choice.instance
-        return min(alive, key=lambda d: (d.active_requests, d.instance_id))
-
 
 __all__ = [
     "Decision",
@@ -370,7 +294,6 @@ __all__ = [
     "DecodeInstance",
     "PrefillChoice",
     "PrefillInstance",
-    "Rejected",
     "Rejection",
     "SchedRequest",
     "Scheduler",

@@ -3,8 +3,13 @@
 :meth:`Conductor.generate` runs one request through the disaggregated
 pipeline::
 
-    prefix keys -> store hits -> pick prefill -> Prefill (first token: TTFT)
-                -> pick decode -> Decode stream (later tokens: TBT) -> metrics
+    prefix keys -> store hits -> Scheduler.schedule: (prefill, decode) or refused
+                -> Prefill (first token: TTFT) -> Scheduler.admit_decode (late check)
+                -> Decode stream (later tokens: TBT) -> metrics
+
+The scheduler is the simulator's (FAST'25 Algorithm 1 and early rejection,
+:mod:`kvstore.conductor.scheduler`); :mod:`kvstore.conductor.live_state` keeps
+its inputs as the simulator does.
 
 TTFT and TBT are measured here, from the moment the request reaches the
 conductor. The gRPC ``Conductor`` servicer and the HTTP front
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import signal
 import time
 from contextlib import aclosing
@@ -44,7 +50,9 @@ from kvstore.client import KVClient, KVStoreError, Namespace, prefix_keys
 from kvstore.client.models import model_config, namespace_for_model
 from kvstore.conductor.health import HealthMonitor, ProbeResult, Worker
 from kvstore.conductor.cost_model import CostModel, load_cost_model
-from kvstore.conductor.scheduler import DecodeInstance, PrefillInstance, Rejected, Scheduler, Slo
+from kvstore.conductor.instances import DecodeChoice, RejectReason, SchedRequest
+from kvstore.conductor.live_state import DecisionLog, PrefillQueues, SharedStoreView
+from kvstore.conductor.scheduler import DecodeInstance, PrefillInstance, Scheduler, Slo
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
 from kvstore import rpc
@@ -99,12 +107,13 @@ class Conductor:
             their cached blocks (queue lookahead); 0 turns it off.
         creds: the conductor's token (a client one) and TLS files, for the engines.
         metrics: TTFT, TBT, prefix hits and rejections, when given.
+        decision_log: where each decision is written with its state (None: nowhere).
     """
 
     def __init__(self, scheduler: Scheduler, kv: KVClient, namespace: Namespace,
                  use_cache: bool = True, deadlines: Deadlines = Deadlines(),
                  lookahead_window: int = 64, creds: ClientCredentials | None = None,
-                 metrics: ConductorMetrics | None = None):
+                 metrics: ConductorMetrics | None = None, decision_log: DecisionLog | None = None):
         self.creds = creds
         self.metrics = metrics
         self.scheduler = scheduler
@@ -115,6 +124,13 @@ class Conductor:
         self._channels: list[grpc.aio.Channel] = []
         self.lookahead_window = lookahead_window
         self._background: set = set()
+        self.view = SharedStoreView()
+        scheduler.cache_view = self.view
+        self.queues = PrefillQueues()
+        self.decision_log = decision_log
+        self._seq = 0
+        # A cost model without timing (token counts) gets no clock: its queue is the queued work.
+        self._clock = (lambda: 0.0) if scheduler.cost.name == "token-count" else _ms
         self._prefill_stubs = {p.instance_id: spb_grpc.PrefillEngineStub(self._channel(p.address))
                                for p in scheduler.prefill}
         self._decode_stubs = {d.instance_id: spb_grpc.DecodeEngineStub(self._channel(d.address))
@@ -134,6 +150,8 @@ class Conductor:
 
     async def close(self) -> None:
         await self.monitor.stop()
+        if self.decision_log is not None:
+            self.decision_log.close()
         for ch in self._channels:
             await ch.close()
 
@@ -157,21 +175,31 @@ class Conductor:
                             last_error=s.last_error, since_ms=s.since_ms)
             for s in self.monitor.snapshot()])
 
-    async def _cached_prefix(self, prompt: list[int]) -> tuple[list[str], str | None]:
-        """The keys of the prompt's cached prefix, and its first block key."""
+    async def _cached_prefix(self, prompt: list[int]) -> tuple[list[str], int]:
+        """The prompt's block keys, and how many leading ones the store holds."""
         keys = prefix_keys(prompt, self.namespace)
         if not keys or not self.use_cache:
-            return [], keys[0] if keys else None
+            return keys, 0
         try:
             hits = await asyncio.to_thread(self.kv.batch_exists, keys)
         except KVStoreError as exc:
             # Only a scheduling hint: the prefill engine looks the prefix up again.
             log.warning("prefix lookup failed, scheduling as uncached: %s", exc)
-            return [], keys[0]
+            return keys, 0
         n = 0
         while n < len(hits) and hits[n]:
             n += 1
-        return keys[:n], keys[0]
+        return keys, n
+
+    def _schedule(self, req: SchedRequest, cached_blocks: int):
+        """Algorithm 1 for ``req``, every instance holding the store's ``cached_blocks``."""
+        now = self._clock()
+        state = DecisionLog.state(self.scheduler) if self.decision_log is not None else None
+        with self.view.holding(req.block_keys, cached_blocks):
+            decision = self.scheduler.schedule(req, now)
+        if self.decision_log is not None:
+            self.decision_log.record(self.scheduler, state, req, cached_blocks, now, decision)
+        return decision
 
     def _lookahead(self, inst, hit_keys: list[str]) -> None:
         """Queue-lookahead prefetch (DESIGN.md): a request that will wait in a
@@ -211,10 +239,12 @@ class Conductor:
                                     error_code=grpc.StatusCode.INVALID_ARGUMENT.name)
             return
         produced = 0
+        self._seq += 1
+        keys, n_hit = await self._cached_prefix(prompt)
+        req = SchedRequest(request_id=f"{self._seq}:{request.request_id}", prompt_tokens=len(prompt),
+                           block_keys=tuple(keys))
         try:
-            hit_keys, first_key = await self._cached_prefix(prompt)
-            cached = len(hit_keys) * self.namespace.block_tokens
-            pre = await self._prefill(request, prompt, cached, first_key, metrics, hit_keys)
+            pre, planned = await self._prefill(request, req, n_hit, metrics, keys[:n_hit])
             t_first = _ms()
             metrics.ttft_ms = t_first - t0
             metrics.cached_tokens = pre.cached_tokens
@@ -231,9 +261,10 @@ class Conductor:
             produced = 1
             t_last = t_first
             if request.max_tokens > 1:
-                def reprefill() -> Awaitable[spb.PrefillResponse]:
-                    return self._prefill(request, prompt, cached, first_key, metrics)
-                async with aclosing(self._decode(request, prompt, pre, reprefill, metrics)) as stream:
+                def reprefill() -> Awaitable[tuple[spb.PrefillResponse, DecodeInstance | None]]:
+                    return self._prefill(request, req, n_hit, metrics)
+                async with aclosing(self._decode(request, req, pre, planned, reprefill,
+                                                 metrics)) as stream:
                     async for tokens in stream:
                         produced += len(tokens)
                         now = _ms()
@@ -256,36 +287,42 @@ class Conductor:
                         "rejected" if exc.rejected else "failed", exc)
             yield spb.GenerateChunk(done=True, rejected=exc.rejected, metrics=metrics,
                                     error=str(exc), error_code=exc.code.name)
+        finally:
+            # Out of the forecast's requests in prefill, whatever happened (once
+            # in decode it already is): no decode needed, refused, failed, abandoned.
+            self.scheduler.dropped(req)
 
-    async def _prefill(self, request: spb.GenerateRequest, prompt: list[int], cached: int,
-                       first_key: str | None, metrics: spb.RequestMetrics,
-                       hit_keys: list[str] | None = None) -> spb.PrefillResponse:
-        """Prefill on the best live instance, retrying elsewhere when one is unavailable."""
+    async def _prefill(self, request: spb.GenerateRequest, req: SchedRequest, cached_blocks: int,
+                       metrics: spb.RequestMetrics, hit_keys: list[str] | None = None
+                       ) -> tuple[spb.PrefillResponse, DecodeInstance | None]:
+        """Prefill where Algorithm 1 puts it, retrying elsewhere when an instance is
+        unavailable; returns the answer and the decode instance bound at arrival."""
         attempts = max(2, len(self.scheduler.prefill))
         last = ""
         for attempt in range(1, attempts + 1):
-            try:
-                choice = self.scheduler.pick_prefill(len(prompt), cached, first_key)
-            except Rejected as exc:        # the TTFT SLO cannot be met: refused before any work
-                raise _RequestFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), rejected=True,
-                                     reason=exc.rejection.reason.value) from None
-            except RuntimeError as exc:    # no live instance
-                raise _RequestFailed(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                     str(exc) + (f" (after: {last})" if last else ""),
-                                     rejected=True) from None
+            decision = self._schedule(req, cached_blocks)
+            if not decision.accepted:      # refused before any work: an SLO, or no live instance
+                rej = decision.rejection
+                detail = rej.detail + (f" (after: {last})" if last and
+                                       rej.reason is RejectReason.NO_INSTANCE else "")
+                raise _RequestFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, detail, rejected=True,
+                                     reason=rej.reason.value)
+            choice = decision.prefill
             inst = choice.instance
             metrics.prefill_attempts += 1      # counts a second prefill for a decode retry too
             metrics.prefill_instance = inst.instance_id
             self.monitor.routed(inst.instance_id)
             inst.queued_requests += 1
             inst.queued_tokens += choice.tokens_to_compute
+            ticket = self.queues.dispatched(inst, choice.transfer_ms + choice.prefill_ms, self._clock())
             if hit_keys:
                 self._lookahead(inst, hit_keys)
             try:
-                return await self._prefill_stubs[inst.instance_id].Prefill(
-                    spb.PrefillRequest(request_id=request.request_id, prompt_tokens=prompt,
+                pre = await self._prefill_stubs[inst.instance_id].Prefill(
+                    spb.PrefillRequest(request_id=request.request_id, prompt_tokens=request.prompt_tokens,
                                        use_cache=self.use_cache),
                     timeout=self.deadlines.prefill_s)
+                return pre, decision.decode.instance if decision.decode else None
             except grpc.aio.AioRpcError as exc:
                 last = f"prefill on {inst.instance_id}: {exc.code().name}: {exc.details()}"
                 if exc.code() in RETRYABLE_STATUS:
@@ -300,16 +337,23 @@ class Conductor:
                     last = f"prefill on {inst.instance_id} took over {self.deadlines.prefill_s:.0f} s"
                 raise _RequestFailed(exc.code(), last) from None
             finally:
+                self.queues.answered(inst, ticket, self._clock())
                 inst.queued_requests -= 1
                 inst.queued_tokens -= choice.tokens_to_compute
         raise _RequestFailed(grpc.StatusCode.UNAVAILABLE,
                              f"prefill failed on {attempts} attempts; last: {last}")
 
-    async def _decode(self, request: spb.GenerateRequest, prompt: list[int],
-                      pre: spb.PrefillResponse,
-                      reprefill: Callable[[], Awaitable[spb.PrefillResponse]],
+    async def _decode(self, request: spb.GenerateRequest, req: SchedRequest,
+                      pre: spb.PrefillResponse, planned: DecodeInstance | None,
+                      reprefill: Callable[[], Awaitable[tuple[spb.PrefillResponse,
+                                                              DecodeInstance | None]]],
                       metrics: spb.RequestMetrics) -> AsyncIterator[list[int]]:
         """Stream the decode tokens; retry on another instance until the first token.
+
+        The instance is ``planned`` (bound at arrival) when the late check
+        (:meth:`Scheduler.admit_decode`) lets it take the request under its
+        live load; a planned instance that died meanwhile is replaced by the
+        least-loaded live one that can take it.
 
         A retry prefills again first: the failed decoder may have loaded, and
         so removed, the request's transfer keys. The new prefill comes mostly
@@ -320,28 +364,27 @@ class Conductor:
         last = ""
         for attempt in range(1, attempts + 1):
             if attempt > 1:
-                again = await reprefill()
+                again, planned = await reprefill()
                 if again.first_token != pre.first_token:
                     raise _RequestFailed(grpc.StatusCode.INTERNAL,
                                          f"prefill again gave first token {again.first_token}, "
                                          f"not {pre.first_token}: the engines are not deterministic")
                 pre = again
-            try:
-                dec = self.scheduler.pick_decode(len(prompt))
-            except Rejected as exc:        # the TBT SLO or KV capacity: refused after prefill
-                raise _RequestFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), rejected=True,
-                                     reason=exc.rejection.reason.value) from None
-            except RuntimeError as exc:
-                raise _RequestFailed(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                     str(exc) + (f" (after: {last})" if last else ""),
-                                     rejected=True) from None
+            picked = self.scheduler.admit_decode(
+                req, self._clock(), planned if planned is not None and planned.alive else None)
+            if not isinstance(picked, DecodeChoice):   # the TBT SLO, KV room, or none live
+                detail = picked.detail + (f" (after: {last})" if last else "")
+                raise _RequestFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, detail, rejected=True,
+                                     reason=picked.reason.value)
+            dec = picked.instance
             metrics.decode_attempts = attempt
             metrics.decode_instance = dec.instance_id
             self.monitor.routed(dec.instance_id)
             dec.active_requests += 1
-            dec.context_tokens += len(prompt)
+            dec.context_tokens += req.prompt_tokens
+            self.scheduler.decode_started(req, dec.instance_id, self._clock())
             call = self._decode_stubs[dec.instance_id].Decode(spb.DecodeRequest(
-                request_id=request.request_id, prompt_tokens=prompt,
+                request_id=request.request_id, prompt_tokens=request.prompt_tokens,
                 first_token=pre.first_token, max_tokens=request.max_tokens,
                 block_keys=pre.block_keys, tail_key=pre.tail_key))
             got = 0
@@ -371,7 +414,9 @@ class Conductor:
             finally:
                 call.cancel()        # no-op once finished; stops the stream if we left early
                 dec.active_requests -= 1
-                dec.context_tokens -= len(prompt)
+                dec.context_tokens -= req.prompt_tokens
+                # Its time and length feed the forecast (the first token came from prefill).
+                self.scheduler.decode_finished(req, dec.instance_id, self._clock(), got + 1)
         raise _RequestFailed(grpc.StatusCode.UNAVAILABLE,
                              f"decode failed on {attempts} attempts; last: {last}")
 
@@ -423,6 +468,8 @@ class ConductorConfig:
     cost_model: str = "auto"             # estimates: a bundled name, a file, "auto" or "none" (tokens)
     ttft_slo_ms: float = float("inf")    # refuse at arrival when the estimated TTFT is above it
     tbt_slo_ms: float = float("inf")     # decode instances whose predicted TBT is above it are not chosen
+    rejection: str = "auto"              # early rejection policy; "auto": "early" with an SLO, else "none"
+    decision_log: str = ""               # JSON lines of each decision and its state ("" : none)
 
 
 #: The cost model of the bundled engines (``kvstore profile`` fits it): what "auto" picks
@@ -470,16 +517,21 @@ async def serve(cfg: ConductorConfig) -> None:
         check_binding("conductor HTTP front", cfg.http_host, authenticated, cfg.insecure)
     check_metrics_binding("conductor", cfg.metrics, cfg.host, authenticated, cfg.insecure)
     namespace = namespace_for_model(cfg.model, cfg.block_tokens)
+    slo = Slo(ttft_ms=cfg.ttft_slo_ms, tbt_ms=cfg.tbt_slo_ms)
+    rejection = cfg.rejection
+    if rejection == "auto":
+        rejection = "early" if math.isfinite(slo.ttft_ms) or math.isfinite(slo.tbt_ms) else "none"
     scheduler = Scheduler(_parse_instances(cfg.prefill, PrefillInstance),
                           _parse_instances(cfg.decode, DecodeInstance),
                           cost_model=conductor_cost_model(cfg.cost_model, cfg.model),
-                          slo=Slo(ttft_ms=cfg.ttft_slo_ms, tbt_ms=cfg.tbt_slo_ms))
+                          slo=slo, rejection=rejection, block_tokens=cfg.block_tokens)
     kv = KVClient(cfg.master, token=cfg.creds.token, tls=cfg.creds.tls)
     metrics = ProcessMetrics("conductor")
     observed = cfg.metrics.port is not None
     conductor = Conductor(scheduler, kv, namespace, use_cache=cfg.use_cache,
                           deadlines=cfg.deadlines, creds=cfg.creds,
-                          metrics=ConductorMetrics(metrics, scheduler))
+                          metrics=ConductorMetrics(metrics, scheduler),
+                          decision_log=DecisionLog(cfg.decision_log) if cfg.decision_log else None)
     server = rpc.aio_server(cfg.security, CONDUCTOR_METHOD_ROLES, metrics if observed else None)
     port = rpc.listen(server, cfg.host, cfg.port, cfg.security)
     spb_grpc.add_ConductorServicer_to_server(ConductorServicer(conductor), server)

@@ -364,6 +364,7 @@ def decode_main(argv: list[str]) -> None:
 
 
 def conductor_main(argv: list[str]) -> None:
+    from kvstore.conductor.rejection import REJECTION_POLICIES
     from kvstore.conductor.service import ConductorConfig, Deadlines, serve
 
     d = Deadlines()
@@ -399,6 +400,12 @@ def conductor_main(argv: list[str]) -> None:
                    help="choose the decode instance of least predicted TBT within this (FAST'25 "
                         "Algorithm 1), and refuse the request after its prefill when none is "
                         "(needs a cost model)")
+    p.add_argument("--rejection", default="auto", choices=["auto", *sorted(REJECTION_POLICIES)],
+                   help="early rejection at arrival (none, early, predictive); auto (default): "
+                        "early when an SLO is set, else none")
+    p.add_argument("--decision-log", default="",
+                   help="write each scheduling decision and the state it was made from to this "
+                        "file, one JSON object per line (kvstore.tools.sim_parity replays it)")
     a = p.parse_args(argv)
     setup_logging(a.log_level)
     cfg = ConductorConfig(
@@ -408,7 +415,7 @@ def conductor_main(argv: list[str]) -> None:
         deadlines=Deadlines(prefill_s=a.prefill_timeout_s, decode_idle_s=a.decode_timeout_s,
                             probe_s=a.probe_timeout_s, probe_interval_s=a.probe_interval_s),
         cost_model=a.cost_model, ttft_slo_ms=a.ttft_slo_ms, tbt_slo_ms=a.tbt_slo_ms,
-        creds=_creds(a), **_secured(a))
+        rejection=a.rejection, decision_log=a.decision_log, creds=_creds(a), **_secured(a))
     if not _checked("conductor", a, cfg):
         asyncio.run(serve(cfg))
 

@@ -56,7 +56,7 @@ from kvstore.conductor.policies import (SchedulingPolicy, Situation, _min_by, pl
                                         reused_tokens)
 from kvstore.tools.report import latency_stats
 from kvstore.tools.sim_cluster import LocalPool
-from kvstore.tools.simulate import SimConfig, _PoolView, _Simulation
+from kvstore.tools.simulate import SimConfig, PoolView, _Simulation
 from kvstore.tools.trace import TraceRecord, load_trace, resolve_trace
 
 PREFETCH_POLICY = "global-cache-aware-prefetch"
@@ -131,7 +131,7 @@ class _BeyondSimulation(_Simulation):
             pool = LocalPool(INFINITE_BLOCKS, cfg.eviction)
             for n in self.nodes:
                 n.pool = pool
-            self.sched.cache_view = _PoolView({n.inst.instance_id: pool for n in self.nodes})
+            self.sched.cache_view = PoolView({n.inst.instance_id: pool for n in self.nodes})
         self.ready_ms: dict[int, float] = {}  # job id -> when its prefetch lands
         self.uses: dict[Any, deque] = {}  # prefix key -> recent reuse times (ms)
         self.replicated = 0

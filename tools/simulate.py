@@ -129,8 +129,8 @@ class _PrefillNode:
     running: _Job | None = None
 
 
-class _PoolView:
-    """The scheduler's CacheView over the simulated pools."""
+class PoolView:
+    """The scheduler's CacheView over the simulated pools (one per prefill instance)."""
 
     __slots__ = ("_pools",)
 
@@ -139,6 +139,16 @@ class _PoolView:
 
     def prefix_blocks(self, instance_id: str, block_keys: Sequence[Hashable]) -> int:
         return self._pools[instance_id].prefix_blocks(block_keys)
+
+
+def simulator_scheduler(pre: list[PrefillInstance], dec: list[DecodeInstance], cfg: SimConfig,
+                        cost: CostModel, view: PoolView) -> Scheduler:
+    """The scheduler the simulation drives, as ``cfg`` sets it up (also used to recompute
+    the live conductor's recorded decisions, ``kvstore.tools.sim_parity``)."""
+    return Scheduler(pre, dec, policy=cfg.scheduler, rejection=cfg.rejection, cost_model=cost,
+                     slo=Slo(cfg.ttft_slo_ms, cfg.tbt_slo_ms), block_tokens=cfg.block_tokens,
+                     balance_ratio=cfg.balance_ratio, cache_view=view, seed=cfg.seed,
+                     departures=cfg.departures, confidence_gone=cfg.confidence_gone)
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,11 +224,8 @@ class _Simulation:
         self.node_of = {n.inst.instance_id: i for i, n in enumerate(self.nodes)}
         self.batches = [DecodeBatch(d, cost) for d in dec]
         self.batch_of = {d.instance_id: i for i, d in enumerate(dec)}
-        view = _PoolView({n.inst.instance_id: n.pool for n in self.nodes})
-        self.sched = Scheduler(pre, dec, policy=cfg.scheduler, rejection=cfg.rejection, cost_model=cost,
-                               slo=Slo(cfg.ttft_slo_ms, cfg.tbt_slo_ms), block_tokens=cfg.block_tokens,
-                               balance_ratio=cfg.balance_ratio, cache_view=view, seed=cfg.seed,
-                               departures=cfg.departures, confidence_gone=cfg.confidence_gone)
+        view = PoolView({n.inst.instance_id: n.pool for n in self.nodes})
+        self.sched = simulator_scheduler(pre, dec, cfg, cost, view)
         if offline is None:
             marks = random.Random(cfg.seed + 1)
             offline = {i for i in range(len(records))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvstore.conductor.health import HealthMonitor, ProbeResult, Role
-from kvstore.conductor.scheduler import DecodeInstance, PrefillInstance, Scheduler
+from kvstore.conductor.scheduler import DecodeInstance, PrefillInstance, SchedRequest, Scheduler
 
 
 def _setup(results: dict[str, list[ProbeResult]], miss_limit: int = 3):
@@ -22,7 +22,8 @@ async def test_down_is_dead_at_once_and_leaves_the_scheduler():
     mon, sched = _setup({"p1": [ProbeResult.DOWN]})
     await mon.probe_all()
     assert not mon.worker("p1").instance.alive
-    assert {sched.pick_prefill(100, 0, None).instance.instance_id for _ in range(5)} == {"p0"}
+    req = SchedRequest("r", prompt_tokens=100)
+    assert {sched.schedule(req, 0.0).prefill.instance.instance_id for _ in range(5)} == {"p0"}
     assert mon.worker("p1").last_error == "scripted"
 
 

@@ -1,4 +1,4 @@
-"""Tests for kvstore.conductor.scheduler: Algorithm 1 on hand-made states, rejection modes, live API."""
+"""Tests for kvstore.conductor.scheduler: Algorithm 1 on hand-made states, rejection modes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from kvstore.conductor.cost_model import CostModel
 from kvstore.conductor.instances import DecodeChoice, DecodeInstance, PrefillInstance, RejectReason, Rejection, SchedRequest
 from kvstore.conductor.policies import SCHEDULING_POLICIES, make_scheduling_policy
 from kvstore.conductor.rejection import REJECTION_POLICIES, DecodeForecaster, Slo
-from kvstore.conductor.scheduler import Rejected, Scheduler
+from kvstore.conductor.scheduler import Scheduler
 
 # 4-token blocks; prefill 1 ms per token; moving one block takes 1 ms;
 # a decode step takes 10 ms + 10 ms per sequence; 1000 KV tokens per decode instance.
@@ -220,62 +220,6 @@ def test_no_live_instances():
     s = sched()
     s.decode[0].alive = False
     assert s.schedule(REQ, 0.0).rejection.reason is RejectReason.NO_INSTANCE
-
-
-# ---------------------------------------------------------------- live conductor API
-
-
-def test_live_pick_prefill_least_load_with_affinity():
-    pre = [PrefillInstance("a", "x:1", queued_tokens=100), PrefillInstance("b", "x:2")]
-    s = Scheduler(pre, [DecodeInstance("d", "x:3")], affinity_tokens=256)
-    c = s.pick_prefill(prompt_tokens=50, cached_tokens=0, first_block_key="k")
-    assert c.instance.instance_id == "b" and c.tokens_to_compute == 50
-    assert c.estimated_load_tokens == 50
-    pre[1].queued_tokens = 120
-    # b computed this prefix last: 120 + 50 - 256 beats a's 100 + 50
-    assert s.pick_prefill(50, 0, "k").instance.instance_id == "b"
-    assert s.pick_prefill(50, 16, None).tokens_to_compute == 34
-    assert s.pick_prefill(50, 0, "other").instance.instance_id == "a"
-
-
-def test_live_pick_decode_and_errors():
-    dec = [DecodeInstance("d0", "x", active_requests=2), DecodeInstance("d1", "y", active_requests=1)]
-    s = Scheduler([PrefillInstance("p", "z")], dec)
-    assert s.pick_decode().instance_id == "d1"
-    for d in dec:
-        d.alive = False
-    with pytest.raises(RuntimeError):
-        s.pick_decode()
-    s.prefill[0].alive = False
-    with pytest.raises(RuntimeError):
-        s.pick_prefill(10, 0, None)
-    with pytest.raises(ValueError):
-        Scheduler([], dec)
-
-
-def test_live_pick_decode_selects_by_the_tbt_slo_as_algorithm_1():
-    # Step = 10 ms + 10 ms per sequence: d0 with 3 requests would step in 50 ms with
-    # this one, d1 with 1 in 30 ms; d1 holds 900 of its 1000 KV tokens, so only d0 fits.
-    dec = [DecodeInstance("d0", "x", active_requests=3, context_tokens=100),
-           DecodeInstance("d1", "y", active_requests=1, context_tokens=900)]
-    s = Scheduler([PrefillInstance("p", "z")], dec, cost_model=COST,
-                  slo=Slo(ttft_ms=math.inf, tbt_ms=60.0))
-    assert s.pick_decode(prompt_tokens=50).instance_id == "d0"    # d1: no KV room
-    dec[1].context_tokens = 100
-    assert s.pick_decode(prompt_tokens=50).instance_id == "d1"    # least predicted TBT
-    s.slo = Slo(ttft_ms=math.inf, tbt_ms=25.0)
-    with pytest.raises(Rejected) as err:
-        s.pick_decode(prompt_tokens=50)
-    assert err.value.rejection.reason is RejectReason.TBT_SLO
-
-
-def test_live_pick_prefill_rejects_past_the_ttft_slo():
-    s = Scheduler([PrefillInstance("p", "z", queued_tokens=500)], [DecodeInstance("d", "x")],
-                  cost_model=COST, slo=Slo(ttft_ms=100.0, tbt_ms=math.inf))
-    with pytest.raises(Rejected) as err:
-        s.pick_prefill(50, 0, None)
-    assert isinstance(err.value, RuntimeError)  # the service maps it like "no live instance"
-    assert err.value.rejection.reason is RejectReason.TTFT_SLO
 
 
 def test_forecaster_uniform_rule():
