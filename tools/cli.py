@@ -50,6 +50,10 @@ def demo(
     save_mode: Optional[str] = typer.Option(
         None, help="prefill KV save: 'sync' (default), 'streamed' (blocks, overlapping "
                  "compute) or 'layerwise' (each layer as computed)"),
+    cost_model: str = typer.Option(
+        "profile", help="cost model of the arrival rate and the conductor: 'profile' (fit it "
+                        "on this machine first, about 10 s), a bundled name (tiny-cpu) or a "
+                        "JSON file"),
 ) -> None:
     """Replay the bundled Mooncake trace on an embedded local cluster, with the prefix
     cache and without it, and compare."""
@@ -81,11 +85,19 @@ def demo(
 
     if save_mode is not None and save_mode not in SAVE_MODES:
         bad(f"--save-mode must be one of {sorted(SAVE_MODES)}, got {save_mode!r}")
+    if cost_model != "profile":
+        from kvstore.conductor.cost_model import load_cost_model
+
+        try:
+            load_cost_model(cost_model)
+        except (OSError, ValueError) as exc:
+            bad(f"--cost-model {cost_model}: {exc}")
     common = dict(requests=requests, trace=trace, out=out, time_scale=time_scale,
                   block_tokens=block_tokens, max_output_tokens=max_output_tokens,
                   node_dram=node_dram, log_dir=log_dir, console=console, save_mode=save_mode,
                   warmup=warmup, window_start=window_start,
-                  target_utilisation=target_utilisation, overload=overload)
+                  target_utilisation=target_utilisation, overload=overload,
+                  cost_model=cost_model)
     try:
         if no_cache or cache_only:
             summaries = [run_demo(use_cache=cache_only, **common)]
@@ -209,6 +221,7 @@ def _register_tools() -> None:
     from kvstore.tools.simulate import simulate_command
     from kvstore.tools.sim_demo import simulate_demo_command
     from kvstore.tools.sim_beyond import simulate_beyond_command
+    from kvstore.tools.sim_parity import simulate_parity_command
 
     app.command("bench", help="Data-plane benchmark: kvstore vs memcpy, raw sockets, Redis.")(
         bench_command)
@@ -222,6 +235,9 @@ def _register_tools() -> None:
     app.command("simulate-demo", help="Replay a `kvstore demo --out` run through the simulator: "
                                       "predicted against measured TTFT and TBT.")(
         simulate_demo_command)
+    app.command("simulate-parity", help="Recompute a live conductor's --decision-log with the "
+                                        "simulator's scheduler; exit 1 if any choice differs.")(
+        simulate_parity_command)
     app.command("certs", help="Write a test CA, a server certificate for --host names and a "
                               "client certificate (mutual TLS).")(certs_command)
     app.command("replay", help="Replay the trace against a running conductor (another "

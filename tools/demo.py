@@ -34,7 +34,7 @@ from pathlib import Path
 import grpc
 from rich.console import Console
 
-from kvstore.conductor.cost_model import load_cost_model
+from kvstore.conductor.cost_model import CostModel, load_cost_model
 from kvstore.engines.kv_saver import SAVE_MODE_ENV
 from kvstore import rpc
 from kvstore._proto import serving_pb2 as spb
@@ -53,7 +53,10 @@ from kvstore.tools.trace import ScaleConfig, ScaledRequest, default_trace_path, 
 log = logging.getLogger(__name__)
 
 COST_MODEL = "tiny-cpu"
-"""The profiled cost model of the bundled engines (``kvstore profile``)."""
+"""The bundled engines' cost model profiled once (``kvstore profile``), for ``--cost-model``."""
+
+PROFILE_NOW = "profile"
+"""``--cost-model`` default: fit the cost model on this machine, now, before the run."""
 
 OVERLOAD_TTFT_SLO_MS = 5_000.0
 """``--overload``: the conductor refuses a request whose estimated TTFT is above this."""
@@ -90,7 +93,7 @@ class DemoPlan:
 
 def plan_demo(*, trace: str | None, requests: int, warmup: int, window_start: int | None,
               time_scale: float | None, target_utilisation: float, scale: ScaleConfig,
-              num_prefill: int = 1) -> DemoPlan:
+              num_prefill: int = 1, cost: CostModel | None = None) -> DemoPlan:
     """Chooses the window and the arrival rate (see demo_window, demo_arrivals).
 
     Args:
@@ -99,6 +102,7 @@ def plan_demo(*, trace: str | None, requests: int, warmup: int, window_start: in
         window_start: first measured request; None picks it.
         time_scale: trace clock multiplier; None derives it from ``target_utilisation``.
         scale: how trace requests shrink (``time_scale`` of it is ignored).
+        cost: the cost model that derives the arrival rate; None: ``COST_MODEL``.
 
     Raises:
         InvalidArgument: the window does not fit the trace.
@@ -108,8 +112,8 @@ def plan_demo(*, trace: str | None, requests: int, warmup: int, window_start: in
     window = pick_window(records, requests, warmup, start=window_start)
     measured_recs = records[window.start:window.start + window.num_requests]
     measured = scale_trace(measured_recs, scale)
-    arrivals = plan_arrivals(measured_recs, measured, load_cost_model(COST_MODEL), num_prefill,
-                             target_utilisation, time_scale)
+    arrivals = plan_arrivals(measured_recs, measured, cost or load_cost_model(COST_MODEL),
+                             num_prefill, target_utilisation, time_scale)
     engine_from = max(window.start - ENGINE_WARMUP_REQUESTS, window.warmup_start)
     fill = store_fill(records, engine_from, window.start + window.num_requests,
                       begin=window.warmup_start)
@@ -162,7 +166,7 @@ def run_demo(*, requests: int, trace: str | None, use_cache: bool, out: str | No
              log_dir: str | None, console: Console, save_mode: str | None = None,
              warmup: int = 0, window_start: int | None = 0,
              target_utilisation: float = DEFAULT_TARGET_UTILISATION,
-             overload: bool = False) -> dict:
+             overload: bool = False, cost_model: str = PROFILE_NOW) -> dict:
     """One mode: start the cluster, warm up, replay the window, print and return the summary.
 
     The defaults of ``warmup`` and ``window_start`` replay the trace's first
@@ -174,18 +178,23 @@ def run_demo(*, requests: int, trace: str | None, use_cache: bool, out: str | No
             None keeps their default. The summary's ``kv_save`` entry reports
             how much of the save time was hidden behind compute.
         overload: arrivals at OVERLOAD_UTILISATION of capacity, conductor TTFT SLO on.
+        cost_model: the conductor's and the arrival rate's cost model: a bundled name
+            or file, or PROFILE_NOW (fit it here first, ``kvstore profile``).
 
     Raises:
         InvalidArgument: the window does not fit the trace.
         ChildFailed: a component died (everything is stopped first).
     """
-    plan, conductor_args = _plan(trace, requests, warmup, window_start, time_scale,
-                                 target_utilisation, overload, block_tokens, max_output_tokens)
     log_dir = log_dir or tempfile.mkdtemp(prefix="kvstore-demo-")
+    cost = _cost_model(cost_model, block_tokens, log_dir, console)
+    plan, conductor_args = _plan(trace, requests, warmup, window_start, time_scale,
+                                 target_utilisation, overload, block_tokens, max_output_tokens,
+                                 cost, log_dir)
     mode = "cache" if use_cache else "no-cache"
     _announce(console, plan, f"{mode} only", log_dir)
     summary = _run_mode(plan, use_cache=use_cache, node_dram=node_dram, log_dir=log_dir,
                         console=console, save_mode=save_mode, conductor_args=conductor_args)
+    summary["cost_model"] = cost.to_dict()
     console.print(render_summary(summary))
     if out:
         Path(out).write_text(json.dumps(summary, indent=2))
@@ -199,23 +208,27 @@ def run_comparison(*, requests: int, trace: str | None, out: str | None,
                    save_mode: str | None = None, warmup: int = 400,
                    window_start: int | None = None,
                    target_utilisation: float = DEFAULT_TARGET_UTILISATION,
-                   overload: bool = False, plot: str | None = None) -> dict:
+                   overload: bool = False, plot: str | None = None,
+                   cost_model: str = PROFILE_NOW) -> dict:
     """Both modes on the same requests; prints the side-by-side table, writes the
     TTFT plot (``plot``, default beside ``out`` or in the log folder) and ``out``.
 
     Returns:
         ``{"cache", "no_cache", "comparison", "window", "arrivals", "trace",
-        "block_tokens", "overload", "plot", "wall_s"}``: each mode's summary as
-        :func:`run_demo` returns it, and their comparison (demo_compare).
+        "block_tokens", "overload", "plot", "wall_s", "cost_model"}``: each mode's
+        summary as :func:`run_demo` returns it, their comparison (demo_compare),
+        and the cost model used (``CostModel.to_dict``).
 
     Raises:
         InvalidArgument: the window does not fit the trace.
         ChildFailed: a component died (everything is stopped first).
     """
     started = time.perf_counter()
-    plan, conductor_args = _plan(trace, requests, warmup, window_start, time_scale,
-                                 target_utilisation, overload, block_tokens, max_output_tokens)
     log_dir = log_dir or tempfile.mkdtemp(prefix="kvstore-demo-")
+    cost = _cost_model(cost_model, block_tokens, log_dir, console)
+    plan, conductor_args = _plan(trace, requests, warmup, window_start, time_scale,
+                                 target_utilisation, overload, block_tokens, max_output_tokens,
+                                 cost, log_dir)
     _announce(console, plan, "cache against no cache", log_dir)
     runs = {}
     for use_cache, key in ((True, "cache"), (False, "no_cache")):
@@ -241,22 +254,39 @@ def run_comparison(*, requests: int, trace: str | None, out: str | None,
               "overload": overload, "conductor_args": list(conductor_args),
               "cache": runs["cache"], "no_cache": runs["no_cache"], "comparison": comparison,
               "plot": None if why_not else str(plot_path),
-              "wall_s": time.perf_counter() - started}
+              "wall_s": time.perf_counter() - started, "cost_model": cost.to_dict()}
     if out:
         Path(out).write_text(json.dumps(result, indent=2))
         console.print(f"both summaries and the comparison written to {out}")
     return result
 
 
+def _cost_model(name: str, block_tokens: int, log_dir: str, console: Console) -> CostModel:
+    """``name`` loaded, or with PROFILE_NOW fitted on this machine now (about 10 s)."""
+    if name != PROFILE_NOW:
+        return load_cost_model(name)
+    from kvstore.tools.profile import profile
+
+    with console.status("profiling the engines' cost model on this machine (kvstore profile)"):
+        cost, _ = profile("tiny", block_tokens=block_tokens, name="tiny-cpu-now")
+    return cost
+
+
 def _plan(trace, requests, warmup, window_start, time_scale, target_utilisation, overload,
-          block_tokens, max_output_tokens) -> tuple[DemoPlan, tuple[str, ...]]:
-    """The plan and the conductor's extra options (the SLO under ``overload``)."""
+          block_tokens, max_output_tokens, cost: CostModel, log_dir: str
+          ) -> tuple[DemoPlan, tuple[str, ...]]:
+    """The plan and the conductor's extra options: its cost model (written to the log
+    folder) and, under ``overload``, the TTFT SLO."""
     scale = ScaleConfig(block_tokens=block_tokens, max_output_tokens=max_output_tokens)
     target = OVERLOAD_UTILISATION if overload else target_utilisation
     plan = plan_demo(trace=trace, requests=requests, warmup=warmup, window_start=window_start,
-                     time_scale=time_scale, target_utilisation=target, scale=scale)
-    args = (("--cost-model", COST_MODEL, "--ttft-slo-ms", f"{OVERLOAD_TTFT_SLO_MS:g}")
-            if overload else ())
+                     time_scale=time_scale, target_utilisation=target, scale=scale, cost=cost)
+    path = Path(log_dir) / "cost_model.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cost.save(path)
+    args = ("--cost-model", str(path))
+    if overload:
+        args += ("--ttft-slo-ms", f"{OVERLOAD_TTFT_SLO_MS:g}")
     return plan, args
 
 

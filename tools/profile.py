@@ -39,7 +39,7 @@ from kvstore.conductor.cost_model import CostModel, cost_models_dir, fit_decode,
 logger = logging.getLogger(__name__)
 
 PREFILL_NEW_TOKENS = (16, 128, 512)
-PREFILL_CACHED_TOKENS = (0, 512, 1536)
+PREFILL_CACHED_TOKENS = (0, 512, 1536, 3072)
 DECODE_BATCH_SIZES = (1, 4, 16)
 DECODE_CONTEXT_TOKENS = (64, 512, 1024)
 TRANSFER_SIZES_BYTES = (64 << 10, 1 << 20, 8 << 20, 32 << 20)

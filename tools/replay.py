@@ -60,6 +60,7 @@ async def _one(stub, req: ScaledRequest, run_id: str, t0: float, timeout_s: floa
                 result.decode_instance = m.decode_instance or None
                 if not chunk.error and not chunk.rejected:
                     result.ttft_ms = m.ttft_ms
+                    result.prefill_ms, result.prefill_queue_ms = m.prefill_ms, m.queue_ms
                     result.tbt_ms = m.tbt_ms if m.output_tokens > 1 else None
                 hits, total = m.hit_blocks, m.total_blocks
         if result.error is None and not result.rejected and len(tokens) != req.max_tokens:

@@ -48,6 +48,8 @@ class RequestResult:
     error: str | None = None  # failure message; None on success
     prefill_instance: str | None = None  # prefill engine that served it
     decode_instance: str | None = None  # decode engine that served it
+    prefill_ms: float | None = None  # the prefill engine's time on it (load, compute, save)
+    prefill_queue_ms: float | None = None  # its wait in the prefill engine's queue
 
     @property
     def completed(self) -> bool:
@@ -138,7 +140,10 @@ def summarize(
         "per_request": [
             {
                 "index": r.index,
+                "prompt_tokens": r.prompt_tokens,
                 "cached_tokens": r.cached_tokens,
+                "prefill_ms": r.prefill_ms,
+                "prefill_queue_ms": r.prefill_queue_ms,
                 "output_digest": r.output_digest,
                 "ttft_ms": r.ttft_ms,
                 "tbt_ms": r.tbt_ms,

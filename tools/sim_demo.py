@@ -5,7 +5,9 @@ arrival clock, blocks of ``block_tokens`` tokens, instance counts) is rebuilt
 exactly as the demo built it (:func:`kvstore.tools.demo.plan_demo`, which is
 deterministic), and the same requests, with the same arrival times and the
 output lengths the engines produced, go through the simulator
-(:mod:`kvstore.tools.simulate`) with the demo's cost model, in both modes::
+(:mod:`kvstore.tools.simulate`) with the demo's cost model (the one ``kvstore
+demo`` fitted on its machine just before the run, recorded in ``FILE``), in
+both modes::
 
     cache     one pool per prefill instance, big enough for the window, holding
               the warm-up's blocks before the first arrival (as the store did)
@@ -32,7 +34,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
-from kvstore.conductor.cost_model import load_cost_model
+from kvstore.conductor.cost_model import CostModel, load_cost_model
 from kvstore.errors import InvalidArgument
 from kvstore.tools.demo import COST_MODEL, OVERLOAD_TTFT_SLO_MS, plan_demo
 from kvstore.tools.simulate import SimConfig, simulate
@@ -42,7 +44,7 @@ from kvstore.tools.trace import ScaleConfig, TraceRecord, default_trace_path, lo
 COMPARED = (("ttft_ms", "mean"), ("ttft_ms", "p90"), ("tbt_ms", "mean"), ("tbt_ms", "p90"))
 
 
-def _plan(demo: dict[str, Any]):
+def _plan(demo: dict[str, Any], cost: CostModel):
     """The demo's plan, rebuilt as the demo built it, and the trace it came from."""
     name = demo.get("trace")
     path = default_trace_path("conversation")
@@ -54,7 +56,7 @@ def _plan(demo: dict[str, Any]):
                      window_start=w["start"], time_scale=a["time_scale"],
                      target_utilisation=a["target_utilisation"],
                      scale=ScaleConfig(block_tokens=demo["block_tokens"]),
-                     num_prefill=a["num_prefill"])
+                     num_prefill=a["num_prefill"], cost=cost)
     return plan, load_trace(path)
 
 
@@ -75,7 +77,8 @@ def like_demo(demo_file: str | Path, cost_model: str | None = None) -> dict[str,
 
     Args:
         demo_file: the JSON of ``kvstore demo --out`` (both modes).
-        cost_model: a cost model name or file; None: the demo's (``tiny-cpu``).
+        cost_model: a cost model name or file; None: the demo's (the one it profiled
+            before its run, recorded in the file; older files: ``tiny-cpu``).
 
     Returns:
         ``{"cost_model", "requests", "cache": {...}, "no_cache": {...}}``, each mode
@@ -88,9 +91,12 @@ def like_demo(demo_file: str | Path, cost_model: str | None = None) -> dict[str,
     demo = json.loads(Path(demo_file).read_text())
     if not all(k in demo for k in ("cache", "no_cache", "window", "arrivals", "block_tokens")):
         raise InvalidArgument(f"{demo_file}: not the JSON of a two-mode `kvstore demo --out`")
-    cost = load_cost_model(cost_model or demo["arrivals"].get("cost_model") or COST_MODEL)
+    if cost_model is None and isinstance(demo.get("cost_model"), dict):
+        cost = CostModel.from_dict(demo["cost_model"])
+    else:
+        cost = load_cost_model(cost_model or demo["arrivals"].get("cost_model") or COST_MODEL)
     out: dict[str, Any] = {"cost_model": cost.name}
-    plan, trace = _plan(demo)
+    plan, trace = _plan(demo, cost)
     for key, use_cache in (("cache", True), ("no_cache", False)):
         mode = demo[key]
         warm, measured = _records(plan, trace, mode)
