@@ -1,5 +1,8 @@
 """Decode engine process: load a request's KV blocks, generate greedily with continuous batching.
 
+A request ends after ``max_tokens`` tokens or after one of its
+``stop_token_ids`` (the model's EOS, streamed like any token).
+
 One worker thread owns the model and the KV pages. Each iteration it admits
 the requests that arrived (loading their blocks from the store straight into
 pages), runs one batched decode step for every running request, streams each
@@ -128,7 +131,7 @@ class DecodeWorker:
             j.last_token = tok
             j.produced += 1
             j.emit(tok)
-            if j.produced >= j.req.max_tokens:
+            if j.produced >= j.req.max_tokens or tok in j.req.stop_token_ids:
                 self.cache.free(j.seq)
                 j.emit(_DONE)
             else:
@@ -141,7 +144,7 @@ class DecodeServicer(spb_grpc.DecodeEngineServicer):
         self.worker = worker
 
     async def Decode(self, request, context):
-        if request.max_tokens <= 1:
+        if request.max_tokens <= 1 or request.first_token in request.stop_token_ids:
             return
         job = DecodeJob(request, asyncio.Queue(), asyncio.get_running_loop())
         self.worker.inbox.put(job)
