@@ -235,7 +235,7 @@ class Conductor:
             yield spb.GenerateChunk(tokens=[pre.first_token])
             produced = 1
             t_last = t_first
-            if request.max_tokens > 1 and pre.first_token not in request.stop_token_ids:
+            if request.max_tokens > 1:
                 def reprefill() -> Awaitable[spb.PrefillResponse]:
                     return self._prefill(request, prompt, cached, first_key, metrics)
                 async with aclosing(self._decode(request, prompt, pre, reprefill, metrics)) as stream:
