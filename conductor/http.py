@@ -90,7 +90,7 @@ class _ClientFaults(logging.Filter):
 _server_log = logging.getLogger(__name__ + ".server")
 _server_log.addFilter(_ClientFaults())
 
-# --------------------------------------------------------------------------- requests
+# --------------------------------------------------------------------------- routes
 
 _ROUTES = frozenset({"POST /v1/completions", "POST /v1/chat/completions", "GET /v1/models",
                      "GET /health"})
