@@ -2,19 +2,26 @@
 
 Routes::
 
-    POST /v1/completions   prompt as text or token ids (one or a batch), max_tokens,
-                           stream (SSE, ``data: {...}`` events, then ``data: [DONE]``)
-    GET  /v1/models        the one served model
-    GET  /health           worker liveness; 200 while a prefill and a decode
-                           instance are alive, else 503
+    POST /v1/completions        prompt as text or token ids (one or a batch), max_tokens,
+                                stream (SSE, ``data: {...}`` events, then ``data: [DONE]``)
+    POST /v1/chat/completions   messages through the model folder's chat template
+                                (:mod:`kvstore.conductor.chat`), max_tokens /
+                                max_completion_tokens, stream (``chat.completion.chunk``)
+    GET  /v1/models             the one served model
+    GET  /health                worker liveness; 200 while a prefill and a decode
+                                instance are alive, else 503
 
-The front is thin: it parses a request into :class:`CompletionRequest`, runs
-every prompt through a :class:`Backend` (the in-process :class:`Conductor`,
-or a remote one over gRPC) and writes OpenAI-shaped JSON. Decoding is
-greedy, so ``temperature``, ``top_p``, ``seed`` and the penalties are
-accepted and ignored; ``n``, ``best_of``, ``echo``, ``logprobs``, ``stop``
-and ``suffix`` are refused with 400 unless they ask for the default, and any
-other field (images, tools, ...) is refused with 400 naming it, never ignored.
+The front is thin: it parses a request into :class:`CompletionRequest`
+(:mod:`kvstore.conductor.openai_schema`), runs every prompt through a
+:class:`Backend` (the in-process :class:`Conductor`, or a remote one over
+gRPC) and writes OpenAI-shaped JSON. Text goes through the front's
+tokenizer (:mod:`kvstore.conductor.tokenizer`): the byte tokenizer of the
+demo model or a model folder's ``tokenizer.json``, whose stop tokens (EOS)
+end generation. Decoding is greedy, so ``temperature``, ``top_p``, ``seed``
+and the penalties are accepted and ignored; ``n``, ``best_of``, ``echo``,
+``logprobs``, ``stop`` and ``suffix`` are refused with 400 unless they ask
+for the default, and any other field (images, tools, ...) is refused with
+400 naming it, never ignored.
 
 Extensions to the OpenAI schema: every choice (and every streamed chunk)
 carries ``token_ids``, the generated token ids; a finished choice carries
@@ -46,7 +53,6 @@ from typing import AsyncIterator, Protocol
 import grpc
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
-from google.protobuf.json_format import MessageToDict
 
 from kvstore._proto import serving_pb2 as spb
 from kvstore import rpc
@@ -55,7 +61,11 @@ from kvstore.binding import check_binding
 from kvstore.rpc import ClientCredentials, ServerSecurity
 from kvstore.tls import server_context
 from kvstore._proto import serving_pb2_grpc as spb_grpc
-from kvstore.conductor.tokenizer import ByteTokenizer
+from kvstore.conductor.chat import ChatShape, parse_chat
+from kvstore.conductor.openai_schema import (  # noqa: F401  (re-exported: the front's schema)
+    DEFAULT_MAX_TOKENS, HTTP_STATUS, KNOWN_FIELDS, MAX_BATCH_PROMPTS, MAX_TOKENS_LIMIT,
+    CompletionRequest, HttpError, TextShape, failed, failure_of, parse_completion)
+from kvstore.conductor.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer  # noqa: F401
 from kvstore.process import announce_ready, wait_for_stop_signal
 
 log = logging.getLogger(__name__)
@@ -80,168 +90,10 @@ class _ClientFaults(logging.Filter):
 _server_log = logging.getLogger(__name__ + ".server")
 _server_log.addFilter(_ClientFaults())
 
-DEFAULT_MAX_TOKENS = 16     # OpenAI's default for /v1/completions
-MAX_TOKENS_LIMIT = 2**32 - 1    # what GenerateRequest.max_tokens (uint32) can carry
-MAX_BATCH_PROMPTS = 64
+# --------------------------------------------------------------------------- routes
 
-#: gRPC status name of a failed request -> HTTP status. A request with
-#: ``rejected`` set is always 429; a name not listed is 500.
-HTTP_STATUS = {
-    "INVALID_ARGUMENT": 400,
-    "RESOURCE_EXHAUSTED": 429,
-    "UNAVAILABLE": 503,
-    "DEADLINE_EXCEEDED": 504,
-}
-_ERROR_TYPE = {400: "invalid_request_error", 401: "authentication_error",
-               403: "permission_error", 404: "not_found_error", 429: "rejected",
-               503: "service_unavailable", 504: "timeout"}
-
-
-# --------------------------------------------------------------------------- requests
-
-_ROUTES = frozenset({"POST /v1/completions", "GET /v1/models", "GET /health"})
-
-
-class HttpError(Exception):
-    """An error answered in OpenAI's shape: ``{"error": {message, type, param, code}}``."""
-
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None):
-        super().__init__(message)
-        self.status = status
-        self.param = param
-        self.code = code
-
-    def body(self) -> dict:
-        return {"error": {"message": str(self), "type": _ERROR_TYPE.get(self.status, "server_error"),
-                          "param": self.param, "code": self.code}}
-
-    def response(self) -> web.Response:
-        headers = {"Retry-After": "1"} if self.status == 429 else None
-        return web.json_response(self.body(), status=self.status, headers=headers)
-
-
-@dataclass(frozen=True, slots=True)
-class CompletionRequest:
-    """A parsed ``/v1/completions`` body."""
-
-    model: str
-    prompts: tuple[tuple[int, ...], ...]   # token ids of each prompt (a batch: several)
-    max_tokens: int                        # per prompt, the first token included
-    stream: bool
-    include_usage: bool                    # stream_options.include_usage
-
-
-#: Every field of a /v1/completions body the front honours or checks; any other is 400.
-#: temperature, top_p, seed and the penalties are accepted and change nothing
-#: (greedy decoding); user is the caller's label.
-KNOWN_FIELDS = frozenset({
-    "model", "prompt", "max_tokens", "stream", "stream_options", "n", "best_of", "echo",
-    "logprobs", "suffix", "stop", "temperature", "top_p", "seed", "frequency_penalty",
-    "presence_penalty", "logit_bias", "user"})
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def parse_completion(body, model_name: str, tokenizer: ByteTokenizer) -> CompletionRequest:
-    """Validate a ``/v1/completions`` JSON body.
-
-    Raises:
-        HttpError: 400 for invalid or unsupported fields, 404 for another model.
-    """
-    if not isinstance(body, dict):
-        raise HttpError(400, "the body must be a JSON object")
-    unknown = sorted(set(body) - KNOWN_FIELDS)
-    if unknown:
-        # Never ignored: a field the front cannot honour (an image, a tool call,
-        # a sampling option it has no code for) would change what the caller
-        # gets, or which cached KV a different input reuses.
-        raise HttpError(400, f"'{unknown[0]}' is not supported here (known fields: "
-                             f"{', '.join(sorted(KNOWN_FIELDS))})", unknown[0])
-    if body.get("logit_bias") not in (None, {}):
-        raise HttpError(400, "'logit_bias' is not supported (greedy decoding)", "logit_bias")
-    model = body.get("model")
-    if not isinstance(model, str):
-        raise HttpError(400, "'model' is required", "model")
-    if model != model_name:
-        raise HttpError(404, f"model {model!r} is not served here; this server serves {model_name!r}",
-                        "model", "model_not_found")
-    prompts = _parse_prompts(body.get("prompt"), tokenizer)
-    max_tokens = body.get("max_tokens")
-    if max_tokens is None:
-        max_tokens = DEFAULT_MAX_TOKENS
-    if not _is_int(max_tokens) or not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
-        raise HttpError(400, f"'max_tokens' must be an integer in [1, {MAX_TOKENS_LIMIT}], "
-                             f"got {str(max_tokens)[:40]}", "max_tokens")
-    for name, default in (("n", 1), ("best_of", 1), ("echo", False), ("logprobs", None),
-                          ("suffix", None)):
-        value = body.get(name)
-        if value is not None and value != default:
-            raise HttpError(400, f"'{name}'={value!r} is not supported (greedy decoding, one choice)",
-                            name)
-    if body.get("stop") not in (None, [], ""):
-        raise HttpError(400, "'stop' is not supported", "stop")
-    stream = body.get("stream") or False
-    if not isinstance(stream, bool):
-        raise HttpError(400, "'stream' must be a boolean", "stream")
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise HttpError(400, "'stream_options' must be an object", "stream_options")
-    if set(options) - {"include_usage"}:
-        raise HttpError(400, f"'stream_options.{sorted(set(options) - {'include_usage'})[0]}' "
-                             f"is not supported", "stream_options")
-    return CompletionRequest(model, prompts, max_tokens, stream,
-                             bool(stream and options.get("include_usage")))
-
-
-def _parse_prompts(prompt, tokenizer: ByteTokenizer) -> tuple[tuple[int, ...], ...]:
-    """str | list[str] | list[int] | list[list[int]] -> token ids per prompt."""
-    if isinstance(prompt, str):
-        batch = [prompt]
-    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
-        batch = [prompt]
-    elif isinstance(prompt, list) and prompt:
-        batch = prompt
-    else:
-        raise HttpError(400, "'prompt' must be a non-empty string, list of strings, list of token "
-                        "ids or list of token id lists", "prompt")
-    if len(batch) > MAX_BATCH_PROMPTS:
-        raise HttpError(400, f"at most {MAX_BATCH_PROMPTS} prompts per request, got {len(batch)}",
-                        "prompt")
-    out = []
-    for p in batch:
-        if isinstance(p, str):
-            try:
-                ids = tokenizer.encode(p)
-            except UnicodeEncodeError:      # JSON may escape a lone surrogate ("\ud800")
-                raise HttpError(400, "a text prompt must be valid Unicode (it holds a lone "
-                                     "surrogate)", "prompt") from None
-        elif isinstance(p, list) and all(_is_int(t) for t in p):
-            ids = p
-        else:
-            raise HttpError(400, "a batch must hold only strings or only token id lists", "prompt")
-        if not ids:
-            raise HttpError(400, "a prompt must hold at least one token", "prompt")
-        bad = [t for t in ids if not 0 <= t < tokenizer.vocab_size]
-        if bad:
-            raise HttpError(400, f"token id {bad[0]} is outside the vocabulary "
-                            f"[0, {tokenizer.vocab_size})", "prompt")
-        out.append(tuple(ids))
-    return tuple(out)
-
-
-def failure_of(chunk: spb.GenerateChunk) -> HttpError:
-    """The HTTP error of a failed request's last chunk (see :data:`HTTP_STATUS`)."""
-    status = 429 if chunk.rejected and chunk.error_code != "INVALID_ARGUMENT" else \
-        HTTP_STATUS.get(chunk.error_code, 500)
-    return HttpError(status, chunk.error or "request failed", code=(chunk.error_code or None)
-                     and chunk.error_code.lower())
-
-
-def _failed(chunk: spb.GenerateChunk) -> bool:
-    return chunk.done and (chunk.rejected or bool(chunk.error))
+_ROUTES = frozenset({"POST /v1/completions", "POST /v1/chat/completions", "GET /v1/models",
+                     "GET /health"})
 
 
 # --------------------------------------------------------------------------- backends
@@ -302,7 +154,10 @@ class HttpFront:
     Args:
         backend: where requests run.
         model_name: the model id clients name in ``model``.
-        tokenizer: text <-> token ids.
+        tokenizer: text <-> token ids, the stop tokens and the chat template
+            (:func:`kvstore.conductor.tokenizer.load_tokenizer`).
+        max_model_len: the model's context in tokens (bounds a chat request's
+            default ``max_tokens``); None: unknown.
         security: with tokens, every request but ``/health`` needs
             ``Authorization: Bearer TOKEN`` of a client (or admin): 401 without
             or with an unknown one, 403 for another role; with TLS files the
@@ -310,17 +165,19 @@ class HttpFront:
             to an authenticated caller.
     """
 
-    def __init__(self, backend: Backend, model_name: str, tokenizer: ByteTokenizer,
+    def __init__(self, backend: Backend, model_name: str, tokenizer: Tokenizer,
                  security: ServerSecurity | None = None, draining=lambda: False,
-                 metrics=None):
+                 metrics=None, max_model_len: int | None = None):
         self.backend = backend
         self.draining = draining       # () -> bool: the process got SIGTERM
         self.metrics = metrics         # a kvstore.metrics.ProcessMetrics: requests counted
         self.model_name = model_name
         self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
         self.security = security or ServerSecurity()
         self.app = web.Application(middlewares=[self._count, self._authenticate])
         self.app.add_routes([web.post("/v1/completions", self.completions),
+                             web.post("/v1/chat/completions", self.chat_completions),
                              web.get("/v1/models", self.models),
                              web.get("/health", self.health)])
         self._runner: web.AppRunner | None = None
@@ -401,6 +258,14 @@ class HttpFront:
         return web.json_response(body, status=200 if ok else 503)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, lambda body: parse_completion(
+            body, self.model_name, self.tokenizer))
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, lambda body: parse_chat(
+            body, self.model_name, self.tokenizer, self.max_model_len))
+
+    async def _serve(self, request: web.Request, parse) -> web.StreamResponse:
         if self.draining():
             return HttpError(503, "this front is draining (shutting down); retry on "
                                   "another").response()
@@ -414,7 +279,7 @@ class HttpFront:
             log.info("a client went away before its request body was complete")
             return HttpError(400, "the request body ended early").response()
         try:
-            req = parse_completion(body, self.model_name, self.tokenizer)
+            req = parse(body)
         except HttpError as exc:
             return exc.response()
         run = _Completion(self, req)
@@ -430,16 +295,20 @@ class HttpFront:
 
 
 class _Completion:
-    """One ``/v1/completions`` request: its prompts' streams, merged by choice index."""
+    """One completions or chat request: its prompts' streams, merged by choice index;
+    generation stops after the tokenizer's stop tokens."""
 
     def __init__(self, front: HttpFront, req: CompletionRequest):
         self.front = front
         self.req = req
-        self.id = f"cmpl-{uuid.uuid4().hex}"
+        self.shape = ChatShape() if req.chat else TextShape()
+        self.id = f"{self.shape.id_prefix}{uuid.uuid4().hex}"
         self.created = int(time.time())
+        self.stops = frozenset(front.tokenizer.stop_token_ids)
         self.gens = [front.backend.generate(spb.GenerateRequest(
             request_id=f"{self.id}-{i}", prompt_tokens=p, max_tokens=req.max_tokens,
-            arrival_ms=time.time() * 1000.0)) for i, p in enumerate(req.prompts)]
+            arrival_ms=time.time() * 1000.0, stop_token_ids=sorted(self.stops)))
+            for i, p in enumerate(req.prompts)]
         self.firsts: list[spb.GenerateChunk] = []
         self._tasks: list[asyncio.Task] = []
 
@@ -450,7 +319,7 @@ class _Completion:
         so they reach the client as an HTTP status, streamed or not.
         """
         self.firsts = list(await asyncio.gather(*(g.__anext__() for g in self.gens)))
-        bad = [c for c in self.firsts if _failed(c)]
+        bad = [c for c in self.firsts if failed(c)]
         if not bad:
             return None
         return failure_of(next((c for c in bad if c.rejected), bad[0]))
@@ -478,36 +347,37 @@ class _Completion:
         for g in self.gens:
             await g.aclose()
 
-    def _choice(self, i: int, text: str, token_ids: list[int], done: spb.GenerateChunk | None) -> dict:
-        c = {"index": i, "text": text, "logprobs": None, "finish_reason": None,
-             "token_ids": token_ids}
-        if done is not None:
-            c["finish_reason"] = "length" if done.metrics.output_tokens >= self.req.max_tokens \
-                else "stop"
-            c["metrics"] = MessageToDict(done.metrics, preserving_proto_field_name=True)
-        return c
+    def _finish(self, done: spb.GenerateChunk | None, last: int | None) -> str | None:
+        """finish_reason: "stop" after a stop token (or fewer tokens than asked), else "length"."""
+        if done is None:
+            return None
+        if last in self.stops or done.metrics.output_tokens < self.req.max_tokens:
+            return "stop"
+        return "length"
 
     def _usage(self, completion_tokens: int) -> dict:
         prompt_tokens = sum(len(p) for p in self.req.prompts)
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens}
 
-    def _envelope(self, choices: list[dict]) -> dict:
-        return {"id": self.id, "object": "text_completion", "created": self.created,
-                "model": self.req.model, "choices": choices}
+    def _envelope(self, choices: list[dict], chunk: bool = False) -> dict:
+        return {"id": self.id, "object": self.shape.chunk_object if chunk else self.shape.object,
+                "created": self.created, "model": self.req.model, "choices": choices}
 
     async def collect(self) -> web.Response:
         tokens: list[list[int]] = [[] for _ in self.gens]
         done: list[spb.GenerateChunk | None] = [None] * len(self.gens)
         async with aclosing(self._events()) as events:
             async for i, chunk in events:
-                if _failed(chunk):
+                if failed(chunk):
                     return failure_of(chunk).response()
                 tokens[i].extend(chunk.tokens)
                 if chunk.done:
                     done[i] = chunk
         tok = self.front.tokenizer
-        out = self._envelope([self._choice(i, tok.decode(t), t, done[i]) for i, t in enumerate(tokens)])
+        out = self._envelope([self.shape.choice(i, tok.decode(t), t,
+                                                self._finish(done[i], t[-1] if t else None), done[i])
+                              for i, t in enumerate(tokens)])
         out["usage"] = self._usage(sum(len(t) for t in tokens))
         return web.json_response(out)
 
@@ -516,24 +386,33 @@ class _Completion:
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
         decoders = [self.front.tokenizer.stream_decoder() for _ in self.gens]
+        last: list[int | None] = [None] * len(self.gens)
         produced = 0
         try:
+            for i in range(len(self.gens)):
+                first = self.shape.first_chunk(i)
+                if first is not None:
+                    await _sse(resp, self._envelope([first], chunk=True))
             async with aclosing(self._events()) as events:
                 async for i, chunk in events:
-                    if _failed(chunk):
+                    if failed(chunk):
                         await _sse(resp, failure_of(chunk).body())
                         return resp
                     produced += len(chunk.tokens)
+                    if chunk.tokens:
+                        last[i] = chunk.tokens[-1]
                     text = decoders[i].feed(list(chunk.tokens))
                     if chunk.done:
                         text += decoders[i].flush()
                     if chunk.tokens or chunk.done:
-                        await _sse(resp, self._envelope([self._choice(
-                            i, text, list(chunk.tokens), chunk if chunk.done else None)]))
+                        done = chunk if chunk.done else None
+                        await _sse(resp, self._envelope([self.shape.chunk_choice(
+                            i, text, list(chunk.tokens), self._finish(done, last[i]), done)],
+                            chunk=True))
             if self.req.include_usage:
-                last = self._envelope([])
-                last["usage"] = self._usage(produced)
-                await _sse(resp, last)
+                tail = self._envelope([], chunk=True)
+                tail["usage"] = self._usage(produced)
+                await _sse(resp, tail)
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
         except ConnectionError:
@@ -553,6 +432,7 @@ class FrontConfig:
 
     conductor: str                 # conductor gRPC address host:port
     model: str = "tiny"            # "tiny" or a Hugging Face style folder
+    tokenizer: str = ""            # "" : the model's own; "byte"; or a folder with tokenizer.json
     served_model_name: str = ""    # model id clients use ("" : ``model``)
     host: str = "127.0.0.1"
     port: int = 0                  # 0: a free port
@@ -566,9 +446,11 @@ async def serve_front(cfg: FrontConfig) -> None:
     from kvstore.client.models import model_config
 
     check_binding("http", cfg.host, cfg.security.tokens is not None, cfg.insecure)
+    mcfg = model_config(cfg.model)
+    tokenizer = load_tokenizer(cfg.model, cfg.tokenizer, mcfg.vocab_size)
     backend = GrpcBackend(cfg.conductor, cfg.creds)
-    front = HttpFront(backend, cfg.served_model_name or cfg.model,
-                      ByteTokenizer(model_config(cfg.model).vocab_size), cfg.security)
+    front = HttpFront(backend, cfg.served_model_name or cfg.model, tokenizer, cfg.security,
+                      max_model_len=mcfg.max_position_embeddings)
     port = await front.start(cfg.host, cfg.port)
     if cfg.security.tokens is not None:
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, cfg.security.tokens.reload)

@@ -59,6 +59,7 @@ from kvstore import rpc
 from kvstore.auth import Role
 from kvstore.binding import advertised_host, check_binding
 from kvstore.conductor.metrics import ConductorMetrics
+from kvstore.conductor.tokenizer import load_tokenizer
 from kvstore.errors import RETRYABLE_STATUS
 from kvstore.health import Health, State, drain
 from kvstore.metrics import MetricsConfig, ProcessMetrics, check_metrics_binding, start_metrics
@@ -66,6 +67,9 @@ from kvstore.process import announce_ready, wait_for_stop_signal
 from kvstore.rpc import ClientCredentials, ServerSecurity
 
 log = logging.getLogger(__name__)
+
+#: At most this many ``GenerateRequest.stop_token_ids``.
+MAX_STOP_TOKENS = 64
 
 
 def _ms() -> float:
@@ -230,12 +234,13 @@ class Conductor:
         prompt = list(request.prompt_tokens)
         metrics = spb.RequestMetrics(prompt_tokens=len(prompt))
         m = self.metrics
-        if not prompt or request.max_tokens < 1:
+        if not prompt or request.max_tokens < 1 or len(request.stop_token_ids) > MAX_STOP_TOKENS:
             if m is not None:
                 m.rejected.labels("invalid").inc()
                 m.outcomes.labels("rejected").inc()
             yield spb.GenerateChunk(done=True, rejected=True, metrics=metrics,
-                                    error="prompt must be non-empty and max_tokens >= 1",
+                                    error=f"prompt must be non-empty, max_tokens >= 1 and "
+                                          f"stop_token_ids at most {MAX_STOP_TOKENS}",
                                     error_code=grpc.StatusCode.INVALID_ARGUMENT.name)
             return
         produced = 0
@@ -386,7 +391,8 @@ class Conductor:
             call = self._decode_stubs[dec.instance_id].Decode(spb.DecodeRequest(
                 request_id=request.request_id, prompt_tokens=request.prompt_tokens,
                 first_token=pre.first_token, max_tokens=request.max_tokens,
-                block_keys=pre.block_keys, tail_key=pre.tail_key))
+                block_keys=pre.block_keys, tail_key=pre.tail_key,
+                stop_token_ids=request.stop_token_ids))
             got = 0
             try:
                 while True:
@@ -451,6 +457,7 @@ class ConductorConfig:
     prefill: tuple[str, ...]             # prefill engines as [ID=]host:port
     decode: tuple[str, ...]              # decode engines as [ID=]host:port
     model: str = "tiny"                  # "tiny" or a Hugging Face style folder
+    tokenizer: str = ""                  # HTTP front: "" the model's own, "byte", or a folder
     block_tokens: int = 16
     use_cache: bool = True               # False: never read the prefix cache
     host: str = "127.0.0.1"
@@ -516,6 +523,10 @@ async def serve(cfg: ConductorConfig) -> None:
     if cfg.http_port is not None:
         check_binding("conductor HTTP front", cfg.http_host, authenticated, cfg.insecure)
     check_metrics_binding("conductor", cfg.metrics, cfg.host, authenticated, cfg.insecure)
+    mcfg = model_config(cfg.model)
+    # Loaded before anything listens: a folder without tokenizer.json fails at startup.
+    tokenizer = load_tokenizer(cfg.model, cfg.tokenizer, mcfg.vocab_size) \
+        if cfg.http_port is not None else None
     namespace = namespace_for_model(cfg.model, cfg.block_tokens)
     slo = Slo(ttft_ms=cfg.ttft_slo_ms, tbt_ms=cfg.tbt_slo_ms)
     rejection = cfg.rejection
@@ -545,12 +556,13 @@ async def serve(cfg: ConductorConfig) -> None:
     info = {"role": "conductor", "address": f"{host}:{port}", "port": port}
     http = None
     if cfg.http_port is not None:
-        from kvstore.conductor.http import ByteTokenizer, HttpFront, LocalBackend
+        from kvstore.conductor.http import HttpFront, LocalBackend
 
         http = HttpFront(LocalBackend(conductor), model_name=cfg.served_model_name or cfg.model,
-                         tokenizer=ByteTokenizer(model_config(cfg.model).vocab_size),
-                         security=cfg.security, draining=lambda: health.state is State.DRAINING,
-                         metrics=metrics if observed else None)
+                         tokenizer=tokenizer, security=cfg.security,
+                         draining=lambda: health.state is State.DRAINING,
+                         metrics=metrics if observed else None,
+                         max_model_len=mcfg.max_position_embeddings)
         http_port = await http.start(cfg.http_host, cfg.http_port)
         http_host = advertised_host(cfg.http_host, cfg.advertise_host,
                                     toward=cfg.master.split("|")[0])

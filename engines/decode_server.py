@@ -1,5 +1,8 @@
 """Decode engine process: load a request's KV blocks, generate greedily with continuous batching.
 
+A request ends after ``max_tokens`` tokens or after one of its
+``stop_token_ids`` (the model's EOS, streamed like any token).
+
 One worker thread owns the model and the KV pages. Each iteration it admits
 the requests that arrived (loading their blocks from the store straight into
 pages), runs one batched decode step for every running request, streams each
@@ -18,6 +21,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+import grpc
 
 from kvstore.client import KVClient, KVStoreError
 from kvstore.engines.generate import greedy_token
@@ -32,6 +36,8 @@ from kvstore._proto import serving_pb2_grpc as spb_grpc
 
 log = logging.getLogger(__name__)
 _DONE = object()
+#: At most this many DecodeRequest.stop_token_ids (the conductor's bound too).
+MAX_STOP_TOKENS = 64
 
 
 @dataclass(eq=False)
@@ -42,6 +48,7 @@ class DecodeJob:
     seq: Sequence = field(default_factory=Sequence)
     produced: int = 1                      # the first token came from prefill
     last_token: int = 0
+    stops: frozenset = frozenset()         # req.stop_token_ids
 
     def emit(self, item) -> None:
         self.loop.call_soon_threadsafe(self.out.put_nowait, item)
@@ -110,12 +117,16 @@ class DecodeWorker:
         if self.metrics is not None:
             self.metrics.kv_load.observe(time.perf_counter() - t0)
         self.cache.mark_computed(job.seq, n)
-        transient = [k for k in keys if is_transfer_key(k)]
+        self.drop_transfer_keys(req)
+        job.last_token = req.first_token
+
+    def drop_transfer_keys(self, req: spb.DecodeRequest) -> None:
+        """Remove the request's hand-over keys (read once, never cached)."""
+        transient = [k for k in [*req.block_keys, req.tail_key] if k and is_transfer_key(k)]
         if transient:
             for err in self.kv.batch_remove(transient):
                 if err is not None:
                     log.warning("could not remove transfer key: %s", err)
-        job.last_token = req.first_token
 
     def _step(self) -> None:
         jobs = self.running
@@ -128,7 +139,7 @@ class DecodeWorker:
             j.last_token = tok
             j.produced += 1
             j.emit(tok)
-            if j.produced >= j.req.max_tokens:
+            if j.produced >= j.req.max_tokens or tok in j.stops:
                 self.cache.free(j.seq)
                 j.emit(_DONE)
             else:
@@ -141,9 +152,19 @@ class DecodeServicer(spb_grpc.DecodeEngineServicer):
         self.worker = worker
 
     async def Decode(self, request, context):
+        if len(request.stop_token_ids) > MAX_STOP_TOKENS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"at most {MAX_STOP_TOKENS} stop_token_ids")
+        stops = frozenset(request.stop_token_ids)
         if request.max_tokens <= 1:
             return
-        job = DecodeJob(request, asyncio.Queue(), asyncio.get_running_loop())
+        if request.first_token in stops:     # done at its first token: nothing to decode
+            try:
+                await asyncio.to_thread(self.worker.drop_transfer_keys, request)
+            except KVStoreError as exc:
+                log.warning("could not remove the transfer keys of %s: %s", request.request_id, exc)
+            return
+        job = DecodeJob(request, asyncio.Queue(), asyncio.get_running_loop(), stops=stops)
         self.worker.inbox.put(job)
         while True:
             item = await job.out.get()

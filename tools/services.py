@@ -363,6 +363,11 @@ def decode_main(argv: list[str]) -> None:
         asyncio.run(serve(cfg))
 
 
+_TOKENIZER_HELP = ("the HTTP front's tokenizer: a folder with tokenizer.json (and its chat "
+                   "template); 'byte' for UTF-8 bytes; default: the --model folder's own, or "
+                   "bytes for tiny")
+
+
 def conductor_main(argv: list[str]) -> None:
     from kvstore.conductor.rejection import REJECTION_POLICIES
     from kvstore.conductor.service import ConductorConfig, Deadlines, serve
@@ -384,6 +389,7 @@ def conductor_main(argv: list[str]) -> None:
     p.add_argument("--http-host", default="127.0.0.1", help="HTTP front bind address")
     p.add_argument("--served-model-name", default="",
                    help="model name the HTTP front answers to (default: --model)")
+    p.add_argument("--tokenizer", default="", help=_TOKENIZER_HELP)
     p.add_argument("--prefill-timeout-s", type=float, default=d.prefill_s)
     p.add_argument("--decode-timeout-s", type=float, default=d.decode_idle_s,
                    help="longest wait for the next decode token")
@@ -410,6 +416,7 @@ def conductor_main(argv: list[str]) -> None:
     setup_logging(a.log_level)
     cfg = ConductorConfig(
         master=a.master, prefill=tuple(a.prefill), decode=tuple(a.decode), model=a.model,
+        tokenizer=a.tokenizer,
         block_tokens=a.block_tokens, use_cache=not a.no_cache, host=a.host, port=a.port,
         http_port=a.http_port, http_host=a.http_host, served_model_name=a.served_model_name,
         deadlines=Deadlines(prefill_s=a.prefill_timeout_s, decode_idle_s=a.decode_timeout_s,
@@ -427,6 +434,7 @@ def http_main(argv: list[str]) -> None:
     p.add_argument("--conductor", required=True, help="conductor gRPC address host:port")
     p.add_argument("--model", default="tiny", help="'tiny' or a Hugging Face style folder")
     p.add_argument("--served-model-name", default="", help="model id clients use (default: --model)")
+    p.add_argument("--tokenizer", default="", help=_TOKENIZER_HELP)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_port, default=0)
     a = p.parse_args(argv)
@@ -434,7 +442,7 @@ def http_main(argv: list[str]) -> None:
     secured = _secured(a)
     for unused in ("advertise_host", "metrics", "drain_s"):
         secured.pop(unused)
-    cfg = FrontConfig(conductor=a.conductor, model=a.model,
+    cfg = FrontConfig(conductor=a.conductor, model=a.model, tokenizer=a.tokenizer,
                       served_model_name=a.served_model_name, host=a.host, port=a.port,
                       creds=_creds(a), **secured)
     if not _checked("http", a, cfg):

@@ -164,6 +164,10 @@ def test_bad_requests(client):
         client.completions.create(model="tiny", prompt="hi", max_tokens=0)
     with pytest.raises(openai.BadRequestError, match="'n'"):
         client.completions.create(model="tiny", prompt="hi", max_tokens=2, n=2)
+    # The demo model has the byte tokenizer: no chat format to render messages with.
+    with pytest.raises(openai.BadRequestError, match="no chat template") as e:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])
+    assert e.value.code == "no_chat_template"
 
 
 def test_rejection_is_429_with_reason(cluster, client):
