@@ -18,6 +18,18 @@ A prefill engine runs one request at a time, in the order they reach it (its
 single worker thread), so the oldest request in flight is the running one; one
 that ends out of turn (it failed) just leaves the queue.
 
+"predicted" is the cost model's time times the instance's *service ratio*:
+the running mean (from 1, weight ``SERVICE_RATIO_WEIGHT``) of measured /
+predicted over its answered requests, each bounded to ``SERVICE_RATIO_BOUNDS``
+(an engine's first request also pays torch's warm-up), the measure being the
+engine's own time on the request (``PrefillResponse.compute_ms``: KV loads
+and saves included). A
+cost model profiled on a quiet core predicts less than an engine sharing its
+cores with the store and the decode engine takes (1.2x-2x on the 2-core
+development machine); unscaled, every queued request adds that error to the
+queue estimate, and early rejection admits requests that then miss the SLO.
+In the simulator the model is exact by construction: its ratio is 1.
+
 Every prefill instance reads the one shared store, so each holds the prefix
 the store holds (:class:`SharedStoreView`): Algorithm 1's transfer term is 0,
 and its choice is the least predicted queue plus prefill of the uncached tokens.
@@ -43,6 +55,11 @@ from kvstore.conductor.instances import BlockKey, Decision, PrefillInstance, Sch
 #: Version of the decision log's lines (the header says it).
 DECISION_LOG_VERSION = 1
 
+#: Weight of each answered request in an instance's service ratio.
+SERVICE_RATIO_WEIGHT = 0.2
+#: One request's measured / predicted is taken within these bounds.
+SERVICE_RATIO_BOUNDS = (0.25, 4.0)
+
 
 class SharedStoreView:
     """The scheduler's cache view of instances that share one store: for the request
@@ -67,11 +84,12 @@ class SharedStoreView:
 
 
 class _Ticket:
-    """One dispatched prefill: its predicted time (ms)."""
+    """One dispatched prefill: the model's time and the scaled one it is queued for (ms)."""
 
-    __slots__ = ("predicted_ms",)
+    __slots__ = ("model_ms", "predicted_ms")
 
-    def __init__(self, predicted_ms: float):
+    def __init__(self, model_ms: float, predicted_ms: float):
+        self.model_ms = model_ms
         self.predicted_ms = predicted_ms
 
 
@@ -80,11 +98,13 @@ class PrefillQueues:
 
     def __init__(self) -> None:
         self._fifo: dict[str, deque[_Ticket]] = {}
+        self.service_ratio: dict[str, float] = {}   # instance id -> measured / model
 
-    def dispatched(self, inst: PrefillInstance, predicted_ms: float, now_ms: float) -> _Ticket:
-        """A request was sent to ``inst``, predicted to take ``predicted_ms``."""
+    def dispatched(self, inst: PrefillInstance, model_ms: float, now_ms: float) -> _Ticket:
+        """A request was sent to ``inst``; the cost model says it takes ``model_ms``."""
         fifo = self._fifo.setdefault(inst.instance_id, deque())
-        ticket = _Ticket(predicted_ms)
+        predicted_ms = model_ms * self.service_ratio.get(inst.instance_id, 1.0)
+        ticket = _Ticket(model_ms, predicted_ms)
         if not fifo:
             inst.busy_until_ms = now_ms + predicted_ms
         else:
@@ -92,11 +112,18 @@ class PrefillQueues:
         fifo.append(ticket)
         return ticket
 
-    def answered(self, inst: PrefillInstance, ticket: _Ticket, now_ms: float) -> None:
-        """``inst`` answered (or failed) the request of ``ticket``."""
+    def answered(self, inst: PrefillInstance, ticket: _Ticket, now_ms: float,
+                 service_ms: float | None = None) -> None:
+        """``inst`` answered (or failed) the request of ``ticket``; ``service_ms``: the
+        engine's time on it, when it answered."""
         fifo = self._fifo.get(inst.instance_id)
         if not fifo or ticket not in fifo:
             return
+        if service_ms is not None and service_ms > 0 and ticket.model_ms > 0:
+            old = self.service_ratio.get(inst.instance_id, 1.0)
+            lo, hi = SERVICE_RATIO_BOUNDS
+            ratio = min(max(service_ms / ticket.model_ms, lo), hi)
+            self.service_ratio[inst.instance_id] = old + SERVICE_RATIO_WEIGHT * (ratio - old)
         if fifo[0] is not ticket:              # ended out of turn: it was still queued
             fifo.remove(ticket)
             inst.queued_ms = max(inst.queued_ms - ticket.predicted_ms, 0.0)

@@ -323,10 +323,12 @@ class Conductor:
             if hit_keys:
                 self._lookahead(inst, hit_keys)
             try:
+                service_ms = None
                 pre = await self._prefill_stubs[inst.instance_id].Prefill(
                     spb.PrefillRequest(request_id=request.request_id, prompt_tokens=request.prompt_tokens,
                                        use_cache=self.use_cache),
                     timeout=self.deadlines.prefill_s)
+                service_ms = pre.compute_ms
                 return pre, decision.decode.instance if decision.decode else None
             except grpc.aio.AioRpcError as exc:
                 last = f"prefill on {inst.instance_id}: {exc.code().name}: {exc.details()}"
@@ -342,7 +344,8 @@ class Conductor:
                     last = f"prefill on {inst.instance_id} took over {self.deadlines.prefill_s:.0f} s"
                 raise _RequestFailed(exc.code(), last) from None
             finally:
-                self.queues.answered(inst, ticket, self._clock())
+                self.queues.answered(inst, ticket, self._clock(),
+                                     service_ms if self._clock is _ms else None)
                 inst.queued_requests -= 1
                 inst.queued_tokens -= choice.tokens_to_compute
         raise _RequestFailed(grpc.StatusCode.UNAVAILABLE,

@@ -142,7 +142,11 @@ def _run_mode(plan: DemoPlan, *, use_cache: bool, node_dram: str, log_dir: str,
     try:
         watchdog = _Watchdog(cluster)
         with console.status(f"{mode}: warm-up, {len(warm_reqs)} requests"):
-            warm = asyncio.run(watchdog.guard(warm_up(cluster.conductor, warm_reqs)))
+            # Under a TTFT SLO (--overload) one at a time: the warm-up builds no queue,
+            # so none of it is refused (each long prompt fits the SLO on its own).
+            in_flight = 1 if "--ttft-slo-ms" in conductor_args else 2
+            warm = asyncio.run(watchdog.guard(warm_up(cluster.conductor, warm_reqs,
+                                                      in_flight=in_flight)))
         outcome = asyncio.run(watchdog.guard(replay(cluster.conductor, plan.measured)))
         save = save_summary(_prefill_save_totals(cluster))
     finally:

@@ -40,6 +40,20 @@ def test_prefill_queues_follow_the_simulators_rules():
     assert p.busy_until_ms == 1160.0
 
 
+def test_queued_work_is_scaled_by_the_measured_service_ratio():
+    p = PrefillInstance("p")
+    q = PrefillQueues()
+    a = q.dispatched(p, 100.0, now_ms=0.0)
+    q.answered(p, a, now_ms=2000.0, service_ms=2000.0)  # 20x (a cold start): taken as 4x
+    assert q.service_ratio["p"] == pytest.approx(1.0 + 0.2 * (4.0 - 1.0))
+    b = q.dispatched(p, 100.0, now_ms=2100.0)
+    q.dispatched(p, 50.0, now_ms=2100.0)
+    assert (p.busy_until_ms, p.queued_ms) == (2260.0, 80.0)
+    q.answered(p, b, now_ms=2200.0, service_ms=100.0)   # 1x: the mean moves a fifth of the way
+    assert q.service_ratio["p"] == pytest.approx(1.6 + 0.2 * (1.0 - 1.6))
+    assert (p.busy_until_ms, p.queued_ms) == (2280.0, 0.0)
+
+
 def test_the_schedulers_choice_over_a_shared_store():
     pre = [PrefillInstance("p0"), PrefillInstance("p1")]
     view = SharedStoreView()
