@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-N = 10
+N = 30
 
 
 @pytest.fixture(scope="module")
@@ -60,19 +60,21 @@ def test_the_cache_saves_prefill_and_the_json_has_the_ratios(result):
 
 def test_the_simulator_predicts_the_demo_ttft(result):
     # The same requests, arrivals and instance counts through the simulator with
-    # the cost model the demo profiled just before (kvstore simulate-demo). The README has the
-    # full-size figures (200 requests: within 12 %). Ten requests on two shared
-    # cores are noisier (a busy machine measured -33 % once), so this short run
-    # is held to 50 %; what it guards is that the replay is the demo's.
+    # the cost model the demo profiled just before, each mode's prefill at its
+    # measured level (kvstore simulate-demo). The README's 200-request run is
+    # within 25 %; 30 requests on two shared cores measured up to +28 %, so this
+    # short run is held to 40 % (what it guards: the replay is the demo's, and
+    # the simulator's queueing follows the engines').
     run = subprocess.run([sys.executable, "-m", "kvstore.tools.cli", "simulate-demo",
                           result["_file"], "--json"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
     sim = json.loads(run.stdout)
     assert sim["requests"] == N and sim["cost_model"] == "tiny-cpu-now"   # profiled by the demo
+    assert sim["scale"] == "own"
     for mode in ("cache", "no_cache"):
         err = sim[mode]["error"]
         assert set(err) == {"ttft_ms.mean", "ttft_ms.p90", "tbt_ms.mean", "tbt_ms.p90"}
         for figure in ("ttft_ms.mean", "ttft_ms.p90"):
-            assert abs(err[figure]) <= 0.50, (mode, figure, sim[mode])
+            assert abs(err[figure]) <= 0.40, (mode, figure, sim[mode])
     assert sim["cache"]["predicted"]["block_hit_rate"] > 0
     assert sim["no_cache"]["predicted"]["block_hit_rate"] == 0
