@@ -16,7 +16,10 @@ cannot be read, is never raised into vLLM: the scheduler reports no hit,
 the worker reports the blocks in ``get_block_ids_with_load_errors`` so vLLM
 recomputes them; the first failure is logged, every one counted in
 :meth:`KVStoreConnector.stats` (and in the JSON file ``stats_path`` of the
-extra config, when given).
+extra config, when given). vLLM's own stats path gets the same counters:
+``get_kv_connector_stats`` hands over what changed since its last call (a
+:class:`KVStoreConnectorStats`; vLLM sums the scheduler's and the worker's
+and prints them as "KV Transfer metrics").
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
                                                                KVConnectorMetadata,
                                                                KVConnectorRole)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from kvstore.client.client import KVClient
 from kvstore.client.vllm_keys import EngineIdentity, matched_blocks, request_keys
@@ -59,6 +63,26 @@ class _ReqPlan:
 @dataclass
 class KVStoreConnectorMetadata(KVConnectorMetadata):
     requests: list[_ReqPlan] = field(default_factory=list)
+
+
+@dataclass
+class KVStoreConnectorStats(KVConnectorStats):
+    """The connector's counters over one interval (``data``: counter -> amount);
+    aggregating sums them, so scheduler and worker counters add up."""
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> "KVStoreConnectorStats":
+        for k, v in other.data.items():
+            self.data[k] = self.data.get(k, 0) + v
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return {k: round(v, 6) if isinstance(v, float) else v for k, v in self.data.items()}
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
 
 
 @dataclass
@@ -107,7 +131,9 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._warned: set[str] = set()
         self._stats = {"lookups": 0, "lookup_errors": 0, "hit_blocks": 0,
                        "loaded_blocks": 0, "load_errors": 0, "load_s": 0.0,
-                       "saved_blocks": 0, "save_errors": 0, "save_s": 0.0}
+                       "saved_blocks": 0, "save_errors": 0, "save_s": 0.0,
+                       "load_errors_reported": 0}
+        self._reported: dict[str, int | float] = {}  # _stats at the last get_kv_connector_stats
         # scheduler state
         self._tracked: dict[str, _Tracked] = {}
         self._pending_loads: dict[str, list[tuple[int, int]]] = {}
@@ -139,8 +165,20 @@ class KVStoreConnector(KVConnectorBase_V1):
             json.dump(self._stats, f)
 
     def stats(self) -> dict:
-        """Counters: lookups, hit/loaded/saved blocks, load/save errors and seconds."""
+        """Counters: lookups, hit/loaded/saved blocks, load/save errors and seconds, and
+        the failed blocks handed to vLLM to recompute (``load_errors_reported``)."""
         return dict(self._stats)
+
+    def get_kv_connector_stats(self) -> KVStoreConnectorStats | None:
+        """What the counters gained since the last call (vLLM calls it every step)."""
+        delta = {k: v - self._reported.get(k, 0) for k, v in self._stats.items()}
+        self._reported = dict(self._stats)
+        delta = {k: v for k, v in delta.items() if v}
+        return KVStoreConnectorStats(data=delta) if delta else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict | None = None) -> KVStoreConnectorStats:
+        return KVStoreConnectorStats(data=dict(data or {}))
 
     def shutdown(self) -> None:
         if self._client is not None:
@@ -327,4 +365,7 @@ class KVStoreConnector(KVConnectorBase_V1):
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         out, self._load_errors = self._load_errors, set()
+        if out:
+            self._stats["load_errors_reported"] += len(out)
+            self._dump_stats()
         return out
