@@ -263,6 +263,18 @@ class KVStoreConnector(KVConnectorBase_V1):
                     t.saved_upto = done
         return meta
 
+    def update_connector_output(self, connector_output) -> None:
+        """Blocks whose load failed are recomputed by vLLM: save them again then
+        (the store lost or never had them), from a request's first failed block."""
+        bad = getattr(connector_output, "invalid_block_ids", None)
+        if not bad:
+            return
+        for t in self._tracked.values():
+            for i, bid in enumerate(t.block_ids[:t.saved_upto]):
+                if bid in bad:
+                    t.saved_upto = i
+                    break
+
     def request_finished(self, request, block_ids):
         self._tracked.pop(request.request_id, None)
         self._pending_loads.pop(request.request_id, None)
