@@ -8,15 +8,23 @@ Scheduler side: one ``batch_exists`` per request over the prompt's full-block
 keys (all but the last token, which vLLM always computes) says how many
 tokens beyond vLLM's own prefix cache can be loaded. The worker side loads
 those blocks with one ``batch_get`` per request before the forward and
-copies each layer's slice into vLLM's paged tensors, and it collects each
+copies each layer's slice into vLLM's paged tensors, and it copies each
 layer's slice of the newly computed full prompt blocks as vLLM produces
-them and writes them with one ``batch_put`` per step in ``wait_for_save``.
-Loads and saves are synchronous. A store that is down, or a block that
+them and writes them with one ``batch_put`` per step, handed to a
+background thread in ``wait_for_save`` (``save_async``, the default), so the
+engine step does not wait for the store; the blocks are copied out of
+vLLM's cache by then, so vLLM may free them at once (``request_finished``
+holds nothing and ``get_finished`` has nothing to report). At most
+``MAX_PENDING_SAVES`` batches wait; then the step waits for the oldest; at
+shutdown every pending save is finished. Loads are synchronous. A store that is down, or a block that
 cannot be read, is never raised into vLLM: the scheduler reports no hit,
 the worker reports the blocks in ``get_block_ids_with_load_errors`` so vLLM
 recomputes them; the first failure is logged, every one counted in
 :meth:`KVStoreConnector.stats` (and in the JSON file ``stats_path`` of the
-extra config, when given).
+extra config, when given). vLLM's own stats path gets the same counters:
+``get_kv_connector_stats`` hands over what changed since its last call (a
+:class:`KVStoreConnectorStats`; vLLM sums the scheduler's and the worker's
+and prints them as "KV Transfer metrics").
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ import json
 import logging
 import threading
 import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +42,7 @@ import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
                                                                KVConnectorMetadata,
                                                                KVConnectorRole)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from kvstore.client.client import KVClient
 from kvstore.client.vllm_keys import EngineIdentity, matched_blocks, request_keys
@@ -42,6 +53,9 @@ if TYPE_CHECKING:
 
 # vLLM shows INFO of out-of-tree modules only under a logger named vllm.*.
 log = logging.getLogger("vllm.kvstore_connector")
+
+#: Save batches (one per step) queued for the background thread before a step waits.
+MAX_PENDING_SAVES = 16
 
 
 @dataclass
@@ -59,6 +73,26 @@ class _ReqPlan:
 @dataclass
 class KVStoreConnectorMetadata(KVConnectorMetadata):
     requests: list[_ReqPlan] = field(default_factory=list)
+
+
+@dataclass
+class KVStoreConnectorStats(KVConnectorStats):
+    """The connector's counters over one interval (``data``: counter -> amount);
+    aggregating sums them, so scheduler and worker counters add up."""
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> "KVStoreConnectorStats":
+        for k, v in other.data.items():
+            self.data[k] = self.data.get(k, 0) + v
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return {k: round(v, 6) if isinstance(v, float) else v for k, v in self.data.items()}
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
 
 
 @dataclass
@@ -91,6 +125,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._master = str(extra["master"])
         self._stats_path = extra.get("stats_path")
         self._timeout_s = float(extra.get("timeout_s", 5.0))
+        self._save_async = bool(extra.get("save_async", True))
         self._block_size = vllm_config.cache_config.block_size
         self._can_load = self._kv_transfer_config.kv_role in ("kv_both", "kv_consumer")
         self._can_save = self._kv_transfer_config.kv_role in ("kv_both", "kv_producer")
@@ -107,7 +142,9 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._warned: set[str] = set()
         self._stats = {"lookups": 0, "lookup_errors": 0, "hit_blocks": 0,
                        "loaded_blocks": 0, "load_errors": 0, "load_s": 0.0,
-                       "saved_blocks": 0, "save_errors": 0, "save_s": 0.0}
+                       "saved_blocks": 0, "save_errors": 0, "save_s": 0.0,
+                       "load_errors_reported": 0, "save_wait_s": 0.0}
+        self._reported: dict[str, int | float] = {}  # _stats at the last get_kv_connector_stats
         # scheduler state
         self._tracked: dict[str, _Tracked] = {}
         self._pending_loads: dict[str, list[tuple[int, int]]] = {}
@@ -115,18 +152,27 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._kv_caches: dict[str, torch.Tensor] = {}
         self._load_errors: set[int] = set()
         self._save_parts: dict[str, list[tuple[int, int, dict[str, bytes]]]] = {}
+        self._saver: ThreadPoolExecutor | None = None
+        self._pending_saves: deque[Future] = deque()
 
     # ---- shared ----
     def _store(self) -> KVClient:
-        if self._client is None:
-            self._client = KVClient(self._master, timeout_s=self._timeout_s,
-                                    failover_wait_s=self._timeout_s)
-        return self._client
+        with self._lock:  # the save thread and the engine's share one client
+            if self._client is None:
+                self._client = KVClient(self._master, timeout_s=self._timeout_s,
+                                        failover_wait_s=self._timeout_s)
+            return self._client
+
+    def _count(self, counter: str, n: int | float) -> None:
+        with self._lock:
+            self._stats[counter] += n
 
     def _fail(self, what: str, counter: str, n: int, err: BaseException) -> None:
-        self._stats[counter] += n
-        if what not in self._warned:
+        self._count(counter, n)
+        with self._lock:
+            first = what not in self._warned
             self._warned.add(what)
+        if first:
             log.warning("kvstore %s failed (%s: %s); vLLM recomputes, later failures are "
                         "only counted", what, type(err).__name__, err)
         self._dump_stats()
@@ -135,14 +181,34 @@ class KVStoreConnector(KVConnectorBase_V1):
         if not self._stats_path:
             return
         path = f"{self._stats_path}.{self._role.name.lower()}.json"
-        with open(path, "w") as f:
-            json.dump(self._stats, f)
+        with self._lock:
+            with open(path, "w") as f:
+                json.dump(self._stats, f)
 
     def stats(self) -> dict:
-        """Counters: lookups, hit/loaded/saved blocks, load/save errors and seconds."""
-        return dict(self._stats)
+        """Counters: lookups, hit/loaded/saved blocks, load/save errors and seconds (the
+        background puts' ``save_s``, the engine's waits for them ``save_wait_s``), and
+        the failed blocks handed to vLLM to recompute (``load_errors_reported``)."""
+        with self._lock:
+            return dict(self._stats)
+
+    def get_kv_connector_stats(self) -> KVStoreConnectorStats | None:
+        """What the counters gained since the last call (vLLM calls it every step)."""
+        now = self.stats()
+        delta = {k: v - self._reported.get(k, 0) for k, v in now.items()}
+        self._reported = now
+        delta = {k: v for k, v in delta.items() if v}
+        return KVStoreConnectorStats(data=delta) if delta else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict | None = None) -> KVStoreConnectorStats:
+        return KVStoreConnectorStats(data=dict(data or {}))
 
     def shutdown(self) -> None:
+        self._drain_saves(0)
+        if self._saver is not None:
+            self._saver.shutdown(wait=True)
+            self._saver = None
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -162,13 +228,13 @@ class KVStoreConnector(KVConnectorBase_V1):
             return 0, False
         lora, salt = self._req_ns(request)
         keys = request_keys(self._identity, tokens[:usable * self._block_size], lora, salt)
-        self._stats["lookups"] += 1
+        self._count("lookups", 1)
         try:
             hits = matched_blocks(self._store().batch_exists(keys))
         except Exception as e:  # noqa: BLE001 - never raise into the engine loop
             self._fail("lookup", "lookup_errors", 1, e)
             return 0, False
-        self._stats["hit_blocks"] += hits
+        self._count("hit_blocks", hits)
         self._dump_stats()
         return max(0, hits * self._block_size - num_computed_tokens), False
 
@@ -225,6 +291,18 @@ class KVStoreConnector(KVConnectorBase_V1):
                     t.saved_upto = done
         return meta
 
+    def update_connector_output(self, connector_output) -> None:
+        """Blocks whose load failed are recomputed by vLLM: save them again then
+        (the store lost or never had them), from a request's first failed block."""
+        bad = getattr(connector_output, "invalid_block_ids", None)
+        if not bad:
+            return
+        for t in self._tracked.values():
+            for i, bid in enumerate(t.block_ids[:t.saved_upto]):
+                if bid in bad:
+                    t.saved_upto = i
+                    break
+
     def request_finished(self, request, block_ids):
         self._tracked.pop(request.request_id, None)
         self._pending_loads.pop(request.request_id, None)
@@ -267,8 +345,8 @@ class KVStoreConnector(KVConnectorBase_V1):
                                value if isinstance(value, BaseException)
                                else ValueError("block size differs from the layout"))
                     continue
-                self._stats["loaded_blocks"] += 1
-            self._stats["load_s"] += time.perf_counter() - t0
+                self._count("loaded_blocks", 1)
+            self._count("load_s", time.perf_counter() - t0)
         self._dump_stats()
 
     def _scatter(self, layers: list[torch.Tensor], block_id: int, value) -> bool:
@@ -303,28 +381,54 @@ class KVStoreConnector(KVConnectorBase_V1):
             return
         meta = self._get_connector_metadata()
         plans = {p.req_id: p for p in meta.requests if p.save_blocks}
+        keys: list[str] = []
+        values: list[bytes] = []
         for req_id, parts in self._save_parts.items():
             plan = plans.get(req_id)
             if plan is None:
                 continue
-            t0 = time.perf_counter()
-            keys = self._keys(plan, [(b, bid) for b, bid, _ in parts])
-            try:
-                # the object holds the layers in register_kv_caches order, as loads read them
-                values = [b"".join(c[name] for name in self._kv_caches) for _, _, c in parts]
-                errs = self._store().batch_put(keys, values)
-            except Exception as e:  # noqa: BLE001
-                self._fail("save", "save_errors", len(keys), e)
-                continue
-            for err in errs:
-                if err is None:
-                    self._stats["saved_blocks"] += 1
-                else:
-                    self._fail("save", "save_errors", 1, err)
-            self._stats["save_s"] += time.perf_counter() - t0
+            keys += self._keys(plan, [(b, bid) for b, bid, _ in parts])
+            # the object holds the layers in register_kv_caches order, as loads read them
+            values += [b"".join(c[name] for name in self._kv_caches) for _, _, c in parts]
         self._save_parts.clear()
+        if not keys:
+            return
+        t0 = time.perf_counter()
+        if not self._save_async:
+            self._put(keys, values)
+        else:
+            self._drain_saves(MAX_PENDING_SAVES - 1)
+            if self._saver is None:
+                self._saver = ThreadPoolExecutor(max_workers=1,
+                                                 thread_name_prefix="kvstore-save")
+            self._pending_saves.append(self._saver.submit(self._put, keys, values))
+        self._count("save_wait_s", time.perf_counter() - t0)
+
+    def _drain_saves(self, keep: int) -> None:
+        """Wait until at most ``keep`` background saves are pending."""
+        while self._pending_saves and (len(self._pending_saves) > keep
+                                       or self._pending_saves[0].done()):
+            self._pending_saves.popleft().result()  # _put raises nothing
+
+    def _put(self, keys: list[str], values: list[bytes]) -> None:
+        """One ``batch_put``, counted; never raises (it may run in the save thread)."""
+        t0 = time.perf_counter()
+        try:
+            errs = self._store().batch_put(keys, values)
+        except Exception as e:  # noqa: BLE001
+            self._fail("save", "save_errors", len(keys), e)
+            return
+        for err in errs:
+            if err is None:
+                self._count("saved_blocks", 1)
+            else:
+                self._fail("save", "save_errors", 1, err)
+        self._count("save_s", time.perf_counter() - t0)
         self._dump_stats()
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         out, self._load_errors = self._load_errors, set()
+        if out:
+            self._count("load_errors_reported", len(out))
+            self._dump_stats()
         return out

@@ -5,6 +5,7 @@
     kvstore up [--masters N --nodes M --standbys K --etcd URL|local]
     kvstore chaos [--json]
     kvstore fuzz [--inputs N] [--seed S] [--surfaces ...] [--json]
+    kvstore vllm-config --master ADDR [--role ROLE] | vllm-env VENV [--checkout DIR] [--fresh]
 """
 
 from __future__ import annotations
@@ -269,6 +270,21 @@ def vllm_config(master: str = typer.Option(..., help="kvstore master HOST:PORT."
         print(kv_transfer_config_json(master, role))
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--role") from None
+
+
+@app.command("vllm-env")
+def vllm_env(venv: str = typer.Argument(..., help="the virtual environment to make or update"),
+             checkout: Optional[str] = typer.Option(
+                 None, help="kvstore checkout to install (default: this editable install's)"),
+             fresh: bool = typer.Option(False, "--fresh", help="delete VENV first")) -> None:
+    """Make a virtual environment with vLLM's CPU build and this kvstore checkout (for the
+    connector and tests/with_vllm); prints its python last. See tools/vllm_env.py."""
+    from kvstore.tools.vllm_env import main as vllm_env_main
+
+    code = vllm_env_main([venv] + (["--checkout", checkout] if checkout else [])
+                         + (["--fresh"] if fresh else []))
+    if code:
+        raise typer.Exit(code)
 
 
 def _service(name: str, help_text: str) -> None:

