@@ -41,17 +41,17 @@ import math
 import signal
 import time
 from contextlib import aclosing
-from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable
 
 import grpc
 
-from kvstore.client import KVClient, KVStoreError, Namespace, prefix_keys
+from kvstore.client import KVClient, KVStoreError, Namespace, NotFound, prefix_keys
 from kvstore.client.models import model_config, namespace_for_model
+from kvstore.client.transfer_keys import is_transfer_key
 from kvstore.conductor.health import HealthMonitor, ProbeResult, Worker
-from kvstore.conductor.cost_model import CostModel, load_cost_model
 from kvstore.conductor.instances import DecodeChoice, RejectReason, SchedRequest
 from kvstore.conductor.live_state import DecisionLog, PrefillQueues, SharedStoreView
+from kvstore.conductor.config import ConductorConfig, Deadlines, conductor_cost_model
 from kvstore.conductor.scheduler import DecodeInstance, PrefillInstance, Scheduler, Slo
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
@@ -62,9 +62,9 @@ from kvstore.conductor.metrics import ConductorMetrics
 from kvstore.conductor.tokenizer import load_tokenizer
 from kvstore.errors import RETRYABLE_STATUS
 from kvstore.health import Health, State, drain
-from kvstore.metrics import MetricsConfig, ProcessMetrics, check_metrics_binding, start_metrics
+from kvstore.metrics import ProcessMetrics, check_metrics_binding, start_metrics
 from kvstore.process import announce_ready, wait_for_stop_signal
-from kvstore.rpc import ClientCredentials, ServerSecurity
+from kvstore.rpc import ClientCredentials
 
 log = logging.getLogger(__name__)
 
@@ -74,17 +74,6 @@ MAX_STOP_TOKENS = 64
 
 def _ms() -> float:
     return time.perf_counter() * 1000.0
-
-
-@dataclass(frozen=True, slots=True)
-class Deadlines:
-    """Time limits that keep a request from waiting on a stuck worker."""
-
-    prefill_s: float = 60.0        # one Prefill RPC, the engine's queue included
-    decode_idle_s: float = 30.0    # longest wait for the next decode token
-    probe_s: float = 2.0           # one Status probe
-    probe_interval_s: float = 0.5  # between probe rounds
-    probe_misses: int = 3          # probe timeouts in a row that mark a worker dead
 
 
 class _RequestFailed(Exception):
@@ -195,6 +184,23 @@ class Conductor:
             n += 1
         return keys, n
 
+    async def _drop_transfer_keys(self, request: spb.GenerateRequest,
+                                  pre: spb.PrefillResponse) -> None:
+        """No decode runs: remove the KV the prefill handed over under transfer keys
+        (the decode engine does it otherwise). A failure is logged: the request
+        itself is done."""
+        keys = [k for k in [*pre.block_keys, pre.tail_key] if k and is_transfer_key(k)]
+        if not keys:
+            return
+        try:
+            errors = await asyncio.to_thread(self.kv.batch_remove, keys)
+        except KVStoreError as exc:
+            errors = [exc]
+        failed = [e for e in errors if e is not None and not isinstance(e, NotFound)]
+        if failed:
+            log.warning("request %s: %d transfer keys not removed: %s", request.request_id,
+                        len(failed), failed[0])
+
     def _schedule(self, req: SchedRequest, cached_blocks: int):
         """Algorithm 1 for ``req``, every instance holding the store's ``cached_blocks``."""
         now = self._clock()
@@ -265,7 +271,9 @@ class Conductor:
             yield spb.GenerateChunk(tokens=[pre.first_token])
             produced = 1
             t_last = t_first
-            if request.max_tokens > 1:
+            if request.max_tokens == 1:
+                await self._drop_transfer_keys(request, pre)
+            else:
                 def reprefill() -> Awaitable[tuple[spb.PrefillResponse, DecodeInstance | None]]:
                     return self._prefill(request, req, n_hit, metrics)
                 async with aclosing(self._decode(request, req, pre, planned, reprefill,
@@ -450,54 +458,6 @@ def _parse_instances(specs: tuple[str, ...], cls):
         name, _, addr = spec.rpartition("=")
         out.append(cls(instance_id=name or f"{cls.__name__[:1].lower()}{i}", address=addr))
     return out
-
-
-@dataclass(frozen=True, slots=True)
-class ConductorConfig:
-    """What one conductor process serves (``kvstore conductor``)."""
-
-    master: str                          # kvstore master address host:port
-    prefill: tuple[str, ...]             # prefill engines as [ID=]host:port
-    decode: tuple[str, ...]              # decode engines as [ID=]host:port
-    model: str = "tiny"                  # "tiny" or a Hugging Face style folder
-    tokenizer: str = ""                  # HTTP front: "" the model's own, "byte", or a folder
-    block_tokens: int = 16
-    use_cache: bool = True               # False: never read the prefix cache
-    host: str = "127.0.0.1"
-    port: int = 0                        # 0: a free port
-    http_port: int | None = None         # also serve the HTTP front (0: a free port); None: off
-    http_host: str = "127.0.0.1"
-    served_model_name: str = ""          # model id of the HTTP front ("" : ``model``)
-    deadlines: Deadlines = Deadlines()
-    security: ServerSecurity = ServerSecurity()      # --auth / --tls-* of gRPC and HTTP
-    creds: ClientCredentials = ClientCredentials()   # its token to the store and the engines
-    insecure: bool = False               # allow a non-loopback bind without --auth (warned)
-    advertise_host: str = ""             # the address in its READY line ("" : kvstore.binding)
-    metrics: MetricsConfig = MetricsConfig()   # --metrics-port, --metrics-host
-    drain_s: float = 0.0               # SIGTERM: NOT_SERVING this long before stopping
-    cost_model: str = "auto"             # estimates: a bundled name, a file, "auto" or "none" (tokens)
-    ttft_slo_ms: float = float("inf")    # refuse at arrival when the estimated TTFT is above it
-    tbt_slo_ms: float = float("inf")     # decode instances whose predicted TBT is above it are not chosen
-    rejection: str = "auto"              # early rejection policy; "auto": "early" with an SLO, else "none"
-    decision_log: str = ""               # JSON lines of each decision and its state ("" : none)
-
-
-#: The cost model of the bundled engines (``kvstore profile`` fits it): what "auto" picks
-#: for ``--model tiny``, so the live conductor runs Algorithm 1 on the simulator's model.
-BUNDLED_COST_MODEL = "tiny-cpu"
-
-
-def conductor_cost_model(name: str, model: str) -> CostModel | None:
-    """The conductor's cost model: ``name`` a bundled model or a JSON file; "auto": the
-    bundled engines' profiled model for ``model`` "tiny", none for other models (no
-    profile known: estimates count queued tokens); "none" or "": none.
-
-    Raises:
-        FileNotFoundError, ValueError: ``name`` is no bundled model and no valid file.
-    """
-    if name == "auto":
-        name = BUNDLED_COST_MODEL if model == "tiny" else ""
-    return load_cost_model(name) if name and name != "none" else None
 
 
 #: Which roles may call the conductor (admin may do all).

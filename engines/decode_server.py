@@ -27,7 +27,7 @@ from kvstore.client import KVClient, KVStoreError
 from kvstore.engines.generate import greedy_token
 from kvstore.engines.kv_cache import Sequence
 from kvstore.engines.metrics import EngineMetrics
-from kvstore.engines.transfer_keys import is_transfer_key
+from kvstore.client.transfer_keys import is_transfer_key
 from kvstore.engines.server_common import (EngineConfig, abort_code, load_engine,
                                            serve_until_signal, start_engine_server)
 from kvstore.metrics import ProcessMetrics

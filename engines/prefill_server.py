@@ -40,7 +40,7 @@ from kvstore.engines.kv_saver import (DEFAULT_SAVE_MODE, BlockSaver, SaveJob, Sa
                                       make_saver)
 from kvstore.engines.metrics import EngineMetrics
 from kvstore.engines.model import max_cached_blocks
-from kvstore.engines.transfer_keys import transfer_key
+from kvstore.client.transfer_keys import transfer_key
 from kvstore.engines.server_common import (EngineConfig, abort_code, load_engine, namespace_of,
                                            serve_until_signal, start_engine_server)
 from kvstore._proto import serving_pb2 as spb

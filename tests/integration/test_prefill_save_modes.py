@@ -19,7 +19,7 @@ from kvstore.engines.kv_cache import PagedKVCache, Sequence
 from kvstore.engines.kv_saver import LayerwiseSaver, StreamedSaver, SyncSaver
 from kvstore.engines.model import LlamaModel
 from kvstore.client.models import model_config, namespace_for_model
-from kvstore.engines.transfer_keys import is_transfer_key
+from kvstore.client.transfer_keys import is_transfer_key
 from kvstore.engines.prefill_server import PrefillWorker
 from kvstore._proto import serving_pb2 as spb
 

@@ -113,7 +113,7 @@ def test_fit_keeps_coefficients_non_negative():
 
 
 def test_the_conductor_runs_on_the_bundled_engines_profiled_model_by_default():
-    from kvstore.conductor.service import BUNDLED_COST_MODEL, ConductorConfig, conductor_cost_model
+    from kvstore.conductor.config import BUNDLED_COST_MODEL, ConductorConfig, conductor_cost_model
     assert ConductorConfig(master="m:1", prefill=(), decode=()).cost_model == "auto"
     assert conductor_cost_model("auto", "tiny").name == BUNDLED_COST_MODEL == "tiny-cpu"
     assert conductor_cost_model("auto", "/models/llama") is None      # no profile known
