@@ -91,7 +91,8 @@ class Conductor:
     """Owns the engine stubs, the store client and worker liveness.
 
     Args:
-        scheduler: instance choice.
+        scheduler: instance choice; its cache view becomes the shared store's
+            (:class:`~kvstore.conductor.live_state.SharedStoreView`).
         kv: store client (prefix hit lookups).
         namespace: the model's KV namespace (same as the engines').
         use_cache: False runs every request without reading the prefix cache.
