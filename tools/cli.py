@@ -52,9 +52,9 @@ def demo(
         None, help="prefill KV save: 'sync' (default), 'streamed' (blocks, overlapping "
                  "compute) or 'layerwise' (each layer as computed)"),
     cost_model: str = typer.Option(
-        "profile", help="cost model of the arrival rate and the conductor: 'profile' (fit it "
-                        "on this machine first, about 10 s), a bundled name (tiny-cpu) or a "
-                        "JSON file"),
+        "tiny-cpu", help="cost model of the arrival rate and the conductor: a bundled name "
+                         "(default: the bundled engines' profile), a JSON file, or 'profile' "
+                         "(fit it on this machine first, about 10 s)"),
 ) -> None:
     """Replay the bundled Mooncake trace on an embedded local cluster, with the prefix
     cache and without it, and compare."""

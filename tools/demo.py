@@ -56,7 +56,7 @@ COST_MODEL = "tiny-cpu"
 """The bundled engines' cost model profiled once (``kvstore profile``), for ``--cost-model``."""
 
 PROFILE_NOW = "profile"
-"""``--cost-model`` default: fit the cost model on this machine, now, before the run."""
+"""``--cost-model profile``: fit the cost model on this machine, now, before the run."""
 
 OVERLOAD_TTFT_SLO_MS = 5_000.0
 """``--overload``: the conductor refuses a request whose estimated TTFT is above this."""
@@ -170,7 +170,7 @@ def run_demo(*, requests: int, trace: str | None, use_cache: bool, out: str | No
              log_dir: str | None, console: Console, save_mode: str | None = None,
              warmup: int = 0, window_start: int | None = 0,
              target_utilisation: float = DEFAULT_TARGET_UTILISATION,
-             overload: bool = False, cost_model: str = PROFILE_NOW) -> dict:
+             overload: bool = False, cost_model: str = COST_MODEL) -> dict:
     """One mode: start the cluster, warm up, replay the window, print and return the summary.
 
     The defaults of ``warmup`` and ``window_start`` replay the trace's first
@@ -213,7 +213,7 @@ def run_comparison(*, requests: int, trace: str | None, out: str | None,
                    window_start: int | None = None,
                    target_utilisation: float = DEFAULT_TARGET_UTILISATION,
                    overload: bool = False, plot: str | None = None,
-                   cost_model: str = PROFILE_NOW) -> dict:
+                   cost_model: str = COST_MODEL) -> dict:
     """Both modes on the same requests; prints the side-by-side table, writes the
     TTFT plot (``plot``, default beside ``out`` or in the log folder) and ``out``.
 

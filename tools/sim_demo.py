@@ -5,9 +5,9 @@ arrival clock, blocks of ``block_tokens`` tokens, instance counts) is rebuilt
 exactly as the demo built it (:func:`kvstore.tools.demo.plan_demo`, which is
 deterministic), and the same requests, with the same arrival times and the
 output lengths the engines produced, go through the simulator
-(:mod:`kvstore.tools.simulate`) with the demo's cost model (the one ``kvstore
-demo`` fitted on its machine just before the run, recorded in ``FILE``), in
-both modes::
+(:mod:`kvstore.tools.simulate`) with the demo's cost model (recorded in
+``FILE``: the bundled profile, or one ``kvstore demo --cost-model profile``
+fitted just before its run), in both modes::
 
     cache     one pool per prefill instance, big enough for the window, holding
               the warm-up's blocks before the first arrival (as the store did)
@@ -120,8 +120,8 @@ def like_demo(demo_file: str | Path, cost_model: str | None = None, scale: str =
 
     Args:
         demo_file: the JSON of ``kvstore demo --out`` (both modes).
-        cost_model: a cost model name or file; None: the demo's (the one it profiled
-            before its run, recorded in the file; older files: ``tiny-cpu``).
+        cost_model: a cost model name or file; None: the demo's (recorded in the file;
+            older files: ``tiny-cpu``).
         scale: "own", "other" or "none": the level of each mode's prefill (see the
             module docstring).
 

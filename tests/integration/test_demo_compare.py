@@ -60,7 +60,7 @@ def test_the_cache_saves_prefill_and_the_json_has_the_ratios(result):
 
 def test_the_simulator_predicts_the_demo_ttft(result):
     # The same requests, arrivals and instance counts through the simulator with
-    # the cost model the demo profiled just before, each mode's prefill at its
+    # the cost model the demo recorded, each mode's prefill at its
     # measured level (kvstore simulate-demo). The README's 200-request run is
     # within 25 %. A 30-request window lasts about 11 s, and on two shared cores
     # any other work in it moves the measured TTFT: quiet runs measured up to
@@ -71,7 +71,7 @@ def test_the_simulator_predicts_the_demo_ttft(result):
                           result["_file"], "--json"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
     sim = json.loads(run.stdout)
-    assert sim["requests"] == N and sim["cost_model"] == "tiny-cpu-now"   # profiled by the demo
+    assert sim["requests"] == N and sim["cost_model"] == "tiny-cpu"   # recorded by the demo
     assert sim["scale"] == "own"
     for mode in ("cache", "no_cache"):
         err = sim[mode]["error"]
