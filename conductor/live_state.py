@@ -94,10 +94,16 @@ class _Ticket:
 
 
 class PrefillQueues:
-    """``busy_until_ms`` / ``queued_ms`` of the live prefill instances (rules above)."""
+    """``busy_until_ms`` / ``queued_ms`` of the live prefill instances (rules above).
 
-    def __init__(self) -> None:
+    Args:
+        learn_ratio: keep each instance's service ratio; False (a cost model whose
+            "milliseconds" are token counts) keeps every ratio at 1.
+    """
+
+    def __init__(self, learn_ratio: bool = True) -> None:
         self._fifo: dict[str, deque[_Ticket]] = {}
+        self.learn_ratio = learn_ratio
         self.service_ratio: dict[str, float] = {}   # instance id -> measured / model
 
     def dispatched(self, inst: PrefillInstance, model_ms: float, now_ms: float) -> _Ticket:
@@ -119,7 +125,7 @@ class PrefillQueues:
         fifo = self._fifo.get(inst.instance_id)
         if not fifo or ticket not in fifo:
             return
-        if service_ms is not None and service_ms > 0 and ticket.model_ms > 0:
+        if self.learn_ratio and service_ms is not None and service_ms > 0 and ticket.model_ms > 0:
             old = self.service_ratio.get(inst.instance_id, 1.0)
             lo, hi = SERVICE_RATIO_BOUNDS
             ratio = min(max(service_ms / ticket.model_ms, lo), hi)

@@ -120,11 +120,13 @@ class Conductor:
         self._background: set = set()
         self.view = SharedStoreView()
         scheduler.cache_view = self.view
-        self.queues = PrefillQueues()
+        # A cost model without timing (token counts) gets no clock: its queue is the
+        # queued work, and engine times say nothing about its units.
+        timed = scheduler.cost.name != "token-count"
+        self._clock = _ms if timed else (lambda: 0.0)
+        self.queues = PrefillQueues(learn_ratio=timed)
         self.decision_log = decision_log
         self._seq = 0
-        # A cost model without timing (token counts) gets no clock: its queue is the queued work.
-        self._clock = (lambda: 0.0) if scheduler.cost.name == "token-count" else _ms
         self._prefill_stubs = {p.instance_id: spb_grpc.PrefillEngineStub(self._channel(p.address))
                                for p in scheduler.prefill}
         self._decode_stubs = {d.instance_id: spb_grpc.DecodeEngineStub(self._channel(d.address))
@@ -353,8 +355,7 @@ class Conductor:
                     last = f"prefill on {inst.instance_id} took over {self.deadlines.prefill_s:.0f} s"
                 raise _RequestFailed(exc.code(), last) from None
             finally:
-                self.queues.answered(inst, ticket, self._clock(),
-                                     service_ms if self._clock is _ms else None)
+                self.queues.answered(inst, ticket, self._clock(), service_ms)
                 inst.queued_requests -= 1
                 inst.queued_tokens -= choice.tokens_to_compute
         raise _RequestFailed(grpc.StatusCode.UNAVAILABLE,

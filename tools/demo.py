@@ -126,7 +126,8 @@ def plan_demo(*, trace: str | None, requests: int, warmup: int, window_start: in
 
 
 def _run_mode(plan: DemoPlan, *, use_cache: bool, node_dram: str, log_dir: str,
-              console: Console, save_mode: str | None, conductor_args: tuple[str, ...]) -> dict:
+              console: Console, save_mode: str | None, conductor_args: tuple[str, ...],
+              overload: bool) -> dict:
     """One mode on a fresh cluster: warm-up, replay of the window; its summary.
 
     Raises:
@@ -142,11 +143,10 @@ def _run_mode(plan: DemoPlan, *, use_cache: bool, node_dram: str, log_dir: str,
     try:
         watchdog = _Watchdog(cluster)
         with console.status(f"{mode}: warm-up, {len(warm_reqs)} requests"):
-            # Under a TTFT SLO (--overload) one at a time: the warm-up builds no queue,
-            # so none of it is refused (each long prompt fits the SLO on its own).
-            in_flight = 1 if "--ttft-slo-ms" in conductor_args else 2
+            # Under the TTFT SLO of --overload one at a time: the warm-up builds no
+            # queue, so none of it is refused (each long prompt fits the SLO on its own).
             warm = asyncio.run(watchdog.guard(warm_up(cluster.conductor, warm_reqs,
-                                                      in_flight=in_flight)))
+                                                      in_flight=1 if overload else 2)))
         outcome = asyncio.run(watchdog.guard(replay(cluster.conductor, plan.measured)))
         save = save_summary(_prefill_save_totals(cluster))
     finally:
@@ -197,7 +197,8 @@ def run_demo(*, requests: int, trace: str | None, use_cache: bool, out: str | No
     mode = "cache" if use_cache else "no-cache"
     _announce(console, plan, f"{mode} only", log_dir)
     summary = _run_mode(plan, use_cache=use_cache, node_dram=node_dram, log_dir=log_dir,
-                        console=console, save_mode=save_mode, conductor_args=conductor_args)
+                        console=console, save_mode=save_mode, conductor_args=conductor_args,
+                        overload=overload)
     summary["cost_model"] = cost.to_dict()
     console.print(render_summary(summary))
     if out:
@@ -238,7 +239,8 @@ def run_comparison(*, requests: int, trace: str | None, out: str | None,
     for use_cache, key in ((True, "cache"), (False, "no_cache")):
         runs[key] = _run_mode(plan, use_cache=use_cache, node_dram=node_dram,
                               log_dir=os.path.join(log_dir, key), console=console,
-                              save_mode=save_mode, conductor_args=conductor_args)
+                              save_mode=save_mode, conductor_args=conductor_args,
+                              overload=overload)
     comparison = compare(runs["cache"], runs["no_cache"])
     title = (f"kvstore demo: {plan.window.num_requests} requests of {plan.trace.name} at "
              f"{plan.arrivals.rate_rps:.2f} requests/s" + (" (overload)" if overload else ""))
