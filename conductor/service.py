@@ -48,6 +48,7 @@ import grpc
 from kvstore.client import KVClient, KVStoreError, Namespace, NotFound, prefix_keys
 from kvstore.client.models import model_config, namespace_for_model
 from kvstore.client.transfer_keys import is_transfer_key
+from kvstore.conductor.arrival_order import ArrivalOrder
 from kvstore.conductor.health import HealthMonitor, ProbeResult, Worker
 from kvstore.conductor.instances import DecodeChoice, RejectReason, SchedRequest
 from kvstore.conductor.live_state import DecisionLog, PrefillQueues, SharedStoreView
@@ -127,6 +128,7 @@ class Conductor:
         self.queues = PrefillQueues(learn_ratio=timed)
         self.decision_log = decision_log
         self._seq = 0
+        self.arrivals = ArrivalOrder()
         self._prefill_stubs = {p.instance_id: spb_grpc.PrefillEngineStub(self._channel(p.address))
                                for p in scheduler.prefill}
         self._decode_stubs = {d.instance_id: spb_grpc.DecodeEngineStub(self._channel(d.address))
@@ -254,7 +256,12 @@ class Conductor:
             return
         produced = 0
         self._seq += 1
-        keys, n_hit = await self._cached_prefix(prompt)
+        ticket = self.arrivals.ticket()
+        try:
+            keys, n_hit = await self._cached_prefix(prompt)
+            await self.arrivals.turn(ticket)     # scheduled in arrival order
+        finally:
+            self.arrivals.done(ticket)           # the next one resumes after our first await
         req = SchedRequest(request_id=f"{self._seq}:{request.request_id}", prompt_tokens=len(prompt),
                            block_keys=tuple(keys))
         try:

@@ -37,11 +37,21 @@ class ReplayOutcome:
         return self.hit_blocks / self.total_blocks if self.total_blocks else 0.0
 
 
-async def _one(stub, req: ScaledRequest, run_id: str, t0: float, timeout_s: float
+async def _dispatch(requests: list[ScaledRequest], go: list[asyncio.Future], t0: float) -> None:
+    """Releases each request at its arrival time, in arrival order (trace order among
+    equal times): one sleeper, so a burst of equal arrival times reaches the
+    conductor in the order the trace (and the simulator) has it."""
+    for i in sorted(range(len(requests)), key=lambda i: requests[i].arrival_ms):
+        delay = requests[i].arrival_ms / 1000.0 - (time.perf_counter() - t0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if not go[i].done():
+            go[i].set_result(None)
+
+
+async def _one(stub, req: ScaledRequest, run_id: str, go: asyncio.Future, timeout_s: float
                ) -> tuple[RequestResult, int, int]:
-    delay = req.arrival_ms / 1000.0 - (time.perf_counter() - t0)
-    if delay > 0:
-        await asyncio.sleep(delay)
+    await go
     result = RequestResult(index=req.index, prompt_tokens=len(req.prompt_tokens))
     tokens: list[int] = []
     hits = total = 0
@@ -86,13 +96,22 @@ async def replay(conductor: str, requests: list[ScaledRequest], *, timeout_s: fl
                       disable=not show_progress, transient=False) as progress:
             task = progress.add_task("replay", total=len(requests), status="")
             errors = 0
-            tasks = [asyncio.create_task(_one(stub, r, run_id, t0, timeout_s)) for r in requests]
+            loop = asyncio.get_running_loop()
+            go = [loop.create_future() for _ in requests]
+            tasks = [asyncio.create_task(_one(stub, r, run_id, g, timeout_s))
+                     for r, g in zip(requests, go)]
+            dispatcher = asyncio.create_task(_dispatch(requests, go, t0))
             done = []
-            for fut in asyncio.as_completed(tasks):
-                res = await fut
-                done.append(res)
-                errors += res[0].error is not None
-                progress.update(task, advance=1, status=f"errors {errors}")
+            try:
+                for fut in asyncio.as_completed(tasks):
+                    res = await fut
+                    done.append(res)
+                    errors += res[0].error is not None
+                    progress.update(task, advance=1, status=f"errors {errors}")
+            finally:
+                dispatcher.cancel()
+                for t in tasks:
+                    t.cancel()
         duration = time.perf_counter() - t0
     done.sort(key=lambda x: x[0].index)
     ok = [(h, t) for r, h, t in done if r.error is None and not r.rejected]
