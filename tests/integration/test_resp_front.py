@@ -140,6 +140,17 @@ def test_redis_py_sync(port, prefix, protocol):
         pipe.set(prefix + "dup", b"one").set(prefix + "dup", b"one").set(prefix + "dup", b"two")
         first, second, third = pipe.execute(raise_on_error=False)
         assert first is True and second is True and "KeyConflict" in str(third)
+        # A pipelined run of GETs reads a repeated key once; every reply has its
+        # bytes, and INFO counts each GET.
+        hits0, misses0 = (r.info("stats")[f] for f in ("keyspace_hits", "keyspace_misses"))
+        pipe = r.pipeline(transaction=False)
+        for k in [prefix + "v65536", prefix + "nope", prefix + "v65536", prefix + "v1",
+                  prefix + "nope", prefix + "v65536"]:
+            pipe.get(k)
+        v64k, v1 = values[prefix + "v65536"], values[prefix + "v1"]
+        assert pipe.execute() == [v64k, None, v64k, v1, None, v64k]
+        stats = r.info("stats")
+        assert (stats["keyspace_hits"] - hits0, stats["keyspace_misses"] - misses0) == (4, 2)
         assert r.delete(*values, prefix + "m1") == len(values) + 1
         assert r.get(prefix + "v0") is None
         if protocol == 3:

@@ -119,11 +119,22 @@ def test_reply_buffers_are_reused_and_bounded():
     pool.recycle()                                   # the replies are sent
     again = [pool.take() for _ in range(40)]
     assert sum(any(a is b for b in first) for a in again) == ReplyBuffers.MAX_POOLED
-    pool.learn(ReplyBuffers.MAX_POOLED_BYTES + 1)    # too large to pool: the size stays
+    pool.learn(ReplyBuffers.MAX_BUFFER_BYTES + 1)    # too large to pool: the size stays
     assert pool.size_bytes == 1000
     pool.learn(2000)                                 # larger values: larger buffers
     pool.recycle()
     assert len(pool.take()) == 2000
+    pool.learn(1 << 20)                              # 1 MiB values: fewer of them
+    assert pool.capacity == ReplyBuffers.POOL_BYTES >> 20
+    one = pool.take()
+    pool.recycle()
+    assert pool.take() is one                        # serial GETs reuse one buffer
+    pool.recycle()
+    held = [pool.take() for _ in range(3 * pool.capacity)]
+    pool.recycle()
+    assert len(pool._free) == pool.capacity          # the pool keeps POOL_BYTES at most
+    assert sum(len(b) for b in pool._free) <= ReplyBuffers.POOL_BYTES
+    del held
 
 
 def test_glob_patterns_of_scan_and_keys():

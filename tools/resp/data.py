@@ -32,24 +32,31 @@ class ReplyBuffers:
     fresh pages, per GET.
 
     Buffers are ``size_bytes`` long: the largest value this connection has
-    read, up to :data:`MAX_POOLED_BYTES`; larger values get buffers of their
-    own. At most :data:`MAX_POOLED` are kept (the connection's memory stays
-    ``MAX_POOLED * MAX_POOLED_BYTES`` at most).
+    read, up to :data:`MAX_BUFFER_BYTES`; larger values get buffers of their
+    own. At most :attr:`capacity` are kept: ``POOL_BYTES // size_bytes``
+    (32 of 256 KiB, 8 of 1 MiB, 1 of 8 MiB), so a connection's pool holds
+    ``POOL_BYTES`` at most.
 
     Thread safety: one connection's thread.
     """
 
+    POOL_BYTES = 8 << 20
+    MAX_BUFFER_BYTES = 8 << 20
     MAX_POOLED = 32
-    MAX_POOLED_BYTES = 256 * 1024
 
     def __init__(self):
         self.size_bytes = 0
         self._free: list[bytearray] = []
         self._lent: list[bytearray] = []
 
+    @property
+    def capacity(self) -> int:
+        """How many buffers the pool keeps (and a pooled read may take)."""
+        return min(self.MAX_POOLED, self.POOL_BYTES // max(1, self.size_bytes))
+
     def learn(self, size_bytes: int) -> None:
         """A value of ``size_bytes`` was read: pool buffers that can hold it (if small enough)."""
-        if self.size_bytes < size_bytes <= self.MAX_POOLED_BYTES:
+        if self.size_bytes < size_bytes <= self.MAX_BUFFER_BYTES:
             self.size_bytes = size_bytes
             self._free.clear()
 
@@ -60,7 +67,7 @@ class ReplyBuffers:
 
     def recycle(self) -> None:
         """The replies are sent: lent buffers may be read into again."""
-        keep = self.MAX_POOLED - len(self._free)
+        keep = self.capacity - len(self._free)
         self._free += [b for b in self._lent[:keep] if len(b) == self.size_bytes]
         self._lent.clear()
 
@@ -68,13 +75,13 @@ class ReplyBuffers:
 def get_many(front, keys: list[str], buffers: ReplyBuffers | None = None) -> list:
     """Values (bytes-like) or None per key; counts hits and misses.
 
-    With ``buffers`` and at most ``MAX_POOLED`` keys, values up to its size are
+    With ``buffers`` and at most its ``capacity`` keys, values up to its size are
     read into its buffers (valid until it is recycled); others into new ones.
 
     Raises:
         KVStoreError: a failure other than NotFound (the first).
     """
-    if buffers is not None and buffers.size_bytes and len(keys) <= buffers.MAX_POOLED:
+    if buffers is not None and buffers.size_bytes and len(keys) <= buffers.capacity:
         values = _get_pooled(front, keys, buffers)
     else:
         values = front.kv.batch_get(keys) if len(keys) > 1 else [_get_one(front, keys[0])]
@@ -122,15 +129,28 @@ def _get_one(front, key: str):
 
 def get_run(front, session, run: list[list]) -> list:
     """Replies to a run of pipelined ``GET key`` commands, read as one batch; any
-    failure of the batch (a bad key, a store error) answers each command alone."""
+    failure of the batch (a bad key, a store error) answers each command alone.
+    A key repeated in the run is read once and its replies share the value (the
+    object is immutable, so each GET would read the same bytes), as
+    :func:`set_run` puts a repeated key once."""
     try:
         if session.role is None:
             raise RespError("not authenticated")
-        values = get_many(front, [text(args[1]) for args in run], session.buffers)
+        keys = [text(args[1]) for args in run]
+        first = dict.fromkeys(keys)                 # distinct keys, in order
+        if len(first) < len(keys):
+            values = dict(zip(first, get_many(front, list(first), session.buffers)))
+            out = [values[k] for k in keys]
+            repeats = len(out) - len(values)        # get_many counted each key once
+            hits = sum(v is not None for v in out) - sum(v is not None for v in values.values())
+            front.stats.hits += hits
+            front.stats.misses += repeats - hits
+        else:
+            out = get_many(front, keys, session.buffers)
     except (RespError, KVStoreError):
         return [dispatch(front, session, args) for args in run]
     front.stats.commands += len(run)
-    return values
+    return out
 
 
 def set_run(front, session, run: list[list]) -> list:
