@@ -320,10 +320,15 @@ class Tiering:
         now = time.monotonic()
         evictable = sum(o.copies[level].reserved_bytes for o in self._table.objects.values()
                         if o.can_give_up(level, True, now))
-        why = (self.blocked_reason_locked(level, now) if not evictable else
-               f"{evictable} B evictable were not freed within {self.room_wait_s} s"
-               + ("" if self.mover is not None and self.mover.running else
-                  " (the tier mover is not running)"))
+        if not self._levels[level].policy.evicts:
+            why = (f"eviction is off (eviction policy {self._levels[level].policy.name}): "
+                   f"its {tier.used_bytes} B stay until removed")
+        elif not evictable:
+            why = self.blocked_reason_locked(level, now)
+        else:
+            why = (f"{evictable} B evictable were not freed within {self.room_wait_s} s"
+                   + ("" if self.mover is not None and self.mover.running else
+                      " (the tier mover is not running)"))
         return (f"no free extent of {size_bytes} B in {tier.kind.name} (free {tier.free_bytes} B, "
                 f"largest {tier.largest_free_bytes()} B) and {why}")
 

@@ -91,3 +91,17 @@ def test_default_policy_evicts_a_chain_tail_before_its_head():
         assert evicted == "c7"                   # the tail, not the head
     finally:
         tier.close()
+
+
+def test_a_full_node_without_eviction_says_eviction_is_off():
+    tier = DramTier(CAPACITY)
+    try:
+        node = StoreNode(tier, policy="none", high_watermark=0.9, low_watermark=0.5)
+        for i in range(8):
+            write(node, f"k{i}", bytes([i]) * (8 * KiB), object_id=i + 1)
+        with pytest.raises(NoSpace) as exc:
+            node.begin_write("more", 99, 8 * KiB, 0)
+        assert "eviction is off (eviction policy none)" in str(exc.value)
+        assert "not freed" not in str(exc.value) and not evictions(node)
+    finally:
+        tier.close()

@@ -89,6 +89,7 @@ class EvictionPolicy(ABC):
 
     name: str = "base"  # set by @register_policy
     leaf_first: bool = False  # only keys without cached children are proposed
+    evicts: bool = True  # False: proposes no victim, ever (a full tier refuses puts)
 
     def __init__(self) -> None:
         self._entries: dict[Key, PolicyEntry] = {}

@@ -17,6 +17,8 @@ from kvstore.store.eviction.base import EvictionPolicy, Key, PolicyEntry, regist
 class NoEvictionPolicy(EvictionPolicy):
     """Tracks nothing worth evicting: proposes no victim, ever."""
 
+    evicts = False
+
     def _priority(self, entry: PolicyEntry) -> tuple:
         return (entry.seq,)
 
