@@ -366,7 +366,8 @@ def test_bench_rows_beside_redis_server():
     rows = run_systems([resp_peer.start], [64 * 1024], use_resp=True, duration_s=0.05,
                        warmup_s=0.01, pool_bytes=4 << 20, node_dram="128MiB")
     got = {(r["system"], r["path"], r["op"]) for r in rows}
-    assert got == {(s, "redis-benchmark", op) for s in ("redis", "kvstore-resp")
+    assert got == {(s, path, op) for s in ("redis", "kvstore-resp")
+                   for path in ("redis-benchmark", "redis-benchmark-r1000")
                    for op in ("get", "put")} | {("kvstore-resp", "tcp", op)
                                                 for op in ("get", "put")}
     assert all(r["ops_per_s"] > 0 for r in rows)

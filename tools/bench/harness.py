@@ -74,7 +74,8 @@ class DataPath(_Name):
     ASYNC_64 = "async-64"        # ... 64 in flight
     TCP_TLS = "tcp+tls"                # tcp over mutual TLS, to a cluster with --auth
     TCP_BATCH_TLS = "tcp-batch+tls"    # tcp-batch likewise
-    REDIS_BENCHMARK = "redis-benchmark"   # redis-benchmark -P 16 (50 connections)
+    REDIS_BENCHMARK = "redis-benchmark"   # redis-benchmark -P 16 (50 connections), one key
+    REDIS_BENCHMARK_KEYS = "redis-benchmark-r1000"   # ... -r 1000: 1000 distinct keys
 
 
 class Op(_Name):

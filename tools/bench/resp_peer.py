@@ -3,7 +3,10 @@
 Rows (``--resp``): for each size, ``redis-benchmark -t set,get -d SIZE -P 16``
 (50 connections) against a redis-server and against the front (path
 ``redis-benchmark``, sizes up to 1 MiB: at 4 MiB 800 values in flight are
-3.2 GB), and redis-py SET / GET against the front (path ``tcp``, the same
+3.2 GB), the same with ``-r 1000`` (path ``redis-benchmark-r1000``): without
+``-r`` every command names one key, and the front reads a key repeated in a
+pipelined run of GETs once, so the ``-r`` rows show the cost of distinct
+reads; and redis-py SET / GET against the front (path ``tcp``, the same
 measurement as the ``redis`` peer's rows, so ``vs redis`` compares them).
 The front runs over its own master and store node, started here like the
 ``kvstore`` peer's; the redis-server is started the same way as the
@@ -26,6 +29,8 @@ from kvstore.tools.bench.redis_peer import RedisPeer, redis_py_rows
 #: redis-benchmark requests per measurement at 64 KiB (fewer for larger values).
 _REQUESTS_64K = 20_000
 _MAX_BENCHMARK_BYTES = MiB
+#: Keys of the ``-r`` runs (at 1 MiB, 1 GiB of values in the node).
+_DISTINCT_KEYS = 1000
 
 
 class RespPeer(Peer):
@@ -54,21 +59,24 @@ class RespPeer(Peer):
     def bench(self, size_bytes: int) -> list[Row]:
         rows = []
         if size_bytes <= _MAX_BENCHMARK_BYTES:
-            for system, port in ((System.REDIS, self.redis.port),
-                                 (System.KVSTORE_RESP, self.port)):
-                rows += self._redis_benchmark(system, port, size_bytes)
+            for path in (DataPath.REDIS_BENCHMARK, DataPath.REDIS_BENCHMARK_KEYS):
+                for system, port in ((System.REDIS, self.redis.port),
+                                     (System.KVSTORE_RESP, self.port)):
+                    rows += self._redis_benchmark(system, port, size_bytes, path)
         return rows + redis_py_rows(self.client, System.KVSTORE_RESP, self.cfg, size_bytes)
 
-    def _redis_benchmark(self, system: System, port: int, size: int) -> list[Row]:
-        """SET then GET rows of one redis-benchmark run (its own key; FLUSHALL first)."""
+    def _redis_benchmark(self, system: System, port: int, size: int, path: DataPath
+                         ) -> list[Row]:
+        """SET then GET rows of one redis-benchmark run (its own keys; FLUSHALL first)."""
         import redis
 
-        self.cfg.progress(f"redis-benchmark {system} {format_size(size)}")
+        keys = ["-r", str(_DISTINCT_KEYS)] if path is DataPath.REDIS_BENCHMARK_KEYS else []
+        self.cfg.progress(f"redis-benchmark {' '.join(keys)} {system} {format_size(size)}")
         with redis.Redis(port=port) as r:
             r.flushall()                  # its key held another size's value (immutable here)
         n = max(1000, min(_REQUESTS_64K, _REQUESTS_64K * 64 * 1024 // size))
         out = subprocess.run([self.benchmark, "-p", str(port), "-t", "set,get", "-n", str(n),
-                              "-d", str(size), "-P", "16", "--csv"],
+                              "-d", str(size), "-P", "16", "--csv", *keys],
                              capture_output=True, text=True, timeout=600)
         if out.returncode != 0:
             raise RuntimeError(f"redis-benchmark against {system} failed: {out.stderr[-300:]}")
@@ -76,7 +84,7 @@ class RespPeer(Peer):
                  if len(line) > 1 and line[0] in ("SET", "GET")}
         if set(rates) != {"SET", "GET"}:
             raise RuntimeError(f"redis-benchmark against {system}: no rates in its output")
-        return [rate_row(system, DataPath.REDIS_BENCHMARK, op, size, rates[name], 1.0)
+        return [rate_row(system, path, op, size, rates[name], 1.0)
                 for name, op in (("SET", Op.PUT), ("GET", Op.GET))]
 
     def stop(self) -> None:
