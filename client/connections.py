@@ -55,6 +55,12 @@ class _ThreadTransports:
         _close_transports(self.map)
 
 
+def _stale(tr: Transport) -> bool:
+    """A shared-memory transport whose mapping was retired (its node restarted or
+    failed, as another thread found): it reconnects instead of failing its next call."""
+    return isinstance(tr, ShmTransport) and tr.segment.closed
+
+
 def _close_transports(transports: dict[NodeId, Transport]) -> None:
     for tr in list(transports.values()):
         tr.close()
@@ -111,7 +117,7 @@ class Connections:
                 self._holders.add(holder)
         cache = holder.map
         tr = cache.get(node.node_id)
-        if tr is not None and not getattr(tr, "conn").broken:
+        if tr is not None and not getattr(tr, "conn").broken and not _stale(tr):
             return tr
         if tr is not None:
             tr.close()
@@ -120,7 +126,7 @@ class Connections:
             # Same host: map the node's segment, and send the control frames over
             # its Unix socket when it has one (a cheaper round trip than TCP).
             try:
-                segment = self._segments.acquire(node.shm_name)
+                segment = self._segments.acquire(node.shm_name, node.node_id)
             except OSError as exc:
                 log.info("shared memory %s not usable (%s); using TCP", node.shm_name, exc)
             else:
@@ -171,11 +177,15 @@ class Connections:
             return None
 
     def drop(self, node_id: NodeId) -> None:
-        """Close this thread's transport to ``node_id`` (it failed); the next use reconnects."""
+        """Close this thread's transport to ``node_id`` (it failed); the next use reconnects.
+        Its segment mapping is retired: other threads' transports to the node
+        reconnect at their next use, and an idle thread's no longer keeps a dead
+        node's segment mapped (``SegmentMaps``)."""
         holder = getattr(self._local, "transports", None)
         tr = holder.map.pop(node_id, None) if holder is not None else None
         if tr is not None:
             tr.close()
+        self._segments.retire_node(node_id)
 
     def node_failed(self, node: NodeAddress, key: str, err: KVStoreError) -> None:
         """A transfer of ``key`` with ``node`` failed (down, hung, broken): try the

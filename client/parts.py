@@ -148,16 +148,18 @@ class PartsWriter:
                 self._targets[i].append(_Target(node, tr, None))
             return
         try:
-            replies = tr.control(Op.SHM_ALLOC, [(self.keys[i], self._oid[i], self.sizes[i], 0)
-                                               for i, _ in lst], [self.parents[i] for i, _ in lst],
-                                 [self._replica_num] * len(lst))
+            with tr.using() as seg:     # the reserved ranges' views keep the mapping alive
+                replies = tr.control(Op.SHM_ALLOC, [(self.keys[i], self._oid[i], self.sizes[i], 0)
+                                                   for i, _ in lst],
+                                     [self.parents[i] for i, _ in lst],
+                                     [self._replica_num] * len(lst))
+                for (i, _), (code, _oid, size, _ck, offset, _msg) in zip(lst, replies):
+                    if code == pb.OK:
+                        self._targets[i].append(_Target(node, tr,
+                                                        seg[offset:offset + self.sizes[i]]))
         except Unavailable:
             self._connections.drop(node.node_id)
             return
-        seg = tr.segment.view
-        for (i, _), (code, _oid, size, _ck, offset, _msg) in zip(lst, replies):
-            if code == pb.OK:
-                self._targets[i].append(_Target(node, tr, seg[offset:offset + self.sizes[i]]))
 
     # ---- fill ----
     def write(self, i: int, offset: int, part: Any) -> None:

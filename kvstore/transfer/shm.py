@@ -21,9 +21,11 @@ import os
 import socket
 import threading
 from collections import OrderedDict
+from contextlib import contextmanager, nullcontext
+from typing import ContextManager, Iterator
 
 from kvstore._proto import kvstore_pb2 as _pb
-from kvstore.errors import KVStoreError, error_for_code
+from kvstore.errors import KVStoreError, Unavailable, error_for_code
 from kvstore.transfer.base import ReadItem, Transport, WriteItem
 from kvstore.transfer.protocol import Op
 from kvstore.transfer.tcp import Location, NodeConnection, read_by_reference
@@ -120,6 +122,11 @@ class ShmSegment:
         thread.start()
         return thread
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran (the view is released)."""
+        return self._closing.is_set()
+
     def close(self) -> None:
         """Unmap; the creator also unlinks the segment."""
         self._closing.set()
@@ -144,8 +151,19 @@ class SegmentMaps:
     A client keeps a transport per thread and node; mapping the segment once per
     transport would prefault (and hold page tables for) the same pages once per
     thread. Mappings are counted and unmapped at their last :meth:`release`. A
-    segment file that was replaced under the same name (the node restarted) is
-    mapped anew, never served from the old mapping.
+    segment file that was replaced under the same name is mapped anew, never
+    served from the old mapping.
+
+    A node that restarts makes a new segment (its name carries the process id),
+    and the old one, unlinked, lives as long as a mapping of it. Threads that
+    sit idle keep their transports, and with them that mapping: a long-lived
+    client (the RESP front keeps a worker thread per connection) would hold a
+    whole dead segment per node restart. So a mapping is *retired* when a newer
+    segment of its node is mapped (:meth:`acquire` with the node id) or a
+    transport to its node failed (:meth:`retire_node`): it is unmapped as soon as
+    no transport is inside an operation on it (:meth:`using`), and transports
+    still holding it reconnect at their next use
+    (``kvstore.client.connections``).
 
     Thread safety: all methods from any thread.
     """
@@ -155,20 +173,71 @@ class SegmentMaps:
         self._lock = threading.Lock()
         self._current: dict[str, ShmSegment] = {}   # name -> newest mapping
         self._refs: dict[int, int] = {}             # id(segment) -> transports using it
+        self._by_node: dict[str, ShmSegment] = {}   # node id -> its newest mapping
+        self._busy: dict[int, int] = {}             # id(segment) -> operations inside it
+        self._retired: set[int] = set()
 
-    def acquire(self, name: str) -> ShmSegment:
-        """The mapping of segment ``name`` (one more user); raises OSError as ShmSegment."""
+    def acquire(self, name: str, node_id: str | None = None) -> ShmSegment:
+        """The mapping of segment ``name`` (one more user); raises OSError as ShmSegment.
+        With ``node_id``, an older segment of that node is retired."""
         inode = os.stat(os.path.join(SHM_DIR, name)).st_ino
+        stale = None
         with self._lock:
             seg = self._current.get(name)
-            if seg is None or seg.inode != inode:
+            if seg is None or seg.inode != inode or seg.closed:
                 seg = ShmSegment(name)
                 # Map its pages ahead of the copies (a page's first touch here
                 # is a fault, 1.7 us per 4 KiB), on a background thread, once.
                 seg.prefault_in_background(self.prefault_bytes)
                 self._current[name] = seg
             self._refs[id(seg)] = self._refs.get(id(seg), 0) + 1
-            return seg
+            if node_id is not None:
+                old = self._by_node.get(node_id)
+                self._by_node[node_id] = seg
+                if old is not None and old is not seg:
+                    stale = self._retire_locked(old)
+        if stale is not None:
+            stale.close()
+        return seg
+
+    def retire_node(self, node_id: str) -> None:
+        """A transport to ``node_id`` failed: retire its mapping (see the class docstring)."""
+        with self._lock:
+            seg = self._by_node.pop(node_id, None)
+            stale = self._retire_locked(seg) if seg is not None else None
+        if stale is not None:
+            stale.close()
+
+    def _retire_locked(self, seg: ShmSegment) -> ShmSegment | None:
+        """Mark ``seg`` retired; returns it when it can be unmapped now (no operation in it)."""
+        self._retired.add(id(seg))
+        if self._current.get(seg.name) is seg:
+            del self._current[seg.name]
+        return None if self._busy.get(id(seg)) else seg
+
+    @contextmanager
+    def using(self, seg: ShmSegment) -> Iterator[memoryview]:
+        """An operation on ``seg``: it stays mapped until the block ends; yields its view.
+
+        Raises:
+            Unavailable: ``seg`` was retired and unmapped (its node restarted or
+                failed); the caller reconnects.
+        """
+        with self._lock:
+            if seg.closed:
+                raise Unavailable(f"shared memory {seg.name} is unmapped: its node restarted "
+                                  "or failed")
+            self._busy[id(seg)] = self._busy.get(id(seg), 0) + 1
+        try:
+            yield seg.view
+        finally:
+            with self._lock:
+                left = self._busy.pop(id(seg)) - 1
+                if left:
+                    self._busy[id(seg)] = left
+                unmap = not left and id(seg) in self._retired
+            if unmap:
+                seg.close()
 
     def release(self, seg: ShmSegment) -> None:
         """One user fewer; the last one unmaps it."""
@@ -178,8 +247,12 @@ class SegmentMaps:
                 self._refs[id(seg)] = left
                 return
             self._refs.pop(id(seg), None)
+            self._retired.discard(id(seg))
             if self._current.get(seg.name) is seg:
                 del self._current[seg.name]
+            for node_id, s in list(self._by_node.items()):
+                if s is seg:
+                    del self._by_node[node_id]
         seg.close()
 
 
@@ -229,13 +302,30 @@ class ShmTransport(Transport):
                            flags=flags[i] if flags else 0)
         return [self.conn.recv_header() for _ in keys_ids]
 
+    def using(self) -> ContextManager[memoryview]:
+        """The segment's view, kept mapped for the block (:meth:`SegmentMaps.using`).
+
+        Raises:
+            Unavailable: the mapping was retired (the node restarted or failed).
+        """
+        if self._maps is not None:
+            return self._maps.using(self.segment)
+        return nullcontext(self.segment.view)
+
     def write_many(self, items: list[WriteItem]) -> list[KVStoreError | None]:
+        with self.using() as seg:
+            return self._write_many(seg, items)
+
+    def read_many(self, items: list[ReadItem], verify: bool = True) -> list[KVStoreError | None]:
+        with self.using() as seg:
+            return self._read_many(seg, items, verify)
+
+    def _write_many(self, seg: memoryview, items: list[WriteItem]) -> list[KVStoreError | None]:
         out: list[KVStoreError | None] = [None] * len(items)
         replies = self.control(Op.SHM_ALLOC, [(i.key, i.object_id, len(i.data), i.checksum)
                                              for i in items], [i.parent for i in items],
                                [i.replica_num for i in items])
         to_commit = []
-        seg = self.segment.view
         for idx, (it, (code, _oid, _size, _ck, offset, msg)) in enumerate(zip(items, replies)):
             if code != _pb.OK:
                 out[idx] = error_for_code(code, msg, key=it.key)
@@ -251,8 +341,8 @@ class ShmTransport(Transport):
                 out[idx] = error_for_code(code, msg, key=items[idx].key)
         return out
 
-    def read_many(self, items: list[ReadItem], verify: bool = True) -> list[KVStoreError | None]:
-        seg = self.segment.view
+    def _read_many(self, seg: memoryview, items: list[ReadItem], verify: bool
+                   ) -> list[KVStoreError | None]:
         where = self._where
         copied: dict[int, Location] = {}
 
