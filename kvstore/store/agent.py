@@ -368,6 +368,7 @@ class NodeAgent:
         # Deliver events as soon as they are appended (so the index stops
         # offering stale replicas), beat every interval.
         next_beat = 0.0
+        outage = _Outage(self.master)
         while not self._stop.is_set():
             self._ready.wait(max(0.0, next_beat - time.monotonic()))
             if self._stop.is_set():
@@ -383,14 +384,47 @@ class NodeAgent:
                 if time.monotonic() >= next_beat:
                     self.beat()
                     next_beat = time.monotonic() + self.interval_s
+                outage.ended()
             except grpc.RpcError as exc:
-                log.warning("master %s: %s", self.master, exc.code())
+                outage.failed(exc.code())
                 self.failover()
                 next_beat = time.monotonic() + self.min_beat_interval_s
             except Exception:   # a bug: keep the node reporting, say so loudly
                 log.exception("node agent round with %s failed", self.master)
                 next_beat = time.monotonic() + self.interval_s
             self._stop.wait(self.min_beat_interval_s)
+
+
+class _Outage:
+    """The log of one master's unreachability: the first failure as a warning, then
+    one line per OUTAGE_LOG_S with the count, and the recovery. (A node retries
+    every ``min_beat_interval_s``: a line per attempt was about 50 a second.)"""
+
+    def __init__(self, master: str):
+        self.master = master
+        self.failures = 0
+        self.since = self.logged = 0.0
+
+    def failed(self, code) -> None:
+        now = time.monotonic()
+        self.failures += 1
+        if self.failures == 1:
+            self.since = self.logged = now
+            log.warning("master %s: %s; retrying", self.master, code)
+        elif now - self.logged >= OUTAGE_LOG_S:
+            self.logged = now
+            log.warning("master %s: still %s after %.0f s (%d attempts)", self.master, code,
+                        now - self.since, self.failures)
+
+    def ended(self) -> None:
+        if self.failures:
+            log.warning("master %s: reachable again after %.1f s (%d failed attempts)",
+                        self.master, time.monotonic() - self.since, self.failures)
+            self.failures = 0
+
+
+#: How often a node repeats that a master is still unreachable, in seconds.
+OUTAGE_LOG_S = 10.0
 
 
 class Agents:
