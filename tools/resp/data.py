@@ -137,16 +137,13 @@ def get_run(front, session, run: list[list]) -> list:
         if session.role is None:
             raise RespError("not authenticated")
         keys = [text(args[1]) for args in run]
-        first = dict.fromkeys(keys)                 # distinct keys, in order
-        if len(first) < len(keys):
-            values = dict(zip(first, get_many(front, list(first), session.buffers)))
-            out = [values[k] for k in keys]
-            repeats = len(out) - len(values)        # get_many counted each key once
-            hits = sum(v is not None for v in out) - sum(v is not None for v in values.values())
-            front.stats.hits += hits
-            front.stats.misses += repeats - hits
-        else:
-            out = get_many(front, keys, session.buffers)
+        distinct = list(dict.fromkeys(keys))        # in order
+        values = dict(zip(distinct, get_many(front, distinct, session.buffers)))
+        out = [values[k] for k in keys]
+        # get_many counted each distinct key once; the repeats count too.
+        repeat_hits = sum(v is not None for v in out) - sum(v is not None for v in values.values())
+        front.stats.hits += repeat_hits
+        front.stats.misses += len(keys) - len(distinct) - repeat_hits
     except (RespError, KVStoreError):
         return [dispatch(front, session, args) for args in run]
     front.stats.commands += len(run)

@@ -41,8 +41,8 @@ from kvstore.tools.resp.table import Session, dispatch
 log = logging.getLogger(__name__)
 
 _FLUSH_BYTES = 256 * 1024
-#: Pipelined GETs (or SETs) read as one batch: as many as a connection's reply
-#: buffers hold at most (ReplyBuffers.MAX_POOLED), and SET values of at most 16 MiB together.
+#: Pipelined GETs (or SETs) read as one batch: at most as many as a connection's reply
+#: buffers can hold (ReplyBuffers.MAX_POOLED), and SET values of at most 16 MiB together.
 _MAX_RUN = 32
 _MAX_RUN_BYTES = 16 << 20
 _IOV_MAX = 512                  # buffers per sendmsg (Linux allows 1024)
