@@ -76,6 +76,7 @@ class DataPath(_Name):
     TCP_BATCH_TLS = "tcp-batch+tls"    # tcp-batch likewise
     REDIS_BENCHMARK = "redis-benchmark"   # redis-benchmark -P 16 (50 connections), one key
     REDIS_BENCHMARK_KEYS = "redis-benchmark-r1000"   # ... -r 1000: 1000 distinct keys
+    REDIS_PY = "redis-py"        # redis-py, the front's and its redis-server's rounds alternating
 
 
 class Op(_Name):

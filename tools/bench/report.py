@@ -66,8 +66,8 @@ TARGETS = (
            (System.KVSTORE_RESP, DataPath.REDIS_BENCHMARK, Op.GET),
            (System.REDIS, DataPath.REDIS_BENCHMARK, Op.GET), 0.5, (64 * 1024,)),
     Target("resp redis-py get >= 0.7x redis-server",
-           (System.KVSTORE_RESP, DataPath.TCP, Op.GET),
-           (System.REDIS, DataPath.TCP, Op.GET), 0.7, (MiB,)),
+           (System.KVSTORE_RESP, DataPath.REDIS_PY, Op.GET),
+           (System.REDIS, DataPath.REDIS_PY, Op.GET), 0.7, (MiB,)),
 )
 
 #: Ratio columns: kvstore (path) -> baseline (system, path); the memcpy row serves both ops.

@@ -6,8 +6,9 @@ Rows (``--resp``): for each size, ``redis-benchmark -t set,get -d SIZE -P 16``
 3.2 GB), the same with ``-r 1000`` (path ``redis-benchmark-r1000``): without
 ``-r`` every command names one key, and the front reads a key repeated in a
 pipelined run of GETs once, so the ``-r`` rows show the cost of distinct
-reads; and redis-py SET / GET against the front (path ``tcp``, the same
-measurement as the ``redis`` peer's rows, so ``vs redis`` compares them).
+reads; and redis-py SET / GET against the front and the redis-server (path
+``redis-py``: the ``redis`` peer's measurement, with the two servers' rounds
+taking turns, so ``vs redis`` compares one state of the machine).
 The front runs over its own master and store node, started here like the
 ``kvstore`` peer's; the redis-server is started the same way as the
 ``redis`` peer's (free loopback port, no persistence). Needs redis-server,
@@ -63,7 +64,9 @@ class RespPeer(Peer):
                 for system, port in ((System.REDIS, self.redis.port),
                                      (System.KVSTORE_RESP, self.port)):
                     rows += self._redis_benchmark(system, port, size_bytes, path)
-        return rows + redis_py_rows(self.client, System.KVSTORE_RESP, self.cfg, size_bytes)
+        return rows + redis_py_rows([(System.REDIS, self.redis.client),
+                                     (System.KVSTORE_RESP, self.client)],
+                                    DataPath.REDIS_PY, self.cfg, size_bytes)
 
     def _redis_benchmark(self, system: System, port: int, size: int, path: DataPath
                          ) -> list[Row]:
