@@ -242,7 +242,7 @@ def list_objects(
     table.add_column("key", overflow="fold")
     table.add_column("size", justify="right")
     table.add_column("replicas")
-    table.add_column("accesses", justify="right")
+    table.add_column("lookups", justify="right")     # at the master: see inspect
     table.add_column("created")
     for m in objects:
         table.add_row(m.key, format_size(m.size_bytes),
@@ -254,7 +254,11 @@ def list_objects(
 @app.command()
 def inspect(ctx: typer.Context, key: Annotated[str, typer.Argument(help="The object's key.")],
             as_json: JsonOpt = False) -> None:
-    """One object's metadata: size, checksum, replicas, access statistics."""
+    """One object's metadata: size, checksum, replicas, access statistics.
+
+    The lookups are the master's: a client reading through its cached
+    metadata goes straight to a node and counts none; the nodes' own access
+    times drive eviction (``kvctl nodes``)."""
     with _client(ctx) as kv:
         meta = kv.inspect(key)
         shard = kv.shard_map.shard_for_key(key)
@@ -271,8 +275,9 @@ def inspect(ctx: typer.Context, key: Annotated[str, typer.Argument(help="The obj
     table.add_row("object id", str(meta.object_id))
     table.add_row("slot / shard", f"{slot} / {shard.shard_id} ({shard})")
     table.add_row("created", _fmt_ms(meta.created_ms))
-    table.add_row("accesses", str(meta.access_count))
-    table.add_row("last access", _fmt_ms(meta.last_access_ms))
+    table.add_row("master lookups", f"{meta.access_count} (reads through a client's "
+                                    "cached metadata count none)")
+    table.add_row("last lookup", _fmt_ms(meta.last_access_ms))
     for r in meta.replicas:
         table.add_row("replica", f"{r.node.node_id} {r.node.host}:{r.node.data_port} "
                                  f"{r.tier.name}")
