@@ -257,8 +257,8 @@ def inspect(ctx: typer.Context, key: Annotated[str, typer.Argument(help="The obj
     """One object's metadata: size, checksum, replicas, access statistics.
 
     The lookups are the master's: a client reading through its cached
-    metadata goes straight to a node and counts none; the nodes' own access
-    times drive eviction (``kvctl nodes``)."""
+    metadata goes straight to a node and counts none; eviction goes by the
+    nodes' own access times, not these."""
     with _client(ctx) as kv:
         meta = kv.inspect(key)
         shard = kv.shard_map.shard_for_key(key)

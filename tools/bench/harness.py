@@ -270,6 +270,13 @@ class BenchConfig:
         """:func:`timed` with this run's budget, warm-up and rounds."""
         return timed(step, self.duration_s, self.warmup_s, max_iters, rounds=self.rounds)
 
+    def timed_together(self, steps: list[Callable[[int], None]]) -> list[Timing]:
+        """Each step's :class:`Timing` with this run's budget: :meth:`timed` for one
+        step, :func:`timed_interleaved` (rounds taking turns) for several."""
+        if len(steps) == 1:
+            return [self.timed(steps[0])]
+        return timed_interleaved(steps, self.duration_s, self.warmup_s, self.rounds)
+
 
 # ---- worker processes -------------------------------------------------------------------
 

@@ -36,8 +36,7 @@ from dataclasses import dataclass, field
 from kvstore.sizes import format_size
 from kvstore.tools.bench import memcpy
 from kvstore.tools.bench.harness import (TLS_OF, BenchConfig, DataPath, Op, Peer, Pool, Row,
-                                         System, rate_row, stop_workers, timed,
-                                         timed_interleaved, timed_row)
+                                         System, rate_row, stop_workers, timed, timed_row)
 
 #: The single-client paths, in table order.
 _PATHS = (DataPath.SHM, DataPath.TCP, DataPath.TCP_BATCH)
@@ -249,10 +248,9 @@ class KvstorePeer(Peer):
         for path in self.paths:
             cfg.progress(f"kvstore {self._label(path)} get {format_size(size)}")
             if path == DataPath.SHM:
-                t_copy, t = timed_interleaved(
+                t_copy, t = cfg.timed_together(
                     [memcpy.copy_step(src, dst),
-                     lambda i: self.kv_shm.get_into(keys[i % n], dst[i])],
-                    cfg.duration_s, cfg.warmup_s, cfg.rounds)
+                     lambda i: self.kv_shm.get_into(keys[i % n], dst[i])])
                 rows.insert(0, memcpy.limit_row(size, t_copy))
             elif path == DataPath.TCP_BATCH:
                 def step(i: int) -> None:

@@ -18,7 +18,7 @@ import time
 
 from kvstore.sizes import format_size
 from kvstore.tools.bench.harness import (BenchConfig, DataPath, MiB, Op, Peer, Pool, Row, System,
-                                         Timing, free_port, timed_interleaved, timed_row)
+                                         free_port, timed_row)
 from kvstore.tools.processes import terminate
 
 
@@ -60,15 +60,15 @@ def redis_py_rows(clients: list[tuple[System, object]], path: DataPath, cfg: Ben
     """``put`` (SET of a key per pool slot, in rotation) and ``get`` (GET of those keys,
     each checked for its size) rows through each ``(system, redis-py client)``, then
     FLUSHALL. With several clients their rounds take turns
-    (:func:`~kvstore.tools.bench.harness.timed_interleaved`), so each ratio
-    between them compares one state of the machine: one after the other, the
-    redis-py GET 1 MiB rate of one server swung 0.4-2.4x of the other's between
-    runs of the same build here, interleaved 0.81-0.82x."""
+    (:meth:`~kvstore.tools.bench.harness.BenchConfig.timed_together`), so each
+    ratio between them compares one state of the machine: one after the other,
+    the redis-py GET 1 MiB rate of one server swung 0.4-2.4x of the other's
+    between runs of the same build here, interleaved 0.58-0.90x."""
     src = Pool(size, cfg.pool_bytes, seed=1)
     keys = [f"bench:{size}:{j}" for j in range(src.num_slots)]
     names = ", ".join(str(system) for system, _ in clients)
     cfg.progress(f"{names} SET {format_size(size)}")
-    puts = _timed(cfg, [lambda i, r=r: r.set(keys[i % len(keys)], src.views[i % len(keys)])
+    puts = cfg.timed_together([lambda i, r=r: r.set(keys[i % len(keys)], src.views[i % len(keys)])
                         for _, r in clients])
     cfg.progress(f"{names} GET {format_size(size)}")
     for (_, r), t in zip(clients, puts):
@@ -79,19 +79,13 @@ def redis_py_rows(clients: list[tuple[System, object]], path: DataPath, cfg: Ben
         if len(r.get(keys[i % len(keys)])) != size:
             raise RuntimeError(f"{system} returned a value of the wrong size")
     _settle_allocator(size)
-    gets = _timed(cfg, [lambda i, r=r, s=system: get(r, s, i) for system, r in clients])
+    gets = cfg.timed_together([lambda i, r=r, s=system: get(r, s, i) for system, r in clients])
     rows = []
     for (system, r), t_put, t_get in zip(clients, puts, gets):
         rows += [timed_row(system, path, Op.PUT, size, t_put),
                  timed_row(system, path, Op.GET, size, t_get)]
         r.flushall()
     return rows
-
-
-def _timed(cfg: BenchConfig, steps: list) -> list[Timing]:
-    if len(steps) == 1:
-        return [cfg.timed(steps[0])]
-    return timed_interleaved(steps, cfg.duration_s, cfg.warmup_s, cfg.rounds)
 
 
 def _settle_allocator(size: int) -> None:
