@@ -52,10 +52,23 @@ class MasterLease:
         self.shard_of: Callable[[str], int] | None = None   # key -> shard (None: one shard)
         self._until = [0.0]      # per shard, monotonic seconds; 0.0: never granted
         self.ttl_ms = 0          # the masters' node ttl, as last told
+        self._on_change: Callable[[float], None] | None = None
+
+    def watch(self, on_change: Callable[[float], None]) -> None:
+        """Call ``on_change(until)`` now and whenever the shortest shard lease moves
+        (``until``: monotonic seconds): same-host readers that bypass the node stop
+        there (:mod:`kvstore.transfer.shm_slots`)."""
+        self._on_change = on_change
+        on_change(min(self._until))
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change(min(self._until))
 
     def reset(self, num_shards: int) -> None:
         """``num_shards`` shards, none granted yet."""
         self._until = [0.0] * max(1, num_shards)
+        self._changed()
 
     def renew(self, shard: int, sent_at: float, ttl_ms: int) -> None:
         """A master of ``shard`` acknowledged what the node sent at ``sent_at``
@@ -65,6 +78,7 @@ class MasterLease:
         until = sent_at + ttl_ms * (1.0 - MARGIN) / 1000.0
         if until > self._until[shard]:
             self._until[shard] = until
+            self._changed()
 
     def held(self, shard: int = 0) -> bool:
         return time.monotonic() < self._until[shard]

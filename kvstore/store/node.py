@@ -73,11 +73,11 @@ from kvstore.store.levels import DEFAULT_WATERMARKS, TierLevel, build_levels
 from kvstore.store.events import EventLog, Ticket
 from kvstore.store.mover import TierMover
 from kvstore.store.objects import ObjectState, StoredObject
-from kvstore.store.stats import NodeCounter, NodeStats, counters_by_name
+from kvstore.store.stats import NodeCounter, NodeStats, counters_by_name, tier_stats
 from kvstore.store.table import ObjectTable
 from kvstore.store.tiering import Tiering
 from kvstore.store.tiers.base import ObjectRecord, Tier
-from kvstore.types import EventKind, InventoryItem, NodeEvent, TierKind, TierStats
+from kvstore.types import EventKind, InventoryItem, NodeEvent, TierKind
 
 log = logging.getLogger(__name__)
 
@@ -315,6 +315,17 @@ class StoreNode:
                 raise
             return obj
 
+    def touch(self, key: str, object_id: int) -> int:
+        """Count a read made without a reference (SHM_TOUCH) as :meth:`acquire` does;
+        returns its bytes (0, counting nothing, when the version is gone meanwhile)."""
+        with self._table.cond:
+            obj = self._table.objects.get(key)
+            if obj is None or obj.state is not ObjectState.COMPLETE or (
+                    object_id and obj.object_id != object_id):
+                return 0
+            self._note_read_locked(obj)
+            return obj.size_bytes
+
     def read_view(self, obj: StoredObject) -> memoryview:
         """The object's DRAM bytes (valid while the caller holds its reference)."""
         return self.tier.view(obj.copies[0])
@@ -481,8 +492,8 @@ class StoreNode:
         with self._table.cond:
             now = time.monotonic()
             objs = list(self._table.objects.values())
-            tiers = tuple(self._tier_stats_locked(level, objs, now)
-                          for level in range(len(self.levels)))
+            tiers = tuple(tier_stats(lv, level, objs, now, self._tiering.blocked_reason_locked)
+                          for level, lv in enumerate(self.levels))
             return NodeStats(
                 capacity_bytes=self.tier.capacity_bytes,
                 used_bytes=self.tier.used_bytes,
@@ -512,24 +523,6 @@ class StoreNode:
                 num_objects=len(self._table.objects),
                 evictions=self.counters[NodeCounter.EVICTIONS], tiers=tiers,
                 counters=counters_by_name(self.counters))
-
-    def _tier_stats_locked(self, level: int, objs: list[StoredObject], now: float) -> TierStats:
-        lv = self.levels[level]
-        here = [o for o in objs if o.copies[level] is not None]
-        evictable = sum(o.copies[level].reserved_bytes for o in here
-                        if o.can_give_up(level, True, now))
-        blocked = lv.blocked if lv.need_bytes() > 0 else ""
-        if not blocked and lv.above_high() and not evictable:
-            blocked = self._tiering.blocked_reason_locked(level, now)
-        return TierStats(
-            kind=lv.tier.kind, capacity_bytes=lv.tier.capacity_bytes,
-            used_bytes=lv.tier.used_bytes, free_bytes=lv.tier.free_bytes,
-            evictable_bytes=evictable, num_objects=len(here),
-            num_reading=sum(o.refs > 0 for o in here),
-            num_pinned=sum(o.hard_pins > 0 for o in here),
-            num_soft_pinned=sum(o.soft_pin_until_s > now for o in here),
-            num_protected=sum(o.protect_until_s > now for o in here),
-            high_watermark=lv.high, low_watermark=lv.low, eviction_blocked=blocked)
 
     def check_invariants(self, idle: bool = False) -> None:
         """Fails loudly when tier accounting and the table disagree (for tests).
@@ -569,6 +562,8 @@ class StoreNode:
         return obj
 
     def _note_read_locked(self, obj: StoredObject) -> None:
+        if obj.copies[0] is not None:     # same-host readers may skip the node (shm_slots)
+            self.tier.publish(obj.copies[0])
         obj.last_access_s = time.monotonic()
         for level, extent in enumerate(obj.copies):
             if extent is not None:

@@ -169,6 +169,7 @@ def run_node(cfg: NodeConfig) -> None:
     dram = tiers[0]
     rdma = server = agent = mserver = None
     lease = MasterLease()
+    lease.watch(dram.lease)      # same-host readers without a reference honour the fence
     metrics = ProcessMetrics("node") if cfg.metrics.port is not None else None
     health = Health()
     stop = threading.Event()

@@ -108,7 +108,7 @@ class Session:
         self.write_timeout_s = write_timeout_s
         self.tally = tally               # a kvstore.metrics.RequestTally, or None
         self.bytes_in = 0                # value bytes written to the node (PUT, SHM_COMMIT)
-        self.bytes_out = 0               # ... read from it (GET, SHM_ACQUIRE)
+        self.bytes_out = 0               # ... read from it (GET, SHM_ACQUIRE, SHM_TOUCH)
         self.ack_timeout_s = ack_timeout_s
         self.tokens = tokens
         # The caller's role once it proved a token; every role may use the data
@@ -141,7 +141,7 @@ class Session:
                     Op.PING: self._ping, Op.PIN: self._pin, Op.UNPIN: self._unpin,
                     Op.PREFETCH: self._prefetch, Op.STATS: self._stats,
                     Op.AUTH_HELLO: self._auth_hello, Op.AUTH_PROVE: self._auth_prove,
-                    Op.DROP: self._drop,
+                    Op.DROP: self._drop, Op.SHM_TOUCH: self._shm_touch,
                     OP_RDMA_CONNECT: self._rdma_connect}
         while True:
             if (self.out or self.parts) and self.reader.buffered() < REQUEST.size and not (
@@ -413,6 +413,10 @@ class Session:
         self.node.release(held.pop())
         if not held:
             del self.reading[(key, object_id)]
+        self._reply(object_id=object_id)
+
+    def _shm_touch(self, key: str, object_id: int, _size: int, _checksum: int) -> None:
+        self.bytes_out += self.node.touch(key, object_id)
         self._reply(object_id=object_id)
 
     def _ping(self, key: str, object_id: int, size: int, checksum: int) -> None:

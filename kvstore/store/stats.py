@@ -6,7 +6,8 @@ tier ``used_bytes + free_bytes == capacity_bytes``.
 
 The node's counters (since start)::
 
-    puts, gets, drops          objects committed, read references taken, dropped by order
+    puts, gets, drops          objects committed, reads (read references taken, and same-host
+                               reads without one: SHM_TOUCH), objects dropped by order
     checksum_errors            writes whose bytes did not match their checksum
     evictions                  objects the node gave up (an EVICTED event each)
     evicted_no_room            ... of which: a DRAM/GPU victim no slower tier could take
@@ -37,9 +38,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from kvstore.types import TierStats
+
+if TYPE_CHECKING:
+    from kvstore.store.levels import TierLevel
+    from kvstore.store.objects import StoredObject
 
 
 class NodeCounter(str, enum.Enum):
@@ -104,3 +109,31 @@ class NodeStats:
         out["tiers"] = [{**{f: getattr(t, f) for f in t.__slots__}, "kind": t.kind.name}
                         for t in self.tiers]
         return out
+
+
+def tier_stats(lv: TierLevel, level: int, objs: list[StoredObject], now: float,
+               blocked_reason: Callable[[int, float], str]) -> TierStats:
+    """One tier's use, counted now (the node's lock held).
+
+    Args:
+        lv: the tier's level; ``level`` its index in the chain.
+        objs: the node's objects in service.
+        now: ``time.monotonic()`` of the count.
+        blocked_reason: why eviction cannot free the tier ``(level, now)``, asked
+            only when it is over its high watermark with nothing evictable.
+    """
+    here = [o for o in objs if o.copies[level] is not None]
+    evictable = sum(o.copies[level].reserved_bytes for o in here
+                    if o.can_give_up(level, True, now))
+    blocked = lv.blocked if lv.need_bytes() > 0 else ""
+    if not blocked and lv.above_high() and not evictable:
+        blocked = blocked_reason(level, now)
+    return TierStats(
+        kind=lv.tier.kind, capacity_bytes=lv.tier.capacity_bytes,
+        used_bytes=lv.tier.used_bytes, free_bytes=lv.tier.free_bytes,
+        evictable_bytes=evictable, num_objects=len(here),
+        num_reading=sum(o.refs > 0 for o in here),
+        num_pinned=sum(o.hard_pins > 0 for o in here),
+        num_soft_pinned=sum(o.soft_pin_until_s > now for o in here),
+        num_protected=sum(o.protect_until_s > now for o in here),
+        high_watermark=lv.high, low_watermark=lv.low, eviction_blocked=blocked)

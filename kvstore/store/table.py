@@ -22,7 +22,8 @@ References. ``obj.refs`` counts the object's readers, its writer (from
 reference is never freed or reused (no time-based lease decides that), so
 bytes can be copied off the lock::
 
-    retire(obj)    out of ``objects`` (a drop, an eviction, a newer version): doomed
+    retire(obj)    out of ``objects`` (a drop, an eviction, a newer version): doomed,
+                   and hidden from same-host readers without a reference (shm_slots)
                      refs == 0  ->  every copy is freed now
                      refs  > 0  ->  kept in ``doomed``; release() of the last reference frees it
 
@@ -76,6 +77,8 @@ class ObjectTable:
         if self.objects.get(obj.key) is obj:
             del self.objects[obj.key]
         obj.doomed = True
+        if obj.copies[0] is not None:       # before any reader could see it gone
+            self.levels[0].tier.hide(obj.copies[0])
         if self.protected.get(obj.key) is obj:
             self.end_protection(obj, used=False)
         if self.prefetch_queue.get(obj.key) is obj:

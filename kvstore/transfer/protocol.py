@@ -92,6 +92,8 @@ class Op(enum.IntEnum):
     AUTH_PROVE = 14  # the value is HMAC-SHA256(token, nonce) (kvstore.auth.proof)
     DROP = 15        # drop this version (object_id required) of a key its master removed:
                      # the remover's SDK sends it before remove returns (reported EVICTED)
+    SHM_TOUCH = 16   # a same-host reader copied this version without a reference
+                     # (kvstore.transfer.shm_slots): count the read; always OK
 
 
 def recv_exact_into(sock: socket.socket, view: memoryview) -> None:

@@ -28,7 +28,8 @@ from kvstore._proto import kvstore_pb2 as _pb
 from kvstore.errors import KVStoreError, Unavailable, error_for_code
 from kvstore.transfer.base import ReadItem, Transport, WriteItem
 from kvstore.transfer.protocol import Op
-from kvstore.transfer.tcp import Location, NodeConnection, read_by_reference
+from kvstore.transfer.shm_slots import ReadSlots
+from kvstore.transfer.tcp import Location, NodeConnection, check_read, read_by_reference
 from kvstore.types import TransportKind
 
 SHM_DIR = "/dev/shm"
@@ -268,10 +269,13 @@ class ShmTransport(Transport):
     read reference, replies offset) -> copy -> SHM_RELEASE (deferred: it
     rides with the next request). Each phase is pipelined over the whole batch.
 
-    Gets of an object this transport read before copy while the acquire is
-    in flight, from the location that read learnt, and keep the copy when the
-    reply names the same allocation (see :func:`read_by_reference`): the
-    node's round trip overlaps the copy instead of preceding it.
+    Gets of an object this transport read before skip the node: they copy
+    from the location that read learnt and check the node's read slots
+    before and after (:mod:`kvstore.transfer.shm_slots`), then tell the node
+    with a deferred SHM_TOUCH (no round trip). Where the slots say no (the
+    object left service, the node's lease ran out, no table), the get copies
+    while the acquire is in flight and keeps the copy when the reply names the
+    same allocation (see :func:`read_by_reference`).
 
     Args:
         conn: the control connection to the node.
@@ -290,7 +294,9 @@ class ShmTransport(Transport):
         self._maps = maps
         self.max_locations = locations
         self._where: OrderedDict[tuple[str, int], Location] = OrderedDict()
-        self.guesses = 0          # values copied from a remembered location
+        self.slots = ReadSlots.attach(segment.view) if locations else None
+        self.unreferenced = 0     # values read with no node round trip (checked in the slots)
+        self.guesses = 0          # values copied from a remembered location during an acquire
         self.wrong_guesses = 0    # ... that the node's reply did not confirm (copied again)
 
     def control(self, op: Op, keys_ids: list[tuple], parents: list[str] | None = None,
@@ -343,6 +349,38 @@ class ShmTransport(Transport):
 
     def _read_many(self, seg: memoryview, items: list[ReadItem], verify: bool
                    ) -> list[KVStoreError | None]:
+        slots = self.slots
+        if slots is None or not self._where or self.conn.broken:
+            return self._read_referenced(seg, items, verify)
+        out: list[KVStoreError | None] = [None] * len(items)
+        rest: list[int] = []
+        for idx, it in enumerate(items):
+            loc = self._where.get((it.key, it.object_id))
+            if loc is None or not self._copy_unreferenced(seg, slots, it, loc, verify):
+                rest.append(idx)
+        if rest:
+            errors = self._read_referenced(seg, [items[i] for i in rest], verify)
+            for idx, err in zip(rest, errors):
+                out[idx] = err
+        return out
+
+    def _copy_unreferenced(self, seg: memoryview, slots: ReadSlots, it: ReadItem,
+                           loc: Location, verify: bool) -> bool:
+        """Copy ``it`` from ``loc`` if its allocation stays in service throughout
+        (checked in the read slots); False: nothing is known about ``it.dest``."""
+        offset, size, serial = loc
+        if size > len(it.dest) or offset + size > len(seg) or not slots.serves(serial):
+            return False
+        if size:
+            it.dest[:size] = seg[offset:offset + size]
+        if not slots.still(serial) or check_read(it, size, verify) is not None:
+            return False
+        self.unreferenced += 1
+        self.conn.defer(Op.SHM_TOUCH, it.key, it.object_id)
+        return True
+
+    def _read_referenced(self, seg: memoryview, items: list[ReadItem], verify: bool
+                         ) -> list[KVStoreError | None]:
         where = self._where
         copied: dict[int, Location] = {}
 

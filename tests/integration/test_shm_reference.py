@@ -6,8 +6,10 @@ the key and filling the node never reuses those bytes; after SHM_RELEASE
 (or when the reader's connection goes away) they are freed and reused.
 
 The SDK's own reads: their deferred SHM_RELEASE reaches the node although
-the reader stays idle, and a copy made from a remembered location is kept
-only when the node's reply names the same allocation.
+the reader stays idle; a read of a remembered location skips the node only
+while the node's read slots show that allocation in service (and is counted
+by a deferred SHM_TOUCH), else its copy is kept only when the node's reply
+names the same allocation.
 """
 
 from __future__ import annotations
@@ -152,21 +154,51 @@ def test_copy_from_a_remembered_location_needs_the_same_allocation(kv):
     loc_a = tr._where[("a", meta_a.object_id)]
     loc_b = tr._where[("b", meta_b.object_id)]
 
-    guesses, wrong = tr.guesses, tr.wrong_guesses
+    # Remembered and still in service (the read slots say so): no round trip.
+    unref, guesses, wrong = tr.unreferenced, tr.guesses, tr.wrong_guesses
     assert kv.get_into("a", dest) == OBJ and dest == value(10)
-    assert (tr.guesses, tr.wrong_guesses) == (guesses + 1, wrong)     # confirmed
+    assert (tr.unreferenced, tr.guesses, tr.wrong_guesses) == (unref + 1, guesses, wrong)
 
+    # An earlier lifetime of a's range (another serial) is not in service: the
+    # read goes to the node, copying while the acquire is in flight.
+    tr._where[("a", meta_a.object_id)] = (loc_a[0], loc_a[1], loc_a[2] - 1)
+    assert kv.get_into("a", dest) == OBJ and dest == value(10)
+    assert (tr.unreferenced, tr.guesses, tr.wrong_guesses) == (unref + 1, guesses + 1, wrong + 1)
+    assert tr._where[("a", meta_a.object_id)] == loc_a
+
+    # Without the read slots (a node that has none), every read asks the node,
+    # and a copy made meanwhile is kept only when the reply names its allocation.
+    tr.slots = None
+    assert kv.get_into("a", dest) == OBJ and dest == value(10)
+    assert (tr.guesses, tr.wrong_guesses) == (guesses + 2, wrong + 1)     # confirmed
     # Remembered at b's range: the guess copies b's bytes, the reply names a's
     # allocation, and a is copied again.
     tr._where[("a", meta_a.object_id)] = loc_b
     assert kv.get_into("a", dest) == OBJ and dest == value(10)
-    assert (tr.guesses, tr.wrong_guesses) == (guesses + 2, wrong + 1)
-
-    # The right range, but an earlier lifetime of it (another serial): not trusted.
-    tr._where[("a", meta_a.object_id)] = (loc_a[0], loc_a[1], loc_a[2] - 1)
-    assert kv.get_into("a", dest) == OBJ and dest == value(10)
     assert (tr.guesses, tr.wrong_guesses) == (guesses + 3, wrong + 2)
-    assert tr._where[("a", meta_a.object_id)] == loc_a
+    assert tr.unreferenced == unref + 1
+
+
+def test_unreferenced_reads_stop_at_a_removal_and_are_counted(kv, one_node):
+    kv.put("d", value(15))
+    dest = bytearray(OBJ)
+    with KVClient(one_node.master) as observer:
+        gets = observer.node_stats()["n0"]["counters"]["gets"]
+        kv.get_into("d", dest)                 # acquires, remembers the location
+        tr = shm_transport(kv)
+        unref = tr.unreferenced
+        for _ in range(3):
+            assert kv.get_into("d", dest) == OBJ and dest == value(15)
+        assert tr.unreferenced == unref + 3
+        # Their deferred SHM_TOUCH frames reach the node: every read is counted.
+        wait_for(lambda: observer.node_stats()["n0"]["counters"]["gets"] == gets + 4,
+                 timeout_s=max(1.0, 100 * DEFER_FLUSH_S))
+        num_objects_reported(kv, 1)
+        observer.remove("d")                   # another client; the node drops it
+        num_objects_reported(kv, 0)
+    with pytest.raises(NotFound):
+        kv.get_into("d", dest)
+    assert tr.unreferenced == unref + 3
 
 
 def test_location_of_a_removed_and_rewritten_key(kv, one_node):

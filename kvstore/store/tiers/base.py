@@ -135,6 +135,17 @@ class Tier(ABC):
             raise NotImplementedError(f"{type(self).__name__} must implement read_into")
         dest[:extent.size_bytes] = view
 
+    # ---- same-host readers without a reference (kvstore.transfer.shm_slots) ----
+    def publish(self, extent: Extent) -> None:
+        """An object in service here was read: same-host readers may copy it unreferenced
+        until :meth:`hide`. No-op on tiers that same-host clients cannot map."""
+
+    def hide(self, extent: Extent) -> None:
+        """The extent's object leaves service here (before its room is reused)."""
+
+    def lease(self, until_s: float) -> None:
+        """Unreferenced readers stop at ``until_s`` (``time.monotonic``): the node's fence."""
+
     # ---- persistence ----
     def recover(self) -> list[tuple[ObjectRecord, Extent]]:
         """Objects that survived a restart, already accounted as used (persistent tiers)."""

@@ -1,8 +1,10 @@
 """DRAM tier: one POSIX shared-memory segment with our own offset allocator.
 
-    segment  [0 ........................................ capacity_bytes)
+    segment  [0 ........................................ capacity_bytes) [read slots]
               | obj A |  free  | obj B | obj C |      free           |
     each object = one Allocation (offset, reserved_bytes, 64-byte aligned)
+    read slots: which allocations same-host readers may copy without a
+                reference (kvstore.transfer.shm_slots), TABLE_BYTES after capacity
 
 The only host-addressable tier: transports write into it (TCP ``recv_into``,
 same-host clients copying through the segment) and read from it, so every
@@ -22,6 +24,7 @@ from kvstore.store.allocator import Allocation
 from kvstore.store.tiers.base import OffsetTier
 from kvstore.types import TierKind
 from kvstore.transfer.shm import SHM_DIR, ShmSegment
+from kvstore.transfer.shm_slots import TABLE_BYTES, ReadSlots
 
 
 class DramTier(OffsetTier):
@@ -43,7 +46,9 @@ class DramTier(OffsetTier):
             remove_orphan_segments()
         super().__init__(capacity_bytes)
         self.name = name or f"kvstore-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.segment = ShmSegment(self.name, capacity_bytes, create=True)
+        self.segment = ShmSegment(self.name, capacity_bytes + TABLE_BYTES, create=True)
+        self.slots = ReadSlots(self.segment.view, create=True)
+        self.slots.lease(float("inf"))   # until a lease says otherwise (a node with masters)
         if prefault:
             self.segment.prefault_in_background()
 
@@ -51,7 +56,22 @@ class DramTier(OffsetTier):
         """The object's bytes in the segment (a view, no copy)."""
         return self.segment.view[extent.offset:extent.offset + extent.size_bytes]
 
+    def free(self, extent: Allocation) -> None:
+        self.slots.hide(extent.serial)
+        super().free(extent)
+
+    def publish(self, extent: Allocation) -> None:
+        self.slots.publish(extent.serial)
+
+    def hide(self, extent: Allocation) -> None:
+        self.slots.hide(extent.serial)
+
+    def lease(self, until_s: float) -> None:
+        self.slots.lease(until_s)
+
     def close(self) -> None:
+        if not self.segment.closed:
+            self.slots.lease(0.0)        # readers holding locations go back to the node
         self.segment.close()
 
 
