@@ -14,6 +14,8 @@ names the same allocation.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -211,3 +213,39 @@ def test_location_of_a_removed_and_rewritten_key(kv, one_node):
         other.put("filler", value(13))         # likely in c's old range
         other.put("c", value(14))
     assert kv.get_into("c", dest) == OBJ and dest == value(14)
+
+
+def test_unreferenced_reads_racing_a_removal_see_whole_values_or_nothing(kv, one_node):
+    """Nothing on the node holds an unreferenced reader's object: another client
+    removes it mid-read and puts new values into its range. Every read returns
+    the value whole or NotFound, never a mix or the newer bytes."""
+    dest = bytearray(OBJ)
+    good = 0
+    for round_ in range(4):
+        key = f"hot{round_}"
+        kv.put(key, value(round_))
+        kv.get_into(key, dest)                   # remembered: later reads skip the node
+
+        def replace(i=round_):
+            with KVClient(one_node.master, prefer_shm=True) as other:
+                other.remove(key)
+                for j in range(3):               # the node's free space, key's range included
+                    other.put(f"filler{i}-{j}", value(100 + j))
+
+        thread = threading.Thread(target=replace)
+        thread.start()
+        try:
+            for _ in range(10_000):
+                try:
+                    assert kv.get_into(key, dest) == OBJ
+                except NotFound:
+                    break
+                assert dest == value(round_)
+                good += 1
+            else:
+                raise AssertionError("a removed key stayed readable")
+        finally:
+            thread.join()
+        kv.batch_remove([f"filler{round_}-{j}" for j in range(3)])
+        wait_for(lambda: node_stats(kv)["n0"].used_bytes == 0)
+    assert good > 0 and shm_transport(kv).unreferenced > 0
