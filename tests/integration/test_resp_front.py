@@ -2,7 +2,8 @@
 
 redis-cli (Debian's redis-tools), redis-py (RESP3 by default with HELLO 3,
 and protocol=2; sync and asyncio), redis-benchmark, the LMCache redis://
-connector's command pattern, ``--auth`` roles, and malformed input. The
+connector's command pattern (LMCache's own code: tests/with_lmcache),
+``--auth`` roles, and malformed input. The
 shared session cluster (a master, two 64 MiB nodes) holds the data; each
 test uses its own key prefix.
 """
@@ -185,8 +186,9 @@ def test_redis_py_asyncio(port, prefix, protocol):
 def test_lmcache_remote_connector_pattern(port, prefix):
     """LMCache 0.5.6's redis:// connector keeps a chunk as ``<key>metadata`` and
     ``<key>kv_bytes`` with GET / SET / EXISTS / DEL on an asyncio redis-py client.
-    (LMCache itself does not install here: its pins downgrade grpcio and protobuf
-    below kvstore's; the same command pattern is replayed.)"""
+    (LMCache itself needs an environment of its own, its pins being below
+    kvstore's: tests/with_lmcache runs its connector; here the same command
+    pattern is replayed in this process.)"""
     async def main():
         r = aredis.Redis(port=port)
         try:
