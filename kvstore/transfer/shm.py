@@ -257,6 +257,13 @@ class SegmentMaps:
         seg.close()
 
 
+def _fits(loc: Location, it: ReadItem, seg: memoryview) -> bool:
+    """Whether a remembered location may be copied from: inside the segment, and
+    no larger than the destination."""
+    offset, size, _serial = loc
+    return size <= len(it.dest) and offset + size <= len(seg)
+
+
 #: SHM_ALLOC's offset when the exact version is already stored.
 ALREADY_PRESENT_OFFSET = 2**64 - 1
 
@@ -369,7 +376,7 @@ class ShmTransport(Transport):
         """Copy ``it`` from ``loc`` if its allocation stays in service throughout
         (checked in the read slots); False: nothing is known about ``it.dest``."""
         offset, size, serial = loc
-        if size > len(it.dest) or offset + size > len(seg) or not slots.serves(serial):
+        if not _fits(loc, it, seg) or not slots.serves(serial):
             return False
         if size:
             it.dest[:size] = seg[offset:offset + size]
@@ -387,7 +394,7 @@ class ShmTransport(Transport):
         def guess() -> dict[int, Location]:
             for idx, it in enumerate(items):
                 loc = where.get((it.key, it.object_id))
-                if loc is not None and loc[1] <= len(it.dest) and loc[0] + loc[1] <= len(seg):
+                if loc is not None and _fits(loc, it, seg):
                     it.dest[:loc[1]] = seg[loc[0]:loc[0] + loc[1]]
                     copied[idx] = loc
             self.guesses += len(copied)

@@ -60,6 +60,8 @@ MAGIC = b"KVSLOTS1"
 SLOT_COUNT = 1 << 16
 SLOT = struct.Struct("<Q")
 TRAILER = struct.Struct("<8sQd")          # magic, slot count, lease_until (monotonic s)
+LEASE = struct.Struct("<d")               # lease_until alone (rewritten while readers read)
+LEASE_AT = TRAILER.size - LEASE.size      # its offset in the trailer
 TRAILER_BYTES = 64
 TABLE_BYTES = SLOT_COUNT * SLOT.size + TRAILER_BYTES
 """Bytes the table adds after a DRAM tier's capacity (512 KiB + 64 B)."""
@@ -110,12 +112,12 @@ class ReadSlots:
 
     def lease(self, until_s: float) -> None:
         """Readers may bypass the node until ``until_s`` (``time.monotonic``; 0: never)."""
-        struct.pack_into("<d", self._view, self._trailer + 16, until_s)
+        LEASE.pack_into(self._view, self._trailer + LEASE_AT, until_s)
 
     # ---- reader side ------------------------------------------------------
     def serves(self, serial: int) -> bool:
         """Whether ``serial`` is in service now and the node's lease holds."""
-        if time.monotonic() >= struct.unpack_from("<d", self._view, self._trailer + 16)[0]:
+        if time.monotonic() >= LEASE.unpack_from(self._view, self._trailer + LEASE_AT)[0]:
             return False
         return serial != 0 and SLOT.unpack_from(self._view, self._at(serial))[0] == serial
 

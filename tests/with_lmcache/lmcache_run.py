@@ -21,8 +21,10 @@ from lmcache.v1.storage_backend.connector.redis_connector import RedisConnector
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
 
 CHUNK = 256                                   # tokens per chunk
-KV_SHAPE = (2, 2, CHUNK, 2, 64)               # the model's (layers, K/V, tokens, kv heads, head dim)
-CHUNK_SHAPE = (2, 2, CHUNK, 128)              # one chunk, LMCache's KV_2LTD: (K/V, layers, tokens, hidden)
+# The model's KV: (layers, K/V, tokens, kv heads, head dim); one chunk of it in
+# LMCache's KV_2LTD format: (K/V, layers, tokens, hidden), bf16.
+KV_SHAPE = (2, 2, CHUNK, 2, 64)
+CHUNK_SHAPE = (2, 2, CHUNK, 128)
 
 
 async def main(url: str, chunks: int) -> dict:
