@@ -15,6 +15,7 @@ node's segment when a client process exits.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import mmap
 import os
@@ -36,6 +37,23 @@ SHM_DIR = "/dev/shm"
 #: madvise(2) advice that maps every page of a range writable now (Linux >= 5.14).
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 PREFAULT_CHUNK_BYTES = 8 << 20
+
+
+def _libc_madvise():
+    """libc's madvise(2) through ctypes, or None. A foreign call releases the GIL:
+    ``mmap.madvise`` holds it for the whole call (about 7 ms per 8 MiB chunk of
+    MADV_POPULATE_WRITE here), which stalled every other thread of a node that
+    was still mapping its segment (a ping took 5-30 ms for the first seconds)."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_MADVISE = _libc_madvise()
 
 
 def host_id() -> str:
@@ -107,12 +125,24 @@ class ShmSegment:
             The bytes mapped.
         """
         end = self.size_bytes if limit_bytes is None else min(limit_bytes, self.size_bytes)
+        base = 0
+        if _MADVISE is not None and not self.closed:
+            anchor = ctypes.c_char.from_buffer(self._mmap)   # its address only; no export kept
+            base = ctypes.addressof(anchor)
+            del anchor
         for off in range(0, end, PREFAULT_CHUNK_BYTES):
             if stop is not None and stop.is_set():
                 return off
+            n = min(PREFAULT_CHUNK_BYTES, end - off)
             try:
-                self._mmap.madvise(MADV_POPULATE_WRITE, off, min(PREFAULT_CHUNK_BYTES, end - off))
-            except (OSError, ValueError):
+                # Without the GIL (see _libc_madvise). A chunk racing close() fails
+                # or maps pages of whatever is mapped there then: never a write.
+                if base:
+                    if _MADVISE(base + off, n, MADV_POPULATE_WRITE) != 0:
+                        return off
+                else:
+                    self._mmap.madvise(MADV_POPULATE_WRITE, off, n)
+            except (OSError, ValueError, TypeError):
                 return off
         return end
 
