@@ -1,7 +1,7 @@
 """``AsyncKVClient``: the SDK for asyncio programs, many operations in flight.
 
 The same operations as :class:`~kvstore.client.client.KVClient` (put, get,
-batch forms, exists, lookup, remove), awaitable: ``grpc.aio`` for the masters
+get_into, batch forms, exists, lookup, remove), awaitable: ``grpc.aio`` for the masters
 (shard map, Lookup, Exists, Remove, GrantPlacement), and one pipelined TCP
 connection per node for the data (:mod:`kvstore.client.aio_data`), so a
 program that starts 64 gets or puts at once keeps 64 frames in flight on
@@ -42,7 +42,7 @@ from kvstore.keys import validate_key, value_checksum
 from kvstore.rpc import MAX_KEYS_PER_CALL, MAX_REPLICAS, ClientCredentials, aio_channel
 from kvstore.shardmap import ShardMap
 from kvstore.tls import client_context
-from kvstore.transfer.buffers import readable_view
+from kvstore.transfer.buffers import readable_view, writable_view
 from kvstore.transfer.protocol import Op
 from kvstore.types import NodeAddress, NodeId, ObjectMeta, RemoveReason, Replica, TierKind
 
@@ -197,8 +197,9 @@ class AsyncKVClient:
             return err
 
     # ---- reads ----
-    async def get(self, key: str) -> bytes:
-        """The value of ``key``.
+    async def get(self, key: str) -> bytearray:
+        """The value of ``key`` as a new bytearray (b"" for a 0-byte value), as
+        :meth:`KVClient.get`.
 
         Raises:
             NotFound, ChecksumMismatch, Unavailable (no replica answered).
@@ -214,23 +215,29 @@ class AsyncKVClient:
             raise got
         return got
 
-    async def batch_get(self, keys: Sequence[str]) -> list[bytes | KVStoreError]:
-        """Values (bytes) or errors per key, in input order: through the metadata
+    async def batch_get(self, keys: Sequence[str]) -> list[bytearray | KVStoreError]:
+        """Values (new bytearrays) or errors per key, in input order: through the metadata
         cache, one Lookup per shard for the misses; a cached entry whose read
         fails (removed, evicted, replaced) is looked up once more."""
+        return await self._get_many(keys, [None] * len(keys))
+
+    async def _get_many(self, keys: Sequence[str], dests: Sequence[memoryview | None]
+                        ) -> list[bytearray | memoryview | KVStoreError]:
         metas: list = [self._meta.get(k) if isinstance(k, str) else None for k in keys]
         cached = [m is not None for m in metas]
         miss = [i for i, m in enumerate(metas) if m is None]
         if miss:
             for i, m in zip(miss, await self.lookup_cached([keys[i] for i in miss])):
                 metas[i] = m
-        got = list(await asyncio.gather(*(self._read(m) for m in metas)))
-        stale = [i for i, g in enumerate(got) if cached[i] and isinstance(g, KVStoreError)]
+        got = list(await asyncio.gather(*(self._read(m, d) for m, d in zip(metas, dests))))
+        stale = [i for i, g in enumerate(got) if cached[i] and isinstance(g, KVStoreError)
+                 and not isinstance(g, InvalidArgument)]
         if stale:
             for i in stale:
                 self._meta.drop(keys[i])
             fresh = await self.lookup_cached([keys[i] for i in stale])
-            for i, g in zip(stale, await asyncio.gather(*(self._read(m) for m in fresh))):
+            for i, g in zip(stale, await asyncio.gather(*(self._read(m, dests[i])
+                                                          for i, m in zip(stale, fresh)))):
                 got[i] = g
         return got
 
@@ -242,12 +249,52 @@ class AsyncKVClient:
                 self._meta.put(m)
         return metas
 
-    async def _read(self, meta) -> bytes | KVStoreError:
+    async def get_into(self, key: str, dest: Any) -> int:
+        """Read ``key`` straight into ``dest`` (bytearray, memoryview, numpy array, CPU
+        tensor), as :meth:`KVClient.get_into`: the value is received into it, no copy.
+
+        Returns:
+            The value's size in bytes (``dest`` may be larger).
+
+        Raises:
+            NotFound, InvalidArgument (destination too small or read-only),
+            ChecksumMismatch, Unavailable.
+        """
+        meta = self._meta.get(key) if type(key) is str else None
+        if meta is not None:                 # the fast path, as get's
+            got = await self._read(meta, writable_view(dest))
+            if not isinstance(got, KVStoreError):
+                return len(got)
+            if isinstance(got, InvalidArgument):
+                raise got
+            self._meta.drop(key)
+        (got,) = await self.batch_get_into([key], [dest])
+        if isinstance(got, KVStoreError):
+            raise got
+        return got
+
+    async def batch_get_into(self, keys: Sequence[str], dests: Sequence[Any]
+                             ) -> list[int | KVStoreError]:
+        """Read each key into its destination; per key the size in bytes or the error
+        (as :meth:`batch_get`: cached entries first, one lookup for the rest)."""
+        if len(keys) != len(dests):
+            raise InvalidArgument(f"{len(keys)} keys but {len(dests)} destinations")
+        views = [writable_view(d) for d in dests]
+        got = await self._get_many(keys, views)
+        return [g if isinstance(g, KVStoreError) else len(g) for g in got]
+
+    async def _read(self, meta, dest: memoryview | None = None) -> bytearray | KVStoreError:
+        """The value (a new bytearray, or ``dest[:size]`` when given) from the first
+        replica of ``meta`` that answers it whole and intact, or the last error."""
         if isinstance(meta, KVStoreError):
             return meta
-        err: KVStoreError = Unavailable("no replica could be read", key=meta.key)
+        if dest is not None and len(dest) < meta.size_bytes:
+            return InvalidArgument(f"destination of {len(dest)} B for a value of "
+                                   f"{meta.size_bytes} B", key=meta.key)
+        err: KVStoreError | None = None
         for r in meta.replicas:
-            answer = await self._request(r.node, Op.GET, meta.key, meta.object_id)
+            answer = await self._request(r.node, Op.GET, meta.key, meta.object_id,
+                                         max_value_bytes=meta.size_bytes, into=dest)
             if isinstance(answer, KVStoreError):
                 err = answer
                 continue
@@ -260,7 +307,7 @@ class AsyncKVClient:
                                      "checksum", key=meta.key)
                 continue
             return value
-        return err
+        return err or Unavailable("no replica could be read", key=meta.key)
 
     # ---- puts ----
     async def put(self, key: str, value: Any, *, replica_num: int | None = None) -> bool:
@@ -273,7 +320,10 @@ class AsyncKVClient:
             KeyConflict (other bytes stored), TooLarge, NoSpace, PutInProgress,
             Unavailable, InvalidArgument.
         """
-        (res,) = await self._put_many([key], [value], replica_num)
+        replicas = replica_num or self.replica_num
+        if not 1 <= replicas <= MAX_REPLICAS:
+            raise InvalidArgument(f"replica_num must be in [1, {MAX_REPLICAS}], got {replicas}")
+        res = await self._put_one(key, value, replicas)    # no gather, no task of its own
         if isinstance(res, KVStoreError):
             raise res
         return res
@@ -322,9 +372,13 @@ class AsyncKVClient:
                 continue
             except KVStoreError as err:
                 return result if failed else err
-            answers = await asyncio.gather(*(self._request(
-                t, Op.PUT, key, oid, len(view), checksum, view, flags=replica_num)
-                for t in targets))
+            if len(targets) == 1:                 # no task for a single target
+                answers = [await self._request(targets[0], Op.PUT, key, oid, len(view),
+                                               checksum, view, flags=replica_num)]
+            else:
+                answers = await asyncio.gather(*(self._request(
+                    t, Op.PUT, key, oid, len(view), checksum, view, flags=replica_num)
+                    for t in targets))
             written, failures = [], []
             for t, a in zip(targets, answers):
                 if isinstance(a, KVStoreError):

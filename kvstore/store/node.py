@@ -213,13 +213,17 @@ class StoreNode:
         """Where the writer puts the value (valid while ``obj`` is WRITING)."""
         return self.tier.view(obj.copies[0])
 
-    def commit_write(self, obj: StoredObject, checksum: int | None = None) -> Ticket:
+    def commit_write(self, obj: StoredObject, checksum: int | None = None,
+                     actual: int | None = None) -> Ticket:
         """Verify the checksum and make the object readable here.
 
         Args:
             checksum: the value's checksum when it was not known at
                 :meth:`begin_write` (a value written part by part); None: the
                 one announced there.
+            actual: the xxh3-64 of the bytes in the write's space, when the
+                caller hashed them as they arrived there (a TCP put hashes each
+                chunk it received); None: they are hashed here.
 
         Returns:
             The ticket of the object's STORED event: the write is acknowledged
@@ -230,7 +234,8 @@ class StoreNode:
                 the space is freed and nothing stays behind.
             NotFound: the object was dropped while being written.
         """
-        actual = value_checksum(self.tier.view(obj.copies[0]))
+        if actual is None:
+            actual = value_checksum(self.tier.view(obj.copies[0]))
         with self._table.cond:
             if checksum is not None and obj.state is ObjectState.WRITING:
                 obj.checksum = checksum

@@ -34,6 +34,8 @@ import socket
 import threading
 import time
 
+import xxhash
+
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.auth import Role, TokenFile, new_nonce
 from kvstore.errors import (Internal, InvalidArgument, KVStoreError, NotFound, Unauthenticated,
@@ -52,6 +54,8 @@ log = logging.getLogger(__name__)
 _MAX_NAMES_BYTES = 8192   # key + parent key; both are at most MAX_KEY_BYTES (512 B)
 _MAX_GATHER_BYTES = 4 * 1024 * 1024    # values held back for one gathered send, at most
 _MAX_GATHER_PARTS = 512
+#: A PUT value at least this large is hashed piece by piece as it arrives (FrameReader).
+_HASH_WHILE_RECEIVING_BYTES = 256 * 1024
 # After answering a client that keeps coming back within _EAGER_GAP_S, poll its
 # socket for _POLL_S before blocking: a blocking recv's sleep and wake-up cost
 # tens of microseconds here, as much as a shared-memory get's own work.
@@ -297,15 +301,17 @@ class Session:
                 self.reader.discard(size)
             self._reply(object_id=object_id, size=size, checksum=checksum)
             return
+        hasher = xxhash.xxh3_64() if size >= _HASH_WHILE_RECEIVING_BYTES else None
         try:
             if size:
                 with self._timed(f"a PUT of {size} B"):
-                    self.reader.read_into(self.node.write_view(obj))
+                    self.reader.read_into(self.node.write_view(obj), hasher)
         except BaseException:
             self.node.abort_write(obj)
             raise
         self.bytes_in += size
-        self._reply_stored(self.node.commit_write(obj), obj)
+        actual = hasher.intdigest() if hasher is not None else None
+        self._reply_stored(self.node.commit_write(obj, actual=actual), obj)
 
     @contextlib.contextmanager
     def _timed(self, what: str):

@@ -114,6 +114,10 @@ def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
         got += k
 
 
+#: A value received with a hasher is hashed in pieces of about this size (in L2).
+_HASH_PIECE_BYTES = 256 << 10
+
+
 class FrameReader:
     """Buffered reads from a socket: many small frames per ``recv`` call.
 
@@ -201,19 +205,25 @@ class FrameReader:
         self._start += n
         return view
 
-    def read_into(self, dest: memoryview) -> None:
+    def read_into(self, dest: memoryview, hasher=None) -> None:
         """Fill ``dest`` with the next ``len(dest)`` bytes.
 
         What is not buffered yet is received straight into ``dest``, with the
         bytes that follow it (the next frames of a pipelined batch) landing in
         the buffer in the same ``recvmsg_into`` call: one system call per value
-        of a batch, not two.
+        of a batch, not two. With ``hasher`` (an ``xxhash.xxh3_64()``), each
+        piece of ``dest`` is hashed as soon as it arrived, while it is still in
+        the cache and while the sender's next bytes are on their way: the
+        value's checksum costs no pass of its own after the last byte.
         """
         n = len(dest)
         got = min(self._end - self._start, n)
         if got:
             dest[:got] = self._view[self._start:self._start + got]
             self._start += got
+        if hasher is not None:
+            self._hashing(dest, got, hasher)
+            return
         if got == n:
             return
         self._start = self._end = 0          # every buffered byte went to dest
@@ -239,6 +249,25 @@ class FrameReader:
                 got = n
             else:
                 got += k
+
+    def _hashing(self, dest: memoryview, got: int, hasher) -> None:
+        """The rest of :meth:`read_into` with a hasher: ``got`` bytes of ``dest`` are
+        there; the others are received (straight into ``dest``) and hashed piece by
+        piece. The read-ahead is not used, so pieces stay whole in ``dest``."""
+        n, hashed = len(dest), 0
+        while True:
+            if got - hashed >= _HASH_PIECE_BYTES or got == n:
+                hasher.update(dest[hashed:got])
+                hashed = got
+            if got == n:
+                return
+            try:
+                k = self.sock.recv_into(dest[got:], min(n - got, _HASH_PIECE_BYTES))
+            except OSError as exc:
+                raise StreamEnded(f"connection failed while receiving: {exc}") from exc
+            if k == 0:
+                raise StreamEnded("connection closed by peer")
+            got += k
 
     def discard(self, n: int) -> None:
         """Skip the next ``n`` bytes."""

@@ -105,3 +105,39 @@ def test_many_in_flight_batch_forms_in_input_order(master, key_prefix):
             # Every node answered on one connection each.
             assert len(kv._conns) <= 2
     run(go())
+
+
+def test_get_into_receives_into_the_callers_memory(master, key_prefix):
+    """get_into fills bytearrays, numpy arrays and memoryviews (values larger than the
+    connection's read-ahead too), answers the size, refuses a small destination
+    without losing the value, and many at once land each in its own buffer."""
+    small, big = random_bytes(3000, 1), random_bytes(5 * MiB + 7, 2)
+    many = [random_bytes(64 * KiB, 10 + j) for j in range(48)]
+
+    async def go():
+        async with AsyncKVClient(master) as kv:
+            await kv.put(key_prefix + "s", small)
+            await kv.put(key_prefix + "b", big)
+            assert await kv.batch_put([f"{key_prefix}m{j}" for j in range(48)], many) \
+                == [None] * 48
+            dest = bytearray(4000)
+            assert await kv.get_into(key_prefix + "s", dest) == 3000
+            assert dest[:3000] == small
+            arr = np.zeros(len(big), dtype=np.uint8)
+            assert await kv.get_into(key_prefix + "b", arr) == len(big)
+            assert arr.tobytes() == big
+            with pytest.raises(InvalidArgument):
+                await kv.get_into(key_prefix + "b", bytearray(100))
+            with pytest.raises(NotFound):
+                await kv.get_into(key_prefix + "missing", bytearray(10))
+            assert await kv.get(key_prefix + "b") == big          # still there, whole
+            bufs = [bytearray(64 * KiB) for _ in many]
+            views = [memoryview(b) for b in bufs]
+            sizes = await asyncio.gather(*(kv.get_into(f"{key_prefix}m{j}", views[j])
+                                           for j in range(48)))
+            assert sizes == [64 * KiB] * 48 and bufs == many
+            got = await kv.batch_get_into([key_prefix + "s", key_prefix + "nope"],
+                                          [bytearray(3000), bytearray(1)])
+            assert got[0] == 3000 and isinstance(got[1], NotFound)
+            assert isinstance(await kv.get(key_prefix + "s"), bytearray)
+    run(go())

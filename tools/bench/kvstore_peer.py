@@ -324,13 +324,15 @@ class KvstorePeer(Peer):
     def _async_rows(self, size: int, prefix: str, keys: list[str], src: Pool,
                     max_iters: int) -> list[Row]:
         """AsyncKVClient with 16 and 64 operations in flight: puts of fresh keys, then
-        gets of the working set, on an event loop of their own (a thread here)."""
+        gets of the working set into preallocated buffers (``get_into``, as the sync
+        rows), on an event loop of their own (a thread here)."""
         import asyncio
         import threading
 
         from kvstore.client.aio import AsyncKVClient
 
         cfg, rows = self.cfg, []
+        dst = Pool(size, cfg.pool_bytes, min_slots=64, seed=3)   # a slot per get in flight
         loop = asyncio.new_event_loop()
         thread = threading.Thread(target=loop.run_forever, name="bench-asyncio", daemon=True)
         thread.start()
@@ -361,7 +363,8 @@ class KvstorePeer(Peer):
 
                 def get_step(i: int) -> None:
                     b = range(i * depth, (i + 1) * depth)
-                    _check(run(gather([kv.get(keys[j % n]) for j in b])), "async get")
+                    _check(run(gather([kv.get_into(keys[j % n], dst[j]) for j in b])),
+                           "async get_into")
                 rows.append(timed_row(System.KVSTORE, path, Op.GET, size,
                                       cfg.timed(get_step), depth))
         finally:

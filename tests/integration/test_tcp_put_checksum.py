@@ -1,0 +1,82 @@
+"""A store node's TCP PUT hashes a large value piece by piece as it arrives
+(FrameReader.read_into with a hasher): the bytes are still verified before
+anything is stored, a pipelined batch around such a value keeps its frames, and
+a value sent in dribbles hashes to the same checksum."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import numpy as np
+import xxhash
+
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore.keys import value_checksum
+from kvstore.store.data_server import DataServer
+from kvstore.store.node import StoreNode
+from kvstore.store.tiers.dram import DramTier
+from kvstore.transfer.base import WriteItem
+from kvstore.transfer.protocol import FrameReader
+from kvstore.transfer.tcp import NodeConnection, TcpTransport
+
+MiB = 1 << 20
+
+
+def _value(size: int, seed: int) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
+
+
+def test_hashing_while_receiving_matches_the_checksum_of_the_value():
+    a, b = socket.socketpair()
+    value = _value(3 * MiB + 5, 1)
+    tail = b"next-frame"
+
+    def dribble():                      # a header's worth first, then uneven pieces
+        a.sendall(value[:100])
+        for off in range(100, len(value), 700_001):
+            a.sendall(value[off:off + 700_001])
+            time.sleep(0.001)
+        a.sendall(tail)
+    th = threading.Thread(target=dribble)
+    th.start()
+    try:
+        reader = FrameReader(b)
+        reader.read(10)                 # buffered bytes of the value count too
+        dest = bytearray(len(value) - 10)
+        hasher = xxhash.xxh3_64()
+        reader.read_into(memoryview(dest), hasher)
+        assert hasher.intdigest() == value_checksum(value[10:])
+        assert bytes(dest) == value[10:]
+        assert bytes(reader.read(len(tail))) == tail
+    finally:
+        th.join()
+        a.close()
+        b.close()
+
+
+def test_a_large_put_with_other_bytes_than_announced_is_refused_and_leaves_nothing():
+    node = StoreNode(DramTier(64 * MiB))          # no master: tickets resolve at once
+    server = DataServer(node).start()
+    tr = TcpTransport(NodeConnection("127.0.0.1", server.port, timeout_s=5))
+    try:
+        good, bad = _value(2 * MiB, 2), bytearray(_value(2 * MiB, 3))
+        announced = value_checksum(bytes(bad))
+        bad[MiB + 3] ^= 0xFF                       # one byte differs from what was hashed
+        small = b"after the big ones"
+        out = tr.write_many([
+            WriteItem("big/good", 1, memoryview(good), value_checksum(good), "", 1),
+            WriteItem("big/bad", 2, memoryview(bad), announced, "", 1),
+            WriteItem("small", 3, memoryview(small), value_checksum(small), "", 1)])
+        assert out[0] is None and out[2] is None
+        assert out[1] is not None and out[1].code == pb.CHECKSUM_MISMATCH
+        held = {k for k, *_ in node.inventory()}
+        assert held == {"big/good", "small"}
+        stats = node.stats()
+        assert stats.num_writing == 0 and stats.used_bytes < 4 * MiB + (1 << 16)
+        assert stats.counters["checksum_errors"] == 1
+    finally:
+        tr.close()
+        server.stop()
+        node.close()

@@ -1,0 +1,75 @@
+"""AsyncNodeConnection's reading of answers, against a scripted peer: answers
+split anywhere are parsed in order, and what no node of ours sends (a value
+longer than the request allows, an answer to nothing) breaks the connection
+instead of being believed."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore.client.aio_data import AsyncNodeConnection
+from kvstore.errors import Unavailable
+from kvstore.transfer.protocol import REQUEST, RESPONSE, Op
+
+
+def _answer(size: int = 0, value: bytes = b"") -> bytes:
+    return RESPONSE.pack(pb.OK, 0, 0, 0, 7, size, 0, 0, 0) + value
+
+
+async def _peer(script):
+    """A server that reads one request frame per answer and sends the scripted bytes
+    (in pieces of 3 bytes, so every answer arrives split)."""
+    async def serve(reader, writer):
+        for reply in script:
+            await reader.readexactly(REQUEST.size)
+            for i in range(0, len(reply), 3):
+                writer.write(reply[i:i + 3])
+                await writer.drain()
+        await asyncio.sleep(0.5)
+        writer.close()
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+def test_answers_split_anywhere_arrive_in_order():
+    async def go():
+        server, port = await _peer([_answer(), _answer(5, b"hello"), _answer(3, b"abc")])
+        async with server:
+            conn = await AsyncNodeConnection.open("127.0.0.1", port, timeout_s=5)
+            ping, got, into = await asyncio.gather(
+                conn.request(Op.PING, ""), conn.request(Op.GET, "a", max_value_bytes=5),
+                conn.request(Op.GET, "b", into=memoryview(bytearray(8))))
+            assert ping[0] == pb.OK and ping[5] == b""
+            assert got[5] == bytearray(b"hello")
+            assert bytes(into[5]) == b"abc"
+            conn.close()
+    asyncio.run(go())
+
+
+def test_a_value_longer_than_allowed_breaks_the_connection():
+    async def go():
+        server, port = await _peer([_answer(1 << 40)])
+        async with server:
+            conn = await AsyncNodeConnection.open("127.0.0.1", port, timeout_s=5)
+            with pytest.raises(Unavailable, match="malformed"):
+                await conn.request(Op.GET, "k", max_value_bytes=1024)
+            with pytest.raises(Unavailable):
+                await conn.request(Op.PING, "")
+    asyncio.run(go())
+
+
+def test_an_answer_to_no_request_breaks_the_connection():
+    async def go():
+        server, port = await _peer([_answer() + _answer()])
+        async with server:
+            conn = await AsyncNodeConnection.open("127.0.0.1", port, timeout_s=5)
+            await conn.request(Op.PING, "")
+            for _ in range(100):
+                if conn.broken is not None:
+                    break
+                await asyncio.sleep(0.01)
+            assert conn.broken is not None and "not sent" in str(conn.broken)
+    asyncio.run(go())
