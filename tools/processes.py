@@ -145,6 +145,25 @@ class ProcessGroup:
                 return c
         raise KeyError(name)
 
+    def wait_idle(self, busy_below: float = 0.1, window_s: float = 0.5,
+                  timeout_s: float = 60.0) -> float:
+        """Wait until every child's CPU use stays below ``busy_below`` (cores) for
+        one ``window_s``, e.g. a node's segment prefault (seconds of one core
+        after READY) before a measurement. Linux only (``/proc``); elsewhere it
+        returns at once.
+
+        Returns:
+            The seconds waited (``timeout_s`` if they never went idle).
+        """
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout_s:
+            before = [_cpu_seconds(c.proc.pid) for c in self.children]
+            time.sleep(window_s)
+            used = [_cpu_seconds(c.proc.pid) - b for c, b in zip(self.children, before)]
+            if all(u < busy_below * window_s for u in used):
+                break
+        return time.monotonic() - t0
+
     def check(self) -> None:
         """Raise :class:`ChildFailed` if any child has exited."""
         for c in self.children:
@@ -179,3 +198,13 @@ class ProcessGroup:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds ``pid`` has used (0.0 if /proc cannot say)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

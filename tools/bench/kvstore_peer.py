@@ -165,6 +165,9 @@ class KvstorePeer(Peer):
                              else self.kv_tcp)
             if not self.secured:
                 self._start_plain(master, store.nodes["bench0"].info.get("shm_name", ""))
+            # A node answers READY before its segment prefault ends (seconds of one
+            # core): rows measured meanwhile would share the CPU with it.
+            self.procs.wait_idle()
         except BaseException:
             self.stop()
             raise
