@@ -149,8 +149,8 @@ class ProcessGroup:
                   timeout_s: float = 60.0) -> float:
         """Wait until every child's CPU use stays below ``busy_below`` (cores) for
         one ``window_s``, e.g. a node's segment prefault (seconds of one core
-        after READY) before a measurement. Linux only (``/proc``); elsewhere it
-        returns at once.
+        after READY) before a measurement. Linux only (``/proc``); elsewhere
+        every child reads as idle, so it returns after one window.
 
         Returns:
             The seconds waited (``timeout_s`` if they never went idle).
