@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -41,11 +42,42 @@ def terminate(proc: subprocess.Popen, timeout_s: float = 5.0) -> None:
             proc.wait()
 
 
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct ports that were free a moment ago (bound together, then released)."""
-    socks = []
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections (Linux; else IANA's)."""
     try:
-        for _ in range(n):
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 49152, 65535
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct ports that were free a moment ago (bound together, then released).
+
+    A port that a process is told to listen on later (a master's, named in the
+    static shard map before any master starts) must not come from the
+    ephemeral range: any outgoing connection made meanwhile (a master's to
+    etcd, a node's to its master) may be given it, and the listener then fails
+    with EADDRINUSE. So the ports are drawn at random below that range, where
+    only explicit binds land.
+    """
+    low, high = ephemeral_port_range()
+    lo, hi = (10000, low - 1) if low > 11000 else (high + 1, 65535)
+    rng = random.SystemRandom()
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(50 * n):
+            if len(socks) == n:
+                break
+            s = socket.socket()
+            try:
+                s.bind((host, rng.randint(lo, hi)))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+        while len(socks) < n:            # a crowded range: fall back to any free port
             s = socket.socket()
             s.bind((host, 0))
             socks.append(s)
@@ -53,6 +85,11 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """One port as :func:`free_ports` picks them."""
+    return free_ports(1, host)[0]
 
 
 class ChildFailed(RuntimeError):
@@ -123,6 +160,11 @@ class ProcessGroup:
         t.start()
         t.join(timeout_s)
         if not result:
+            if not t.is_alive():         # stdout closed: the child is exiting
+                try:
+                    child.proc.wait(5.0)
+                except subprocess.TimeoutExpired:
+                    pass
             rc = child.proc.poll()
             where = f" (see {self.log_dir}/{child.name}.log)" if self.log_dir else ""
             state = f"exited with {rc}" if rc is not None else f"was not ready in {timeout_s:.0f} s"

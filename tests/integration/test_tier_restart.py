@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import random
 import signal
-import socket
 
 from kvstore.client import KVClient, NotFound
-from kvstore.tools.processes import Child, ProcessGroup, service_args
+from kvstore.tools.processes import Child, ProcessGroup, free_port, service_args
 from kvtest import node_args, wait_for
 
 MiB = 1024 * 1024
@@ -29,12 +28,6 @@ def stop_child(procs: ProcessGroup, child: Child) -> None:
 
 def value(i: int) -> bytes:
     return random.Random(i).randbytes(MiB + i)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_and_place(kv: KVClient, n: int) -> dict[str, str]:

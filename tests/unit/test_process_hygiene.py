@@ -10,6 +10,7 @@ import pytest
 
 from kvstore.master.server import create_server
 from kvstore.store.tiers.dram import remove_orphan_segments
+from kvstore.tools.processes import ChildFailed, ProcessGroup, ephemeral_port_range, free_ports
 from kvstore.transfer.shm import SHM_DIR
 
 
@@ -52,3 +53,19 @@ def test_services_refuse_ports_out_of_range(service, args, capsys):
     with pytest.raises(SystemExit) as exc:
         SERVICES[service](args)
     assert exc.value.code == 2 and "is not a port" in capsys.readouterr().err
+
+
+def test_ports_named_before_start_are_outside_theephemeral_port_range():
+    # A master's port is in the shard map before it binds; an outgoing
+    # connection made meanwhile must never be handed it (CI saw EADDRINUSE).
+    low, high = ephemeral_port_range()
+    ports = free_ports(16)
+    assert len(set(ports)) == 16
+    assert all(not low <= p <= high for p in ports)
+
+
+def test_a_child_that_exits_before_ready_is_reported_as_exited(tmp_path):
+    procs = ProcessGroup(log_dir=str(tmp_path))
+    with pytest.raises(ChildFailed, match="exited with 3"):
+        procs.start("quitter", ["-c", "raise SystemExit(3)"], timeout_s=30)
+    procs.stop()

@@ -7,8 +7,8 @@
   turns);
 - cold memory: :class:`Pool`, value slots rotating through a buffer of at
   least twice the last-level cache (:func:`llc_bytes`);
-- :class:`BenchConfig`, one run's options, and the worker-process helpers
-  (:func:`free_port`, :func:`stop_workers`);
+- :class:`BenchConfig`, one run's options, and the worker-process helper
+  :func:`stop_workers`;
 - :class:`Peer`, what a system module starts, and :func:`run_systems`, which
   starts each system, has each measure every size in turn, and stops them.
 
@@ -24,7 +24,6 @@ import logging
 import math
 import multiprocessing as mp
 import os
-import socket
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -292,13 +291,6 @@ def stop_workers(workers: list[tuple[mp.Process, object]], timeout_s: float = 5.
         if p.is_alive():
             p.terminate()
             p.join()
-
-
-def free_port() -> int:
-    """A loopback TCP port that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---- the run ----------------------------------------------------------------------------

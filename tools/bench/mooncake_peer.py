@@ -32,8 +32,8 @@ import subprocess
 import time
 
 from kvstore.tools.bench.harness import (BenchConfig, DataPath, MiB, Op, Peer, Pool, Row, System,
-                                         free_port, stop_workers, timed, timed_row)
-from kvstore.tools.processes import terminate
+                                         stop_workers, timed, timed_row)
+from kvstore.tools.processes import free_port, terminate
 
 HOST = "127.0.0.1"
 #: Local buffer of each Mooncake client (staging for get / put of Python buffers).

@@ -18,8 +18,8 @@ import time
 
 from kvstore.sizes import format_size
 from kvstore.tools.bench.harness import (BenchConfig, DataPath, MiB, Op, Peer, Pool, Row, System,
-                                         free_port, timed_row)
-from kvstore.tools.processes import terminate
+                                         timed_row)
+from kvstore.tools.processes import free_port, terminate
 
 
 class RedisPeer(Peer):
