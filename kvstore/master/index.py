@@ -104,6 +104,15 @@ class ObjectIndex:
         self._next_id = 1              # object ids; above every id seen in an inventory
         self.counters: Counter[C] = Counter()
         self.grants = Grants(grace_ms=put_timeout_ms)    # placement grants (one-round-trip puts)
+        # Keys whose entry may still wait for targets to report (a superset; the
+        # maintenance round reads only these, not every entry).
+        self._awaiting: set[ObjectKey] = set()
+        # Something may have left an entry with fewer live replicas than wanted
+        # (a replica evicted or forgotten, an inventory synced, a put with
+        # replica_num > 1 completed by its first replica, a repair failed): the
+        # repair planner scans every entry only then or when membership changes.
+        self.repair_hint = True
+        self.repairs_in_flight = 0     # copies in flight at the last scan
 
     # ---- helpers ----
     def _check_key(self, key: str) -> ObjectKey:
@@ -156,6 +165,7 @@ class ObjectIndex:
         gone = set(self.membership.forget(now_ms))
         if not gone:
             return []
+        self.repair_hint = True
         for entry in list(self.entries.values()):
             if not (gone & set(entry.replicas) or gone & set(entry.targets)):
                 continue
@@ -245,6 +255,7 @@ class ObjectIndex:
         for n in nodes:
             self.membership.reserve(n.node_id, item.size_bytes)
         self.entries[key] = entry
+        self._awaiting.add(key)
         self.num_pending += 1
         self.counters[C.PUT_STARTS] += 1
         return PutPlan(entry.object_id, tuple(n.address for n in nodes))
@@ -294,9 +305,14 @@ class ObjectIndex:
         COMPLETE ones that never reported (drop orders to them); returns the
         number of puts revoked."""
         expired = 0
-        for entry in list(self.entries.values()):
-            if not entry.targets or now_ms <= entry.deadline_ms:
+        for key in list(self._awaiting):
+            entry = self.entries.get(key)
+            if entry is None or not entry.targets:
+                self._awaiting.discard(key)
                 continue
+            if now_ms <= entry.deadline_ms:
+                continue
+            self._awaiting.discard(key)
             if entry.state is ReplicaState.PENDING:
                 self._delete(entry, self._unreported_drops(entry.targets))
                 expired += 1
@@ -349,6 +365,8 @@ class ObjectIndex:
             tiers={node_id: event.tier or TierKind.DRAM})
         grant.decided_ids.add(event.object_id)
         self._sorted_keys = None
+        if grant.replica_num > 1:
+            self.repair_hint = True
         self.membership.account_stored(node_id, event.size_bytes)
         self.counters[C.PUTS] += 1
         self.counters[C.PUTS_PLACED] += 1
@@ -391,6 +409,8 @@ class ObjectIndex:
             # (A placed put's further replicas come while its grant lives.)
             raise NotFound("this node is no longer a target of the put", key=event.key)
         entry.replicas.append(node_id)
+        if entry.replica_num > 1:
+            self.repair_hint = True
         entry.tiers[node_id] = event.tier or TierKind.DRAM
         self.membership.account_stored(node_id, entry.size_bytes)
         if entry.state is ReplicaState.PENDING:
@@ -535,6 +555,7 @@ class ObjectIndex:
         if event.kind is EventKind.EVICTED:
             entry.replicas.remove(node_id)
             entry.tiers.pop(node_id, None)
+            self.repair_hint = True
             self.counters[C.REPLICAS_EVICTED] += 1
             if not entry.replicas:
                 self._delete(entry, [])
@@ -552,6 +573,7 @@ class ObjectIndex:
         Returns:
             (entries that lost their last replica, entries indexed from the inventory).
         """
+        self.repair_hint = True
         return sync_node_inventory(self, node_id, items, now_ms)
 
     # ---- re-replication (kvstore/master/repair.py plans it; the copy arrives as STORED) ----
@@ -559,11 +581,13 @@ class ObjectIndex:
         """COMPLETE entries with fewer live replicas than wanted and no repair in
         flight, with their live replicas; a repair past its deadline is given up."""
         out = []
+        self.repairs_in_flight = 0
         for entry in self.entries.values():
             if entry.state is not ReplicaState.COMPLETE:
                 continue
             if entry.repair_target is not None:
                 if now_ms <= entry.repair_deadline_ms:
+                    self.repairs_in_flight += 1
                     continue
                 self.counters[C.REPAIR_TIMEOUTS] += 1
                 entry.repair_target = None

@@ -10,6 +10,15 @@ the source reports the order done. At most one
 copy per object is in flight; one unanswered within ``timeout_ms`` is
 given up and planned again.
 
+The full scan for such objects runs only when one can exist: the index's
+``repair_hint`` is set by every change that can leave an entry short of
+replicas (an eviction, a forgotten node, an inventory sync, a multi-replica
+put completed by its first replica, a failed copy), the planner notes when
+the set of alive or healthy nodes changed since its last scan, and it keeps
+scanning while the last scan found work or a copy is in flight (deadlines,
+more than ``max_orders``). Otherwise a round costs nothing: on a busy master
+the scan of every entry each 200 ms round was about 30 % of its event loop.
+
 Thread safety: owned by the master's event loop, like the index.
 """
 
@@ -37,12 +46,21 @@ class RepairPlanner:
         self.index = index
         self.timeout_ms = timeout_ms
         self.max_orders = max_orders
+        self._seen: tuple[frozenset, frozenset] | None = None   # (alive, healthy) at the last scan
+        self._busy = True            # the last scan found work, or a copy was in flight
 
     def plan(self, now_ms: int) -> int:
         """Order copies for under-replicated objects; returns the number ordered."""
-        membership = self.index.membership
+        index, membership = self.index, self.index.membership
+        seen = (frozenset(n.node_id for n in membership.alive_nodes()),
+                frozenset(n.node_id for n in membership.healthy_nodes(now_ms)))
+        if not (self._busy or index.repair_hint or seen != self._seen):
+            return 0
+        self._seen, index.repair_hint = seen, False
+        short = index.under_replicated(now_ms)
+        self._busy = bool(short) or index.repairs_in_flight > 0
         ordered = 0
-        for entry, live in self.index.under_replicated(now_ms):
+        for entry, live in short:
             if ordered >= self.max_orders:
                 break
             held = set(entry.replicas)
@@ -69,6 +87,7 @@ class RepairPlanner:
             return                    # removed or replaced meanwhile; the target refused it
         if entry.repair_target == result.target_node_id:
             entry.repair_target = None
+        index.repair_hint = True     # a failed copy is planned again; a done one may not suffice
         if result.error:
             index.counters[C.REPAIR_FAILURES] += 1
             log.warning("repair copy of %s to %s failed: %s", result.key,

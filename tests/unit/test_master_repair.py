@@ -86,6 +86,28 @@ def test_failed_copy_is_retried_and_a_copy_of_a_removed_key_is_dropped():
     assert DropOrder("k", r.object_id) in idx.membership.take_drops(spare)   # ... is dropped
 
 
+def test_quiet_rounds_skip_the_scan_and_an_unanswered_copy_is_still_planned_again():
+    idx = three_nodes()
+    repairs = RepairPlanner(idx, timeout_ms=1000)
+    r = start(idx, "k", replica_num=2)
+    stored(idx, "k", r)
+    scans = []
+    scan = idx.under_replicated
+    idx.under_replicated = lambda now_ms: scans.append(now_ms) or scan(now_ms)
+    assert repairs.plan(T0) == 0 and repairs.plan(T0) == 0 and repairs.plan(T0) == 0
+    assert len(scans) == 1                     # nothing changed after the first round
+    holders = [t.node_id for t in r.targets]
+    spare = ({"n0", "n1", "n2"} - set(holders)).pop()
+    now = T0 + TTL_MS + 1
+    for n in (holders[1], spare):
+        heartbeat(idx.membership, n, now)
+    idx.membership.expire(now)                 # membership changed: scanned again
+    assert repairs.plan(now) == 1
+    assert repairs.plan(now + 500) == 0        # in flight: still scanned, nothing ordered
+    assert repairs.plan(now + 1001) == 1       # never answered: given up, ordered again
+    assert idx.counters["repair_timeouts"] == 1
+
+
 def test_quarantined_node_gets_no_new_puts():
     idx = three_nodes()
     for i in range(idx.membership.failures_to_quarantine):
