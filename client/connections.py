@@ -232,6 +232,17 @@ class Connections:
                 out[i] = out[i] or err
         return out
 
+    def warm_up(self, nodes: Iterable[NodeAddress], timeout_s: float) -> bool:
+        """Connect this thread to each of ``nodes`` and wait for the same-host
+        segments' prefaults (:meth:`SegmentMaps.wait_prefaulted`).
+
+        Raises:
+            Unavailable: a node cannot be reached.
+        """
+        for node in nodes:
+            self.transport(node)
+        return self._segments.wait_prefaulted(timeout_s)
+
     def node_stats(self, nodes: Iterable[NodeAddress]) -> dict[str, dict]:
         """Each node's own stats (STATS op), once per node id: node_id -> the node's dict.
 

@@ -21,6 +21,7 @@ import mmap
 import os
 import socket
 import threading
+import time
 from collections import OrderedDict
 from contextlib import contextmanager, nullcontext
 from typing import ContextManager, Iterator
@@ -109,6 +110,7 @@ class ShmSegment:
             os.close(fd)
         self.view = memoryview(self._mmap)
         self._closing = threading.Event()
+        self.prefaulting: threading.Thread | None = None   # prefault_in_background's thread
 
     def prefault(self, limit_bytes: int | None = None, stop: threading.Event | None = None) -> int:
         """Map the segment's pages into this process now (the first ``limit_bytes``; None:
@@ -151,6 +153,7 @@ class ShmSegment:
         thread = threading.Thread(target=self.prefault, args=(limit_bytes, self._closing),
                                   name=f"prefault-{self.name}", daemon=True)
         thread.start()
+        self.prefaulting = thread
         return thread
 
     @property
@@ -230,6 +233,15 @@ class SegmentMaps:
         if stale is not None:
             stale.close()
         return seg
+
+    def wait_prefaulted(self, timeout_s: float) -> bool:
+        """Until every current mapping's background prefault ended; False: ``timeout_s`` first."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            threads = [s.prefaulting for s in self._current.values() if s.prefaulting is not None]
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in threads)
 
     def retire_node(self, node_id: str) -> None:
         """A transport to ``node_id`` failed: retire its mapping (see the class docstring)."""

@@ -249,3 +249,13 @@ def test_unreferenced_reads_racing_a_removal_see_whole_values_or_nothing(kv, one
         kv.batch_remove([f"filler{round_}-{j}" for j in range(3)])
         wait_for(lambda: node_stats(kv)["n0"].used_bytes == 0)
     assert good > 0 and shm_transport(kv).unreferenced > 0
+
+
+def test_warm_up_maps_the_segment_before_the_first_copy(one_node):
+    with KVClient(one_node.master, prefer_shm=True) as client:
+        assert client.warm_up(timeout_s=30)
+        (seg,) = client._connections._segments._current.values()
+        assert seg.prefaulting is not None and not seg.prefaulting.is_alive()
+        client.put("warm", value(1))
+        assert client.get("warm") == value(1)
+        client.remove("warm")
