@@ -31,6 +31,8 @@ import contextlib
 import json
 import logging
 import socket
+import ssl
+import struct
 import threading
 import time
 
@@ -100,6 +102,22 @@ class _Ack:
         self.reply = b""
 
 
+def _kernel_read_timeout(conn: socket.socket, timeout_s: float) -> bool:
+    """Give a plain (not TLS) blocking socket a receive timeout of ``timeout_s`` in the
+    kernel (a read that waits longer fails with EAGAIN); False where that is not
+    possible. Python's own socket timeout would poll() before every recv."""
+    if isinstance(conn, ssl.SSLSocket) or not hasattr(socket, "SO_RCVTIMEO") \
+            or conn.gettimeout() is not None:
+        return False
+    sec = int(timeout_s)
+    try:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                        struct.pack("@ll", sec, int((timeout_s - sec) * 1e6)))
+    except OSError:
+        return False
+    return True
+
+
 class Session:
     """One client connection: its frame loop and what it holds."""
 
@@ -110,6 +128,8 @@ class Session:
         self.node = node
         self.lease = lease               # a kvstore.store.lease.MasterLease, or None (no master)
         self.write_timeout_s = write_timeout_s
+        self._timeout_on = False         # the socket's timeout is write_timeout_s (else none)
+        self._kernel_timeout = _kernel_read_timeout(conn, write_timeout_s)
         self.tally = tally               # a kvstore.metrics.RequestTally, or None
         self.bytes_in = 0                # value bytes written to the node (PUT, SHM_COMMIT)
         self.bytes_out = 0               # ... read from it (GET, SHM_ACQUIRE, SHM_TOUCH)
@@ -163,7 +183,7 @@ class Session:
                 with self._timed(f"{len(self.writing)} shm reservation(s) not committed"):
                     header = self.reader.read(REQUEST.size)
             else:
-                header = self.reader.read(REQUEST.size)
+                header = self._idle_read()
             op, self.replica_num, key_len, parent_len, object_id, size, checksum = \
                 REQUEST.unpack(header)
             if blocked_at:
@@ -265,6 +285,7 @@ class Session:
         self.out += RESPONSE.pack(err.code, 0, len(msg), 0, 0, 0, 0, 0, 0) + msg
 
     def _flush(self) -> None:
+        self._timeout(False)          # a reader may take its time to drain the replies
         if self.acks:
             self._settle_acks()
         parts, self.parts, self.parts_bytes = self.parts, [], 0
@@ -313,19 +334,41 @@ class Session:
         actual = hasher.intdigest() if hasher is not None else None
         self._reply_stored(self.node.commit_write(obj, actual=actual), obj)
 
+    def _idle_read(self) -> memoryview:
+        """The next request's header, waiting for it as long as it takes."""
+        if not self._kernel_timeout:
+            self._timeout(False)
+            return self.reader.read(REQUEST.size)
+        while True:
+            try:
+                return self.reader.read(REQUEST.size)
+            except StreamEnded as exc:
+                if not isinstance(exc.__cause__, BlockingIOError):
+                    raise            # (what was received of the header stays buffered)
+
+    def _timeout(self, on: bool) -> None:
+        """Make blocking reads wait at most write_timeout_s (on) or for ever.
+
+        A plain socket has the kernel's receive timeout (SO_RCVTIMEO) from the
+        start: nothing to do, and its reads cost no poll(). A TLS socket's
+        Python timeout is set lazily: a pipelined batch of PUTs keeps it on
+        from its first value to the flush of their replies."""
+        if not self._kernel_timeout and on != self._timeout_on:
+            self.conn.settimeout(self.write_timeout_s if on else None)
+            self._timeout_on = on
+
     @contextlib.contextmanager
     def _timed(self, what: str):
         """Blocking reads inside wait at most write_timeout_s for each byte; a stall
-        ends the connection (Unavailable) and is counted."""
-        self.conn.settimeout(self.write_timeout_s)
+        ends the connection (Unavailable) and is counted. The timeout stays on
+        after the block until the session is about to flush or wait idle."""
+        self._timeout(True)
         try:
             yield
         except Unavailable as exc:
-            if isinstance(exc.__cause__, TimeoutError):
+            if isinstance(exc.__cause__, (TimeoutError, BlockingIOError)):
                 self._stalled(what)
             raise
-        finally:
-            self.conn.settimeout(None)
 
     def _get(self, key: str, object_id: int, _size: int, _checksum: int) -> None:
         # An object only on SSD (or GPU) is promoted to DRAM first; when DRAM has
