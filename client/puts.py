@@ -52,7 +52,7 @@ from kvstore.client.meta_cache import MetaCache
 from kvstore.client.placement import Placements
 from kvstore.errors import (AlreadyPresent, InvalidArgument, KeyConflict, KVStoreError, NotFound,
                             PutInProgress, TooLarge, Unavailable, WrongShard, error_for_code)
-from kvstore.keys import validate_key, value_checksum
+from kvstore.keys import validate_key
 from kvstore.rpc import MAX_REPLICAS
 from kvstore.transfer.base import WriteItem
 from kvstore.transfer.buffers import readable_view
@@ -172,13 +172,13 @@ class PutProtocol:
         n = len(keys)
         results: list[bool | KVStoreError] = [False] * n
         views: list[memoryview | None] = [None] * n
-        checksums = [0] * n
+        # None until a transport computes it: the shared-memory one while copying.
+        checksums: list[int | None] = [None] * n
         todo = []
         for i, (k, v) in enumerate(zip(keys, values)):
             try:
                 validate_key(k)
                 views[i] = readable_view(v)
-                checksums[i] = value_checksum(views[i])
                 todo.append(i)
             except KVStoreError as err:
                 results[i] = err
@@ -260,6 +260,9 @@ class PutProtocol:
                 self.connections.drop(node_id)
                 self.connections.node_failed(lst[0][1], keys[lst[0][0]], err)
                 outcome = [err] * len(items)
+            for (i, _node), it in zip(lst, items):
+                if checksums[i] is None:
+                    checksums[i] = it.checksum     # computed by the transport (or still None)
             for (i, node), err in zip(lst, outcome):
                 if err is None:
                     written[i].append(node)

@@ -204,7 +204,7 @@ class StoreNode:
             return None
         if old.state is ObjectState.WRITING:
             raise InvalidArgument("this version is being written already", key=key)
-        if old.checksum != checksum:
+        if checksum and old.checksum != checksum:    # 0: announced at the commit
             raise KeyConflict(f"object {object_id} already holds other bytes "
                               f"(checksum {old.checksum:#x}); objects are immutable", key=key)
         return old

@@ -424,8 +424,9 @@ class Session:
         self._check_put(key)
         obj, present = self.node.begin_write(key, object_id, size, checksum, self.parent,
                                              self.replica_num)
-        if present:
-            self._reply(object_id=object_id, size=size, checksum=checksum, offset=2**64 - 1)
+        if present:                   # the stored checksum (the writer may not know it yet)
+            self._reply(object_id=object_id, size=size, checksum=obj.checksum,
+                        offset=2**64 - 1)
             return
         self.writing[(key, object_id)] = obj
         self._reply(object_id=object_id, size=size, checksum=checksum, offset=obj.alloc.offset,

@@ -13,6 +13,7 @@ import abc
 from dataclasses import dataclass
 
 from kvstore.errors import KVStoreError
+from kvstore.keys import value_checksum
 from kvstore.types import TransportKind
 
 
@@ -21,7 +22,7 @@ class WriteItem:
     key: str
     object_id: int
     data: memoryview         # the value, 1-D bytes view
-    checksum: int            # xxh3-64 of data
+    checksum: int | None     # xxh3-64 of data; None: the transport computes it, and sets it
     parent: str = ""         # previous block of its prefix chain ("" for none): eviction hint
     replica_num: int = 0     # replicas the put asked for (0: not said); the frame's flags
 
@@ -35,6 +36,14 @@ class ReadItem:
     dest: memoryview         # writable, at least size_bytes long
 
 
+def hash_unhashed(items: list[WriteItem]) -> None:
+    """Compute the checksum of each item that has none yet (a transport that
+    sends it ahead of the bytes)."""
+    for it in items:
+        if it.checksum is None:
+            it.checksum = value_checksum(it.data)
+
+
 class Transport(abc.ABC):
     """Moves values to and from one node. Not thread-safe: one per thread.
 
@@ -46,7 +55,9 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     def write_many(self, items: list[WriteItem]) -> list[KVStoreError | None]:
-        """Write each value; per-item error or None, in input order."""
+        """Write each value; per-item error or None, in input order. An item's
+        ``checksum`` of None is computed here (where it pays, while copying)
+        and set on the item, whatever the outcome."""
 
     @abc.abstractmethod
     def read_many(self, items: list[ReadItem], verify: bool = True) -> list[KVStoreError | None]:

@@ -71,7 +71,7 @@ from typing import Any
 
 from kvstore._proto import kvstore_pb2 as _pb
 from kvstore.errors import InvalidArgument, KVStoreError, Unavailable, error_for_code
-from kvstore.transfer.base import ReadItem, Transport, WriteItem
+from kvstore.transfer.base import ReadItem, Transport, WriteItem, hash_unhashed
 from kvstore.transfer.buffers import writable_view
 from kvstore.transfer.protocol import Op
 from kvstore.transfer.rdma_wire import (MAX_CONNECT_BYTES, OP_RDMA_CONNECT, MrDescriptor,
@@ -307,6 +307,7 @@ class RdmaTransport(Transport):
         return ok
 
     def write_many(self, items: list[WriteItem]) -> list[KVStoreError | None]:
+        hash_unhashed(items)
         out: list[KVStoreError | None] = [None] * len(items)
         replies = self._phase(Op.SHM_ALLOC, [(i.key, i.object_id, len(i.data), i.checksum,
                                               i.parent, i.replica_num) for i in items])

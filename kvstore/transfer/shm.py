@@ -26,8 +26,11 @@ from collections import OrderedDict
 from contextlib import contextmanager, nullcontext
 from typing import ContextManager, Iterator
 
+import xxhash
+
 from kvstore._proto import kvstore_pb2 as _pb
 from kvstore.errors import KVStoreError, Unavailable, error_for_code
+from kvstore.keys import value_checksum
 from kvstore.transfer.base import ReadItem, Transport, WriteItem
 from kvstore.transfer.protocol import Op
 from kvstore.transfer.shm_slots import ReadSlots
@@ -306,6 +309,25 @@ def _fits(loc: Location, it: ReadItem, seg: memoryview) -> bool:
     return size <= len(it.dest) and offset + size <= len(seg)
 
 
+#: Piece size of :func:`copy_hashing` (well inside the L2 cache).
+COPY_PIECE_BYTES = 256 * 1024
+
+
+def copy_hashing(dest: memoryview, src: memoryview) -> int:
+    """Copy ``src`` into ``dest`` (same length) piece by piece, hashing each piece
+    of ``dest`` right after it landed; returns the xxh3-64 of the bytes copied."""
+    n = len(src)
+    if n <= COPY_PIECE_BYTES:
+        dest[:n] = src
+        return value_checksum(dest)
+    hasher = xxhash.xxh3_64()
+    for off in range(0, n, COPY_PIECE_BYTES):
+        end = min(n, off + COPY_PIECE_BYTES)
+        dest[off:end] = src[off:end]
+        hasher.update(dest[off:end])
+    return hasher.intdigest()
+
+
 #: SHM_ALLOC's offset when the exact version is already stored.
 ALREADY_PRESENT_OFFSET = 2**64 - 1
 
@@ -376,21 +398,32 @@ class ShmTransport(Transport):
             return self._read_many(seg, items, verify)
 
     def _write_many(self, seg: memoryview, items: list[WriteItem]) -> list[KVStoreError | None]:
+        # A value whose checksum is not known yet is hashed as it is copied (each
+        # piece while it is in the cache: about 3 % over the copy alone, where a
+        # pass of its own over a cold 4 MiB value costs 60 % of the copy) and
+        # announced with SHM_COMMIT; the node verifies it there either way.
         out: list[KVStoreError | None] = [None] * len(items)
-        replies = self.control(Op.SHM_ALLOC, [(i.key, i.object_id, len(i.data), i.checksum)
+        late = [i.checksum is None for i in items]
+        replies = self.control(Op.SHM_ALLOC, [(i.key, i.object_id, len(i.data), i.checksum or 0)
                                              for i in items], [i.parent for i in items],
                                [i.replica_num for i in items])
         to_commit = []
-        for idx, (it, (code, _oid, _size, _ck, offset, msg)) in enumerate(zip(items, replies)):
+        for idx, (it, (code, _oid, _size, ck, offset, msg)) in enumerate(zip(items, replies)):
             if code != _pb.OK:
                 out[idx] = error_for_code(code, msg, key=it.key)
-            elif offset != ALREADY_PRESENT_OFFSET:
+            elif offset == ALREADY_PRESENT_OFFSET:
+                if it.checksum is None:
+                    it.checksum = ck               # the stored version's
+            else:
                 n = len(it.data)
-                if n:
+                if it.checksum is None:
+                    it.checksum = copy_hashing(seg[offset:offset + n], it.data)
+                elif n:
                     seg[offset:offset + n] = it.data
                 to_commit.append(idx)
-        replies = self.control(Op.SHM_COMMIT, [(items[i].key, items[i].object_id, 0, 0)
-                                              for i in to_commit])
+        replies = self.control(Op.SHM_COMMIT, [(items[i].key, items[i].object_id, 0,
+                                                items[i].checksum if late[i] else 0)
+                                               for i in to_commit])
         for idx, (code, _oid, _size, _ck, _off, msg) in zip(to_commit, replies):
             if code != _pb.OK:
                 out[idx] = error_for_code(code, msg, key=items[idx].key)

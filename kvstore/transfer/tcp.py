@@ -27,7 +27,7 @@ from kvstore.auth import proof
 from kvstore.errors import (ChecksumMismatch, InvalidArgument, KVStoreError, Unavailable,
                             error_for_code)
 from kvstore.keys import value_checksum
-from kvstore.transfer.base import ReadItem, Transport, WriteItem
+from kvstore.transfer.base import ReadItem, Transport, WriteItem, hash_unhashed
 from kvstore.transfer.protocol import (REQUEST, RESPONSE, FrameReader, Op, hello_nonce_bytes,
                                        send_parts, tune_socket)
 from kvstore.types import TransportKind
@@ -367,6 +367,7 @@ class TcpTransport(Transport):
         self.conn = conn
 
     def write_many(self, items: list[WriteItem]) -> list[KVStoreError | None]:
+        hash_unhashed(items)
         for it in items:
             self.conn.send(Op.PUT, it.key, it.object_id, len(it.data), it.checksum, it.data,
                            it.parent, it.replica_num)

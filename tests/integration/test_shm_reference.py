@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from kvstore.client import KVClient
-from kvstore.errors import NoSpace, NotFound
+from kvstore.errors import KeyConflict, NoSpace, NotFound
 from kvstore.keys import value_checksum
 from kvstore.transfer.protocol import Op
 from kvstore.transfer.shm import ShmSegment, ShmTransport
@@ -259,3 +259,17 @@ def test_warm_up_maps_the_segment_before_the_first_copy(one_node):
         client.put("warm", value(1))
         assert client.get("warm") == value(1)
         client.remove("warm")
+
+
+def test_a_large_shm_put_is_hashed_while_copied_and_keeps_every_rule(one_node):
+    big = np.random.default_rng(7).integers(0, 256, OBJ + OBJ // 2 + 3, dtype=np.uint8).tobytes()
+    with KVClient(one_node.master, prefer_shm=True) as client:
+        assert client.put("big", big) is True
+        (meta,) = client.lookup(["big"])
+        assert meta.checksum == value_checksum(big) and meta.size_bytes == len(big)
+        assert client.get("big") == big
+        assert client.put("big", big) is False               # equal bytes: already present
+        with pytest.raises(KeyConflict):
+            client.put("big", big[:-1] + b"\0")
+        assert client.get("big") == big
+        client.remove("big")
