@@ -63,13 +63,14 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     only explicit binds land.
     """
     low, high = ephemeral_port_range()
+    # Below the range (from 10000) or, where it starts too low, above it.
     lo, hi = (10000, low - 1) if low > 11000 else (high + 1, 65535)
     rng = random.SystemRandom()
     socks: list[socket.socket] = []
     try:
-        for _ in range(50 * n):
-            if len(socks) == n:
-                break
+        tries = 50 * n if hi - lo >= 1000 else 0
+        while len(socks) < n and tries > 0:
+            tries -= 1
             s = socket.socket()
             try:
                 s.bind((host, rng.randint(lo, hi)))
@@ -77,7 +78,7 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
                 s.close()
                 continue
             socks.append(s)
-        while len(socks) < n:            # a crowded range: fall back to any free port
+        while len(socks) < n:            # no such range, or a crowded one: any free port
             s = socket.socket()
             s.bind((host, 0))
             socks.append(s)
