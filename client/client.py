@@ -33,7 +33,7 @@ from kvstore.shardmap import ShardMap
 from kvstore.tls import TlsFiles
 from kvstore.transfer.buffers import writable_view
 from kvstore.transfer.protocol import Op
-from kvstore.types import ObjectMeta, RemoveReason, ShardStatus
+from kvstore.types import NodeAddress, ObjectMeta, RemoveReason, ShardStatus
 
 
 class KVClient:
@@ -304,8 +304,11 @@ class KVClient:
     def node_stats(self) -> dict[str, dict]:
         """Each live node's own stats, straight from the node (data-plane STATS op):
         node_id -> dict with per-tier ``tiers`` (used, free, evictable, ...) and ``counters``."""
-        return self._connections.node_stats(n.address for st in self.stat()
-                                            for n in st.nodes if n.alive)
+        return self._connections.node_stats(self._live_nodes())
+
+    def _live_nodes(self) -> Iterator[NodeAddress]:
+        """The address of every live node of every shard (one Stat per shard)."""
+        return (n.address for st in self.stat() for n in st.nodes if n.alive)
 
     def warm_up(self, timeout_s: float = 60.0) -> bool:
         """Connect to every live node now, and wait until this client has mapped the
@@ -323,8 +326,7 @@ class KVClient:
         Raises:
             Unavailable: a master or a node cannot be reached.
         """
-        return self._connections.warm_up((n.address for st in self.stat() for n in st.nodes
-                                          if n.alive), timeout_s)
+        return self._connections.warm_up(self._live_nodes(), timeout_s)
 
     # ---- other ops ----
     def exists(self, key: str) -> bool:

@@ -55,7 +55,7 @@ def test_services_refuse_ports_out_of_range(service, args, capsys):
     assert exc.value.code == 2 and "is not a port" in capsys.readouterr().err
 
 
-def test_ports_named_before_start_are_outside_theephemeral_port_range():
+def test_ports_named_before_start_are_outside_the_ephemeral_range():
     # A master's port is in the shard map before it binds; an outgoing
     # connection made meanwhile must never be handed it (CI saw EADDRINUSE).
     low, high = ephemeral_port_range()
