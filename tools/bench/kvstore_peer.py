@@ -6,7 +6,8 @@ Rows (``kvstore``)::
     tcp         get, put   KVClient over TCP, one key per call
     tcp-batch   get, put   batch_get_into / batch_put of ``batch_keys`` keys over TCP
     concurrent  get, put   ``clients`` client processes at once (TCP unless concurrent_shm)
-    async-16    get, put   AsyncKVClient, 16 operations in flight (asyncio.gather), TCP
+    async-16    get, put   AsyncKVClient, 16 operations in flight, TCP: 16 coroutines, each
+                           starting its next operation as its last one returns
     async-64    get, put   ... 64 in flight
     tcp         exists     batch_exists of ``exists_keys`` keys, once per run; ops/s
                            counts keys, size is 0
@@ -38,6 +39,8 @@ from kvstore.tools.bench import memcpy
 from kvstore.tools.bench.harness import (TLS_OF, BenchConfig, DataPath, Op, Peer, Pool, Row,
                                          System, rate_row, stop_workers, timed, timed_row)
 
+#: An asyncio row's timed step moves at most this much (its operations back to back).
+_ASYNC_STEP_BYTES = 32 * 1024 * 1024
 #: The single-client paths, in table order.
 _PATHS = (DataPath.SHM, DataPath.TCP, DataPath.TCP_BATCH)
 
@@ -331,7 +334,13 @@ class KvstorePeer(Peer):
                     max_iters: int) -> list[Row]:
         """AsyncKVClient with 16 and 64 operations in flight: puts of fresh keys, then
         gets of the working set into preallocated buffers (``get_into``, as the sync
-        rows), on an event loop of their own (a thread here)."""
+        rows), on an event loop of their own (a thread here).
+
+        ``depth`` coroutines each run ``per_worker`` operations back to back per
+        timed step, so ``depth`` stay in flight until the step's last ones end (a
+        wave of ``depth`` gathered at once averaged half as many: the link idled
+        while the client took in the answers). A step moves at most
+        :data:`_ASYNC_STEP_BYTES`."""
         import asyncio
         import threading
 
@@ -346,8 +355,13 @@ class KvstorePeer(Peer):
         def run(coro):
             return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
-        async def gather(coros):
-            return await asyncio.gather(*coros, return_exceptions=True)
+        async def window(op, first: int, depth: int, per_worker: int):
+            # op(j, w): the j-th operation of the row, by worker w (its own buffer)
+            async def worker(w: int) -> None:
+                for r in range(per_worker):
+                    await op(first + r * depth + w, w)
+            return await asyncio.gather(*[worker(w) for w in range(depth)],
+                                        return_exceptions=True)
 
         kv = AsyncKVClient(self.store_master)
         try:
@@ -357,22 +371,29 @@ class KvstorePeer(Peer):
                 run(kv.lookup_cached(keys[j:j + 1000]))
             for path, depth in ((DataPath.ASYNC_16, 16), (DataPath.ASYNC_64, 64)):
                 p = f"{prefix}put-{path}/"
+                per = max(1, min(8, _ASYNC_STEP_BYTES // (depth * size)))
+                # Puts: at most max_iters keys in all, in two steps at least.
+                per_put = max(1, min(per, max_iters // (2 * depth)))
                 cfg.progress(f"kvstore {path} put {format_size(size)}")
 
+                async def put_one(j: int, _w: int) -> None:
+                    await kv.put(f"{p}{j}", src[j])
+
                 def put_step(i: int) -> None:
-                    b = range(i * depth, (i + 1) * depth)
-                    _check(run(gather([kv.put(f"{p}{j}", src[j]) for j in b])), "async put")
-                t = cfg.timed(put_step, max(2, max_iters // depth))
-                rows.append(timed_row(System.KVSTORE, path, Op.PUT, size, t, depth))
-                self._remove([f"{p}{j}" for j in range(t.total * depth)])
+                    _check(run(window(put_one, i * depth * per_put, depth, per_put)),
+                           "async put")
+                t = cfg.timed(put_step, max(2, max_iters // (depth * per_put)))
+                rows.append(timed_row(System.KVSTORE, path, Op.PUT, size, t, depth * per_put))
+                self._remove([f"{p}{j}" for j in range(t.total * depth * per_put)])
                 cfg.progress(f"kvstore {path} get {format_size(size)}")
 
+                async def get_one(j: int, w: int) -> None:
+                    await kv.get_into(keys[j % n], dst[w])
+
                 def get_step(i: int) -> None:
-                    b = range(i * depth, (i + 1) * depth)
-                    _check(run(gather([kv.get_into(keys[j % n], dst[j]) for j in b])),
-                           "async get_into")
+                    _check(run(window(get_one, i * depth * per, depth, per)), "async get_into")
                 rows.append(timed_row(System.KVSTORE, path, Op.GET, size,
-                                      cfg.timed(get_step), depth))
+                                      cfg.timed(get_step), depth * per))
         finally:
             run(kv.close())
             loop.call_soon_threadsafe(loop.stop)
