@@ -297,6 +297,11 @@ def test_malformed_input_keeps_the_front_serving(port, prefix):
         got = _read_all(s)
     assert got.startswith(b"-ERR unknown command 'NOSUCH'")
     assert got.count(b"+PONG\r\n") == 20000 and got.endswith(b"+OK\r\n")
+    # Its name is echoed as sent: bytes that are not UTF-8 escaped, CR and LF as spaces.
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"*1\r\n$6\r\nNO\xe9\r\nX\r\nQUIT\r\n")
+        got = _read_all(s)
+    assert got == b"-ERR unknown command 'NO\\xe9  X', with args beginning with: \r\n+OK\r\n"
     r = redis.Redis(port=port)
     assert r.set(prefix + "after", b"ok") and r.get(prefix + "after") == b"ok"
     r.close()

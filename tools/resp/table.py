@@ -123,9 +123,11 @@ def dispatch(front, session: Session, args: list) -> object:
     """
     name, cmd = lookup(args)
     if cmd is None:
-        shown = bytes(args[0][:64]).decode("latin-1", "replace")
+        # Bytes that are not UTF-8 are shown escaped (\xe9), not re-encoded.
+        shown = bytes(args[0][:64]).decode("utf-8", "backslashreplace")
         return RespError(f"unknown command '{shown}', with args beginning with: "
-                         + " ".join(f"'{bytes(a[:32]).decode('latin-1')}'" for a in args[1:4]))
+                         + " ".join(f"'{bytes(a[:32]).decode('utf-8', 'backslashreplace')}'"
+                                    for a in args[1:4]))
     if session.role is None and "noauth" not in cmd.flags:
         return RespError("Authentication required.", "NOAUTH")
     if cmd.flags & _DATA_FLAGS and session.role not in _DATA_ROLES:
