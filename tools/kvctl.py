@@ -310,10 +310,16 @@ def remove(ctx: typer.Context, key: Annotated[str, typer.Argument(help="The obje
 
 @app.command()
 def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Per-shard object counts, bytes, pending puts, counters, node totals and per-tier use."""
+    """Per-shard object counts, bytes, pending puts, counters, node totals and per-tier use.
+
+    Every shard knows every node: a shard's row sums the nodes as that shard
+    sees them, and the totals, the tier table and the node counters count
+    each live node once (its latest view, as ``kvctl nodes`` shows it).
+    """
     with _client(ctx) as kv:
         shards = kv.stat()
         shard_map = kv.shard_map
+    live = [n for n in top_view.latest_nodes(shards) if n.alive]
     addresses = {r.shard_id: str(r) for r in shard_map.ranges}
     out = []
     for st in shards:
@@ -343,8 +349,9 @@ def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         })
     if as_json:
         totals = {k: sum(s[k] for s in out) for k in ("num_objects", "total_bytes",
-                                                       "pending_puts", "capacity_bytes",
-                                                       "used_bytes")}
+                                                       "pending_puts")}
+        totals.update(capacity_bytes=sum(n.capacity_bytes for n in live),
+                      used_bytes=sum(n.used_bytes for n in live), nodes_alive=len(live))
         _emit_json({"shards": out, "totals": totals})
         return
     console = _console()
@@ -374,9 +381,9 @@ def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     tiers = _table(title="tiers (live nodes)")
     for col in ("tier", "used", "free", "evictable", "capacity", "objects"):
         tiers.add_column(col, justify="left" if col == "tier" else "right")
-    names = sorted({k for s in out for k in s["tiers"]}, key=lambda n: TierKind[n])
+    names = sorted({t.kind.name for n in live for t in n.tiers}, key=lambda n: TierKind[n])
     for name in names:
-        agg = {k: sum(s["tiers"].get(name, {}).get(k, 0) for s in out)
+        agg = {k: sum(getattr(t, k) for n in live for t in n.tiers if t.kind.name == name)
                for k in ("used_bytes", "free_bytes", "evictable_bytes", "capacity_bytes",
                          "num_objects")}
         tiers.add_row(name, format_size(agg["used_bytes"]), format_size(agg["free_bytes"]),
@@ -387,8 +394,8 @@ def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     node_counters = _table(title="node counters (evictions, demotions, promotions, prefetch)")
     node_counters.add_column("counter")
     node_counters.add_column("value", justify="right")
-    for name in sorted({k for s in out for k in s["node_counters"]}):
-        node_counters.add_row(name, str(sum(s["node_counters"].get(name, 0) for s in out)))
+    for name in sorted({k for n in live for k in n.counters}):
+        node_counters.add_row(name, str(sum(n.counters.get(name, 0) for n in live)))
     if node_counters.row_count:
         console.print(node_counters)
 

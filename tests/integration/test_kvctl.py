@@ -162,3 +162,22 @@ def test_subprocess_json_and_errors(master, objects, key_prefix):
     down = _run("--master", "127.0.0.1:1", "stats", "--json")
     assert down.returncode == 1 and down.stdout == ""
     assert down.stderr.startswith("kvctl: error: Unavailable") and "Traceback" not in down.stderr
+
+
+def test_stats_counts_each_node_once_across_shards(tmp_path):
+    # Every shard knows every node: the totals and the tier table must not add
+    # the same node once per shard.
+    from kvstore.tools.launcher import start_store_cluster
+    c = start_store_cluster(masters=2, nodes=2, log_dir=str(tmp_path))
+    try:
+        out = kvctl_json(c.master, "stats")
+        assert len(out["shards"]) == 2
+        assert all(s["capacity_bytes"] == 2 * 64 * 1024 * 1024 for s in out["shards"])
+        assert out["totals"]["capacity_bytes"] == 2 * 64 * 1024 * 1024
+        assert out["totals"]["nodes_alive"] == 2
+        table = kvctl(c.master, "stats")
+        assert table.exit_code == 0, table.output
+        dram = next(line for line in table.stdout.splitlines() if "DRAM" in line)
+        assert "128.0 MiB" in dram and "256.0 MiB" not in dram
+    finally:
+        c.stop()
