@@ -45,7 +45,6 @@ from kvstore.store.events import EventLog, Ticket
 from kvstore.store.lease import MasterLease
 from kvstore.store.node import StoreNode
 from kvstore.store.repair import Copier
-from kvstore.store.stats import NodeStats
 from kvstore.transfer.report_link import LinkBroken, ReportLink
 from kvstore.types import EventKind, NodeAddress
 
@@ -118,8 +117,9 @@ class NodeAgent:
         min_beat_interval_s: deliveries from the agent's own thread are at
             least this far apart, so a burst of demotions travels in a few reports.
         full_stats_interval_s: how often a heartbeat recounts the per-object
-            stats (evictable, pinned, ...: O(objects) under the node's lock);
-            the beats in between refresh only usage and counters.
+            stats (evictable, pinned, ...: O(objects)), at most; a node with many
+            objects recounts less often (:meth:`StoreNode.full_stats`), and the
+            beats in between refresh only usage and counters.
         lease: renewed by each acknowledged registration and heartbeat (after
             its drop orders were applied); see :mod:`kvstore.store.lease`.
     """
@@ -146,8 +146,6 @@ class NodeAgent:
         self.min_beat_interval_s = min_beat_interval_s
         self.coalesce_s = 0.005
         self.full_stats_interval_s = full_stats_interval_s
-        self._stats: NodeStats | None = None
-        self._stats_at = 0.0
         self._queue: list[Ticket] = []        # taken from the router, not yet acknowledged
         self._lock = threading.RLock()        # deliveries and registrations, one at a time
         self._copied: list = []               # repair results not yet reported
@@ -315,12 +313,7 @@ class NodeAgent:
 
     def beat(self) -> None:
         """One heartbeat: report stats and copy results, apply drop orders, run copy orders."""
-        now = time.monotonic()
-        if self._stats is None or now - self._stats_at >= self.full_stats_interval_s:
-            self._stats, self._stats_at = self.node.stats(), now
-        else:
-            self._stats = self.node.refresh_usage(self._stats)
-        stats = self._stats
+        stats = self.node.full_stats(self.full_stats_interval_s)
         self._copied.extend(self.copier.take_results())
         sent = time.monotonic()
         resp = self.stub.Heartbeat(pb.HeartbeatRequest(

@@ -38,9 +38,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Mapping
 
-from kvstore.types import TierStats
+from kvstore.types import TierKind, TierStats
+
+from kvstore.store.objects import ObjectState
 
 if TYPE_CHECKING:
     from kvstore.store.levels import TierLevel
@@ -111,29 +113,65 @@ class NodeStats:
         return out
 
 
-def tier_stats(lv: TierLevel, level: int, objs: list[StoredObject], now: float,
-               blocked_reason: Callable[[int, float], str]) -> TierStats:
-    """One tier's use, counted now (the node's lock held).
+@dataclass(frozen=True, slots=True)
+class TierUse:
+    """One tier's byte accounting, read under the node's lock (for :func:`tier_stats`)."""
 
-    Args:
-        lv: the tier's level; ``level`` its index in the chain.
-        objs: the node's objects in service.
-        now: ``time.monotonic()`` of the count.
-        blocked_reason: why eviction cannot free the tier ``(level, now)``, asked
-            only when it is over its high watermark with nothing evictable.
-    """
-    here = [o for o in objs if o.copies[level] is not None]
-    evictable = sum(o.copies[level].reserved_bytes for o in here
-                    if o.can_give_up(level, True, now))
-    blocked = lv.blocked if lv.need_bytes() > 0 else ""
-    if not blocked and lv.above_high() and not evictable:
-        blocked = blocked_reason(level, now)
+    level: int               # its index in the chain
+    kind: TierKind
+    capacity_bytes: int
+    used_bytes: int
+    free_bytes: int
+    high: float
+    low: float
+    blocked: str             # the mover's reason while the tier needs room, else ""
+    above_high: bool
+
+    @classmethod
+    def of(cls, lv: TierLevel, level: int) -> "TierUse":
+        return cls(level, lv.tier.kind, lv.tier.capacity_bytes, lv.tier.used_bytes,
+                   lv.tier.free_bytes, lv.high, lv.low,
+                   lv.blocked if lv.need_bytes() > 0 else "", lv.above_high())
+
+
+def count_objects(objs: list[StoredObject], uses: list[TierUse], now: float,
+                  **head) -> NodeStats:
+    """A node's stats: its tiers' ``uses`` and a count of ``objs`` (the objects in
+    service, a snapshot), without the node's lock; ``head``: the other fields."""
+    complete = writing = referenced = evictable = 0
+    for o in objs:
+        done = o.state is ObjectState.COMPLETE
+        complete += done
+        writing += o.state is ObjectState.WRITING
+        referenced += done and o.refs > 0
+        evictable += o.can_give_up(0, True, now)
+    return NodeStats(num_objects=complete, num_writing=writing, num_referenced=referenced,
+                     num_evictable=evictable,
+                     tiers=tuple(tier_stats(use, objs, now) for use in uses), **head)
+
+
+def tier_stats(use: TierUse, objs: list[StoredObject], now: float) -> TierStats:
+    """One tier's use: ``use`` and a count of ``objs`` (the node's objects in service,
+    a snapshot), in one pass, without the node's lock (an object may change while
+    it is counted: these are statistics). ``eviction_blocked`` is ``use.blocked``;
+    the caller asks why when the tier is over its high watermark with nothing
+    evictable (see :meth:`kvstore.store.node.StoreNode.stats`)."""
+    level = use.level
+    n = evictable = reading = pinned = soft = protected = 0
+    for o in objs:
+        copy = o.copies[level]
+        if copy is None:
+            continue
+        n += 1
+        if o.can_give_up(level, True, now):
+            evictable += copy.reserved_bytes
+        reading += o.refs > 0
+        pinned += o.hard_pins > 0
+        soft += o.soft_pin_until_s > now
+        protected += o.protect_until_s > now
     return TierStats(
-        kind=lv.tier.kind, capacity_bytes=lv.tier.capacity_bytes,
-        used_bytes=lv.tier.used_bytes, free_bytes=lv.tier.free_bytes,
-        evictable_bytes=evictable, num_objects=len(here),
-        num_reading=sum(o.refs > 0 for o in here),
-        num_pinned=sum(o.hard_pins > 0 for o in here),
-        num_soft_pinned=sum(o.soft_pin_until_s > now for o in here),
-        num_protected=sum(o.protect_until_s > now for o in here),
-        high_watermark=lv.high, low_watermark=lv.low, eviction_blocked=blocked)
+        kind=use.kind, capacity_bytes=use.capacity_bytes, used_bytes=use.used_bytes,
+        free_bytes=use.free_bytes, evictable_bytes=evictable, num_objects=n,
+        num_reading=reading, num_pinned=pinned, num_soft_pinned=soft,
+        num_protected=protected, high_watermark=use.high, low_watermark=use.low,
+        eviction_blocked=use.blocked)

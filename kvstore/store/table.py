@@ -28,7 +28,8 @@ bytes can be copied off the lock::
                      refs  > 0  ->  kept in ``doomed``; release() of the last reference frees it
 
 Thread safety: not thread-safe by itself. Every attribute and method is used
-with ``lock`` held (callers take ``cond``) and no method takes it;
+with ``lock`` held (callers take ``cond``) and no method takes it (but
+:meth:`check_invariants`, for tests);
 :meth:`ObjectTable.unlocked` lets a holder release it around a copy or a wait.
 """
 
@@ -154,3 +155,24 @@ class ObjectTable:
             if extent is not None:
                 self.levels[level].tier.free(extent)
                 obj.copies[level] = None
+
+    def check_invariants(self, idle: bool = False) -> None:
+        """Fails loudly when tier accounting and the table disagree (for tests).
+
+        Args:
+            idle: no move is in flight, so every reserved extent is an installed copy.
+        """
+        with self.cond:
+            for level, lv in enumerate(self.levels):
+                lv.tier.check_invariants()
+                assert lv.tier.used_bytes + lv.tier.free_bytes == lv.tier.capacity_bytes
+                held = sum(o.copies[level].reserved_bytes
+                           for o in [*self.objects.values(), *self.staged.values(),
+                                     *self.doomed]
+                           if o.copies[level] is not None)
+                # A move in flight has reserved its destination but not installed it.
+                assert held == lv.tier.used_bytes if idle else held <= lv.tier.used_bytes, (
+                    lv.tier.kind.name, held, lv.tier.used_bytes)
+                assert len(lv.policy) == sum(o.copies[level] is not None
+                                             and o.state is ObjectState.COMPLETE
+                                             for o in self.objects.values()), lv.tier.kind.name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -276,3 +277,33 @@ def test_pins_and_prefetches_from_the_wire_are_bounded():
                 node.prefetch("k", 1, bad)
     finally:
         node.close()
+
+
+def test_full_stats_recount_at_most_every_interval_and_refresh_usage_between(node):
+    write(node, "a", b"x" * 1000, object_id=1)
+    first = node.full_stats(3600.0)
+    assert first.num_objects == 1 and first.tiers[0].num_reading == 0
+    held = node.acquire("a")
+    write(node, "b", b"y" * 2000, object_id=2)
+    cached = node.full_stats(3600.0)
+    # Within the interval: usage and counters are current, the per-object count is not.
+    assert cached.used_bytes == node.stats().used_bytes > first.used_bytes
+    assert cached.counters["puts"] == 2 and cached.num_objects == 2
+    assert cached.tiers[0].num_reading == 0
+    time.sleep(0.05)             # > 50 x what counting two objects takes
+    recount = node.full_stats(0.0)
+    assert recount.tiers[0].num_reading == 1 and recount.num_referenced == 1
+    node.release(held)
+
+
+def test_stats_count_outside_the_lock_and_agree_with_a_locked_count(node):
+    for i in range(20):
+        write(node, f"k{i}", bytes([i]) * 100, object_id=i + 1)
+    held = node.acquire("k3")
+    st = node.stats()
+    with node._table.cond:
+        objs = list(node._table.objects.values())
+    assert st.num_objects == len(objs) == 20 and st.num_referenced == 1
+    assert st.tiers[0].num_reading == 1 and st.tiers[0].num_objects == 20
+    node.release(held)
+    assert node.stats().tiers[0].num_reading == 0
