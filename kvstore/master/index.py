@@ -99,6 +99,7 @@ class ObjectIndex:
         self.put_timeout_ms = put_timeout_ms
         self.max_pending_puts = max_pending_puts
         self.num_pending = 0           # PENDING entries (kept with every state change)
+        self.complete_bytes = 0        # ... and the bytes of the COMPLETE ones (stat is O(1))
         self.entries: dict[ObjectKey, Entry] = {}
         self._sorted_keys: list[str] | None = None   # COMPLETE keys, rebuilt lazily for list
         self._next_id = 1              # object ids; above every id seen in an inventory
@@ -143,6 +144,7 @@ class ObjectIndex:
         del self.entries[entry.key]
         if entry.state is ReplicaState.COMPLETE:
             self._sorted_keys = None
+            self.complete_bytes -= entry.size_bytes
         for node_id in drop_on:
             self.membership.order_drop(node_id, entry.key, entry.object_id)
         if entry.state is ReplicaState.PENDING:
@@ -365,6 +367,7 @@ class ObjectIndex:
             tiers={node_id: event.tier or TierKind.DRAM})
         grant.decided_ids.add(event.object_id)
         self._sorted_keys = None
+        self.complete_bytes += event.size_bytes
         if grant.replica_num > 1:
             self.repair_hint = True
         self.membership.account_stored(node_id, event.size_bytes)
@@ -416,6 +419,7 @@ class ObjectIndex:
         if entry.state is ReplicaState.PENDING:
             entry.state = ReplicaState.COMPLETE
             self.num_pending -= 1
+            self.complete_bytes += entry.size_bytes
             self._sorted_keys = None
             self.counters[C.PUTS] += 1
         elif entry.repair_target == node_id:
@@ -524,11 +528,9 @@ class ObjectIndex:
                                  last_heartbeat_ms=info.last_heartbeat_ms, tiers=info.tiers,
                                  counters=dict(info.counters))
                       for info in self.membership.nodes.values())
-        complete = [e for e in self.entries.values() if e.state is ReplicaState.COMPLETE]
         return ShardStatus(shard_id=self.shard_id, shard_map_version=self.shard_map.version,
-                           nodes=nodes, num_objects=len(complete),
-                           total_bytes=sum(e.size_bytes for e in complete),
-                           pending_puts=len(self.entries) - len(complete),
+                           nodes=nodes, num_objects=len(self.entries) - self.num_pending,
+                           total_bytes=self.complete_bytes, pending_puts=self.num_pending,
                            counters={c.value: v for c, v in self.counters.items()})
 
     # ---- what the nodes report: events and inventories ----

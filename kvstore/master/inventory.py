@@ -79,6 +79,7 @@ def sync_node_inventory(index, node_id: NodeId, items: Sequence[InventoryItem],
                 replicas=[node_id], created_ms=now_ms, tiers={node_id: it.tier},
                 replica_num=max(1, it.replica_num))
             index._sorted_keys = None
+            index.complete_bytes += it.size_bytes
             indexed += 1
         elif entry.object_id == it.object_id:
             if entry.state is ReplicaState.PENDING or node_id in entry.targets:

@@ -15,7 +15,7 @@ from kvstore.master.index import ObjectIndex, PutItem, PutPlan
 from kvstore.master.membership import Membership, NodeHeartbeat, NodeRegistration
 from kvstore.shardmap import ShardMap
 from kvstore.types import (DropOrder, EventKind, NodeAddress, NodeEvent, ObjectMeta,
-                           RemoveReason, TierKind)
+                           RemoveReason, ReplicaState, TierKind)
 
 MiB = 1 << 20
 T0 = 1_000_000           # an arbitrary start time, in ms
@@ -36,11 +36,17 @@ def heartbeat(membership: Membership, node_id: str, now_ms: int, used_bytes: int
 
 
 @pytest.fixture
-def index() -> ObjectIndex:
+def index():
     membership = Membership(node_ttl_ms=TTL_MS)
     register(membership, "n0")
     register(membership, "n1")
-    return ObjectIndex(membership, ShardMap.single("127.0.0.1:1"), put_timeout_ms=PUT_TIMEOUT_MS)
+    idx = ObjectIndex(membership, ShardMap.single("127.0.0.1:1"), put_timeout_ms=PUT_TIMEOUT_MS)
+    yield idx
+    # stat() keeps its counts as entries change; after every test they equal a recount.
+    complete = [e for e in idx.entries.values() if e.state is ReplicaState.COMPLETE]
+    st = idx.stat()
+    assert (st.num_objects, st.total_bytes, st.pending_puts) == (
+        len(complete), sum(e.size_bytes for e in complete), len(idx.entries) - len(complete))
 
 
 def start(index: ObjectIndex, key: str, size_bytes: int = 100, checksum: int = 7,
