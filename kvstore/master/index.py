@@ -32,7 +32,6 @@ passed in as ``now_ms``, so tests drive it without a network or clock.
 
 from __future__ import annotations
 
-import bisect
 import logging
 from collections import Counter
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from kvstore.master.counters import MasterCounter as C
 from kvstore.master.entry import Entry
 from kvstore.master.grants import MAX_IDS_PER_GRANT, Grant, Grants
 from kvstore.master.inventory import sync_node_inventory
+from kvstore.master.key_order import KeyOrder
 from kvstore.master.limits import DEFAULT_MAX_PENDING_PUTS
 from kvstore.master.membership import Membership, NodeInfo
 from kvstore.shardmap import ShardMap
@@ -101,7 +101,7 @@ class ObjectIndex:
         self.num_pending = 0           # PENDING entries (kept with every state change)
         self.complete_bytes = 0        # ... and the bytes of the COMPLETE ones (stat is O(1))
         self.entries: dict[ObjectKey, Entry] = {}
-        self._sorted_keys: list[str] | None = None   # COMPLETE keys, rebuilt lazily for list
+        self.key_order = KeyOrder()    # COMPLETE keys in order, for list
         self._next_id = 1              # object ids; above every id seen in an inventory
         self.counters: Counter[C] = Counter()
         self.grants = Grants(grace_ms=put_timeout_ms)    # placement grants (one-round-trip puts)
@@ -143,7 +143,6 @@ class ObjectIndex:
     def _delete(self, entry: Entry, drop_on: list[NodeId]) -> None:
         del self.entries[entry.key]
         if entry.state is ReplicaState.COMPLETE:
-            self._sorted_keys = None
             self.complete_bytes -= entry.size_bytes
         for node_id in drop_on:
             self.membership.order_drop(node_id, entry.key, entry.object_id)
@@ -366,7 +365,7 @@ class ObjectIndex:
             replicas=[node_id], created_ms=now_ms, replica_num=grant.replica_num,
             tiers={node_id: event.tier or TierKind.DRAM})
         grant.decided_ids.add(event.object_id)
-        self._sorted_keys = None
+        self.key_order.add(event.key)
         self.complete_bytes += event.size_bytes
         if grant.replica_num > 1:
             self.repair_hint = True
@@ -420,7 +419,7 @@ class ObjectIndex:
             entry.state = ReplicaState.COMPLETE
             self.num_pending -= 1
             self.complete_bytes += entry.size_bytes
-            self._sorted_keys = None
+            self.key_order.add(entry.key)
             self.counters[C.PUTS] += 1
         elif entry.repair_target == node_id:
             entry.repair_target = None     # a repair copy landed
@@ -492,24 +491,24 @@ class ObjectIndex:
     def list(self, prefix: str, start_after: str, limit: int) -> tuple[list[ObjectMeta], str]:
         """Visible objects whose key starts with ``prefix``, in key order, after
         ``start_after``; at most ``limit`` (0: 1000). Returns (page, next cursor or "")."""
-        if self._sorted_keys is None:
-            self._sorted_keys = sorted(k for k, e in self.entries.items()
-                                       if e.state is ReplicaState.COMPLETE)
-        keys = self._sorted_keys
-        i = bisect.bisect_right(keys, start_after) if start_after else bisect.bisect_left(keys, prefix)
         limit = limit or 1000
+        keys = self.key_order.iterate(
+            start_after or prefix, bool(start_after), num_live=len(self.entries) - self.num_pending,
+            live=lambda: (k for k, e in self.entries.items() if e.state is ReplicaState.COMPLETE))
         out: list[ObjectMeta] = []
-        while i < len(keys) and len(out) < limit:
-            key = keys[i]
-            i += 1
+        more = False
+        for key in keys:
             if not key.startswith(prefix):
                 if key > prefix:
                     break
                 continue
             entry = self.entries.get(key)
-            if self._visible(entry):
-                out.append(self._meta(entry))
-        more = i < len(keys) and keys[i].startswith(prefix)
+            if not self._visible(entry):
+                continue
+            if len(out) == limit:
+                more = True               # a next visible key: the page has a cursor
+                break
+            out.append(self._meta(entry))
         return out, out[-1].key if out and more else ""
 
     def _meta(self, entry: Entry) -> ObjectMeta:

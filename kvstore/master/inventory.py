@@ -78,7 +78,7 @@ def sync_node_inventory(index, node_id: NodeId, items: Sequence[InventoryItem],
                 object_id=it.object_id, state=ReplicaState.COMPLETE, targets=[],
                 replicas=[node_id], created_ms=now_ms, tiers={node_id: it.tier},
                 replica_num=max(1, it.replica_num))
-            index._sorted_keys = None
+            index.key_order.add(it.key)
             index.complete_bytes += it.size_bytes
             indexed += 1
         elif entry.object_id == it.object_id:

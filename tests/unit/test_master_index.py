@@ -396,6 +396,29 @@ def test_list_pages_with_prefix(index):
     assert [o.key for o in page] == keys[15:] and cursor == ""
 
 
+def test_list_pages_through_keys_put_and_removed_meanwhile(index):
+    keys = [f"p/{i:03d}" for i in range(0, 60, 2)]
+    for k in keys:
+        put(index, k)
+    seen, cursor = [], ""
+    while True:
+        page, cursor = index.list("p/", cursor, 7)
+        seen += [o.key for o in page]
+        # Between pages: a key behind the cursor, one ahead of it, and a removal ahead.
+        n = len(seen)
+        put(index, f"p/{2 * n - 1:03d}x")
+        put(index, f"p/{2 * n + 9:03d}x")
+        ahead = [k for k in keys if k > seen[-1]] if seen else []
+        if ahead:
+            index.remove([ahead[-1]])
+            keys.remove(ahead[-1])
+        if not cursor:
+            break
+    assert seen == sorted(set(seen))                       # in order, each once
+    assert set(keys) <= set(seen)                          # every key kept is listed
+    assert not any(k not in index.entries for k in seen)   # nothing removed before its page
+
+
 def test_list_skips_dead_replicas_and_removed_keys(index):
     put(index, "p/a")
     put(index, "p/b")
