@@ -48,6 +48,8 @@ class TierLevel:
     evictions: int = 0          # objects evicted from the node to make room here
     blocked: str = ""           # set by a round that could free nothing it needed
     blocked_logged_s: float = 0.0
+    blocked_at_s: float = 0.0   # when ``blocked`` was last counted (monotonic s) ...
+    blocked_cost_s: float = 0.0  # ... and how long that count took
     draining: bool = False      # passed ``high``; reclaiming until back at ``low`` (hysteresis)
 
     def above_high(self) -> bool:

@@ -105,3 +105,21 @@ def test_a_full_node_without_eviction_says_eviction_is_off():
         assert "not freed" not in str(exc.value) and not evictions(node)
     finally:
         tier.close()
+
+
+def test_a_full_tier_with_nothing_to_evict_is_not_recounted_at_every_put(monkeypatch):
+    # Every put into a tier over its high watermark runs a reclaim round; one that
+    # frees nothing used to count every object twice (O(objects) under the lock).
+    tier = DramTier(CAPACITY)
+    try:
+        node = StoreNode(tier, policy="none", high_watermark=0.5, low_watermark=0.4)
+        counts = []
+        real = node._tiering.blocked_reason_locked
+        monkeypatch.setattr(node._tiering, "blocked_reason_locked",
+                            lambda *a: counts.append(1) or real(*a))
+        for i in range(40):
+            write(node, f"k{i}", bytes([i]) * KiB, object_id=i + 1)
+        assert node.levels[0].above_high() and node.levels[0].blocked
+        assert len(counts) <= 2          # counted once (again only after RECOUNT_S)
+    finally:
+        tier.close()
