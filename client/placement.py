@@ -102,7 +102,8 @@ def take(g: "Grant | None", key: str, size_bytes: int, replica_num: int,
     fits = [n for n in g.nodes if n.max_object_bytes >= size_bytes]
     if not fits:
         biggest = max((n.max_object_bytes for n in g.nodes), default=0)
-        raise TooLarge(f"{size_bytes} B exceeds the largest node capacity of {biggest} B",
+        raise TooLarge(f"{size_bytes} B exceeds the largest object any node keeps "
+                       f"({biggest} B: under its high watermark)",
                        key=key)
     cands = [n for n in fits if n.address.node_id not in exclude]
     if not cands:

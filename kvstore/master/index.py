@@ -197,7 +197,8 @@ class ObjectIndex:
         fits = [n for n in alive if n.max_object_bytes >= size_bytes]
         if not fits:
             biggest = max(n.max_object_bytes for n in alive)
-            raise TooLarge(f"{size_bytes} B exceeds the largest node capacity of {biggest} B")
+            raise TooLarge(f"{size_bytes} B exceeds the largest object any node keeps "
+                           f"({biggest} B: under its high watermark)")
         fits.sort(key=lambda n: (n.node_id != preferred, -n.free_bytes, n.node_id))
         return fits[:max(1, replica_num)]
 

@@ -227,7 +227,7 @@ class NodeAgent:
             stats = self.node.stats()
             req = pb.RegisterNodeRequest(
                 address=wire.node_address_pb(self.address), tier=pb.DRAM,
-                capacity_bytes=stats.capacity_bytes, max_object_bytes=stats.capacity_bytes,
+                capacity_bytes=stats.capacity_bytes, max_object_bytes=self.node.max_object_bytes(),
                 tiers=[wire.tier_stats_pb(t) for t in stats.tiers], inventory=inventory,
                 incarnation=self.incarnation)
             deadline = time.monotonic() + timeout_s

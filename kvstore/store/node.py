@@ -13,7 +13,8 @@ object_id per put, so a drop order for an old version never frees a newer one.
 
 Parts. The node holds its parts; only the node knows them all::
 
-    StoreNode        node.py       writes, reads, pins, prefetch, drop, events, stats, recovery
+    StoreNode        node.py       writes, reads, pins, prefetch, drop, events, recovery
+     +-- NodeStatsView node_stats.py  its stats, counted outside the lock (base class)
      +-- ObjectTable table.py      objects, doomed, lookahead, levels, counters, events, the lock
      +-- Tiering     tiering.py    reclaim, demotion, promotion: works on the same table
           +-- TierMover mover.py   the thread that runs Tiering's moves off the lock
@@ -61,7 +62,6 @@ reference, a WRITING state or a move keeps the memory in place).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from typing import Sequence
@@ -73,8 +73,8 @@ from kvstore.store.levels import DEFAULT_WATERMARKS, TierLevel, build_levels
 from kvstore.store.events import EventLog, Ticket
 from kvstore.store.mover import TierMover
 from kvstore.store.objects import ObjectState, StoredObject
-from kvstore.store.stats import (NodeCounter, NodeStats, TierUse, count_objects,
-                                 counters_by_name)
+from kvstore.store.node_stats import NodeStatsView
+from kvstore.store.stats import NodeCounter, NodeStats
 from kvstore.store.table import ObjectTable
 from kvstore.store.tiering import Tiering
 from kvstore.store.tiers.base import ObjectRecord, Tier
@@ -88,7 +88,7 @@ MAX_SOFT_PIN_MS = 24 * 3600 * 1000
 MAX_PREFETCH_MS = 3600 * 1000
 
 
-class StoreNode:
+class StoreNode(NodeStatsView):
     """The object table of one node over its tiers, and the operations on it.
 
     Args:
@@ -155,9 +155,10 @@ class StoreNode:
         """
         if size_bytes < 0:
             raise InvalidArgument(f"size_bytes must be >= 0, got {size_bytes}", key=key)
-        if size_bytes > self.tier.capacity_bytes:
-            raise TooLarge(f"{size_bytes} B exceeds the node's capacity of "
-                           f"{self.tier.capacity_bytes} B", key=key)
+        if size_bytes > self.max_object_bytes():
+            raise TooLarge(f"{size_bytes} B exceeds the largest object this node keeps, "
+                           f"{self.max_object_bytes()} B (capacity {self.tier.capacity_bytes} B; "
+                           f"an object must fit under a tier's high watermark)", key=key)
         record = ObjectRecord(key, object_id, size_bytes, checksum, parent, replica_num)
         with self._table.cond:
             present = self._present_locked(key, object_id, checksum)
@@ -211,6 +212,14 @@ class StoreNode:
             raise KeyConflict(f"object {object_id} already holds other bytes "
                               f"(checksum {old.checksum:#x}); objects are immutable", key=key)
         return old
+
+    def max_object_bytes(self) -> int:
+        """The largest value this node keeps: written into the first tier, and below
+        the high watermark of a tier that evicts (a larger one would be evicted as
+        soon as it was stored, and everything else with it)."""
+        keep = max(int(lv.high * lv.tier.capacity_bytes) if lv.policy.evicts
+                   else lv.tier.capacity_bytes for lv in self.levels)
+        return min(self.tier.capacity_bytes, keep)
 
     def write_view(self, obj: StoredObject) -> memoryview:
         """Where the writer puts the value (valid while ``obj`` is WRITING)."""
@@ -494,59 +503,6 @@ class StoreNode:
         """Add ``n`` to one of the node's counters (any thread)."""
         with self._table.cond:
             self.counters[counter] += n
-
-    def stats(self) -> NodeStats:
-        """Everything, counted now: O(objects), outside the lock but for a copy of the
-        table (160 ms of a core for 200k objects, 3 ms of it locked; see
-        :meth:`full_stats`, :meth:`refresh_usage`)."""
-        with self._table.cond:
-            now = time.monotonic()
-            objs = list(self._table.objects.values())
-            uses = [TierUse.of(lv, level) for level, lv in enumerate(self.levels)]
-            head = dict(capacity_bytes=self.tier.capacity_bytes,
-                        used_bytes=self.tier.used_bytes, free_bytes=self.tier.free_bytes,
-                        num_doomed=len(self._table.doomed),
-                        evictions=self.counters[NodeCounter.EVICTIONS],
-                        eviction_policy=self.levels[0].policy.name,
-                        counters=counters_by_name(self.counters))
-        stats = count_objects(objs, uses, now, **head)
-        for use, t in zip(uses, stats.tiers):
-            if not t.eviction_blocked and use.above_high and not t.evictable_bytes:
-                with self._table.cond:      # rare: over the watermark, nothing to give up
-                    reason = self._tiering.blocked_reason_locked(use.level, now)
-                stats = dataclasses.replace(stats, tiers=tuple(
-                    dataclasses.replace(x, eviction_blocked=reason) if x is t else x
-                    for x in stats.tiers))
-        return stats
-
-    def full_stats(self, min_interval_s: float) -> NodeStats:
-        """:meth:`stats`, counted again at most every ``min_interval_s`` and every 50
-        times what the last count took (so counting costs at most 2 % of a core,
-        however many objects the node holds, and however many shard agents ask):
-        in between, the last count with its usage and counters refreshed."""
-        now = time.monotonic()
-        last = self._counted
-        if last is not None and now - last[0] < max(min_interval_s, 50 * last[1]):
-            return self.refresh_usage(last[2])
-        stats = self.stats()
-        self._counted = (now, time.monotonic() - now, stats)
-        return stats
-
-    def refresh_usage(self, stats: NodeStats) -> NodeStats:
-        """``stats`` with its byte usage, object counts and counters brought up to date.
-
-        O(tiers): for frequent reports (heartbeats) between full :meth:`stats`
-        calls; the per-object counts (evictable, pinned, ...) stay as they were.
-        """
-        with self._table.cond:
-            tiers = tuple(dataclasses.replace(
-                t, used_bytes=lv.tier.used_bytes, free_bytes=lv.tier.free_bytes,
-                num_objects=len(lv.policy)) for t, lv in zip(stats.tiers, self.levels))
-            return dataclasses.replace(
-                stats, used_bytes=self.tier.used_bytes, free_bytes=self.tier.free_bytes,
-                num_objects=len(self._table.objects),
-                evictions=self.counters[NodeCounter.EVICTIONS], tiers=tiers,
-                counters=counters_by_name(self.counters))
 
     def check_invariants(self, idle: bool = False) -> None:
         """Fails loudly when tier accounting and the table disagree (for tests)."""

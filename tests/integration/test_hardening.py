@@ -288,6 +288,19 @@ def test_a_put_that_cannot_fit_fails_at_once_and_evicts_nothing(crowded):
     assert own["counters"]["no_fit"] >= 1
 
 
+def test_a_value_above_the_high_watermark_is_too_large_and_evicts_nothing(crowded):
+    # 62 MiB fits the 64 MiB tier but not under its 95 % watermark: stored, it
+    # would be evicted at once, and every other object with it.
+    from kvstore.client import TooLarge
+
+    cluster, kv, small = crowded
+    with pytest.raises(TooLarge) as err:
+        kv.put("over", b"x" * (62 << 20))
+    assert "largest object" in str(err.value)
+    assert _evictions(kv) == 0
+    assert all(kv.get(k) == v for k, v in small.items())
+
+
 def test_a_stalled_writer_loses_its_reservation_in_bounded_time(crowded):
     import time
 

@@ -307,3 +307,22 @@ def test_stats_count_outside_the_lock_and_agree_with_a_locked_count(node):
     assert st.tiers[0].num_reading == 1 and st.tiers[0].num_objects == 20
     node.release(held)
     assert node.stats().tiers[0].num_reading == 0
+
+
+def test_a_value_above_the_high_watermark_of_an_evicting_tier_is_too_large():
+    # Stored, it would be evicted at once (and everything else with it).
+    tier = DramTier(CAPACITY)
+    try:
+        node = StoreNode(tier, policy="default", high_watermark=0.75, low_watermark=0.5)
+        assert node.max_object_bytes() == 48 * KiB
+        with pytest.raises(TooLarge) as exc:
+            node.begin_write("big", 2, 48 * KiB + 1, 0)
+        assert "high watermark" in str(exc.value)
+        write(node, "fits", b"f" * (48 * KiB), object_id=3)     # alone, it stays
+        assert read(node, "fits") == b"f" * (48 * KiB)
+    finally:
+        tier.close()
+
+
+def test_a_tier_that_never_evicts_keeps_values_up_to_its_capacity(node):
+    assert node.max_object_bytes() == CAPACITY

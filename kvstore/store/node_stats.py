@@ -1,0 +1,77 @@
+"""A store node's statistics: counted outside its lock, at most 2 % of a core.
+
+:class:`NodeStatsView` is the counting side of
+:class:`~kvstore.store.node.StoreNode` (its base class): the full count
+(:meth:`~NodeStatsView.stats`), the count that heartbeats take
+(:meth:`~NodeStatsView.full_stats`) and the cheap refresh between
+(:meth:`~NodeStatsView.refresh_usage`). The pure counting is in
+:mod:`kvstore.store.stats`.
+
+Thread safety: every method takes the node's lock, only for what it names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from kvstore.store.stats import (NodeCounter, NodeStats, TierUse, count_objects,
+                                 counters_by_name)
+
+
+class NodeStatsView:
+    """Statistics of a StoreNode (which sets ``_table``, ``_tiering``, ``levels``,
+    ``tier``, ``counters`` and ``_counted``)."""
+
+    def stats(self) -> NodeStats:
+        """Everything, counted now: O(objects), outside the lock but for a copy of the
+        table (160 ms of a core for 200k objects, 3 ms of it locked; see
+        :meth:`full_stats`, :meth:`refresh_usage`)."""
+        with self._table.cond:
+            now = time.monotonic()
+            objs = list(self._table.objects.values())
+            uses = [TierUse.of(lv, level) for level, lv in enumerate(self.levels)]
+            head = dict(capacity_bytes=self.tier.capacity_bytes,
+                        used_bytes=self.tier.used_bytes, free_bytes=self.tier.free_bytes,
+                        num_doomed=len(self._table.doomed),
+                        evictions=self.counters[NodeCounter.EVICTIONS],
+                        eviction_policy=self.levels[0].policy.name,
+                        counters=counters_by_name(self.counters))
+        stats = count_objects(objs, uses, now, **head)
+        for use, t in zip(uses, stats.tiers):
+            if not t.eviction_blocked and use.above_high and not t.evictable_bytes:
+                with self._table.cond:      # rare: over the watermark, nothing to give up
+                    reason = self._tiering.blocked_reason_locked(use.level, now)
+                stats = dataclasses.replace(stats, tiers=tuple(
+                    dataclasses.replace(x, eviction_blocked=reason) if x is t else x
+                    for x in stats.tiers))
+        return stats
+
+    def full_stats(self, min_interval_s: float) -> NodeStats:
+        """:meth:`stats`, counted again at most every ``min_interval_s`` and every 50
+        times what the last count took (so counting costs at most 2 % of a core,
+        however many objects the node holds, and however many shard agents ask):
+        in between, the last count with its usage and counters refreshed."""
+        now = time.monotonic()
+        last = self._counted
+        if last is not None and now - last[0] < max(min_interval_s, 50 * last[1]):
+            return self.refresh_usage(last[2])
+        stats = self.stats()
+        self._counted = (now, time.monotonic() - now, stats)
+        return stats
+
+    def refresh_usage(self, stats: NodeStats) -> NodeStats:
+        """``stats`` with its byte usage, object counts and counters brought up to date.
+
+        O(tiers): for frequent reports (heartbeats) between full :meth:`stats`
+        calls; the per-object counts (evictable, pinned, ...) stay as they were.
+        """
+        with self._table.cond:
+            tiers = tuple(dataclasses.replace(
+                t, used_bytes=lv.tier.used_bytes, free_bytes=lv.tier.free_bytes,
+                num_objects=len(lv.policy)) for t, lv in zip(stats.tiers, self.levels))
+            return dataclasses.replace(
+                stats, used_bytes=self.tier.used_bytes, free_bytes=self.tier.free_bytes,
+                num_objects=len(self._table.objects),
+                evictions=self.counters[NodeCounter.EVICTIONS], tiers=tiers,
+                counters=counters_by_name(self.counters))
