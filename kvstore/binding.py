@@ -24,6 +24,21 @@ _WILDCARDS = ("0.0.0.0", "::", "")
 INSECURE_WARNING_INTERVAL_S = 60.0
 
 
+def split_address(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` (an IPv6 host in brackets, ``[::1]:50051``) as (host, port).
+
+    Raises:
+        InvalidArgument: no host, no port, or a port outside 1-65535 (gRPC
+            would dial another port: 99999 wraps to 34463).
+    """
+    from kvstore.errors import InvalidArgument
+
+    host, sep, port = str(address).strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise InvalidArgument(f"{address!r} is not an address HOST:PORT (port 1-65535)")
+    return host.strip("[]"), int(port)
+
+
 class BindRefused(ValueError):
     """A non-loopback listener without authentication (and without ``--insecure``)."""
 

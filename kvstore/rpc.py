@@ -37,6 +37,7 @@ from typing import Mapping, NamedTuple, Sequence
 import grpc
 
 from kvstore.auth import Role, TokenFile, allows, bearer, client_token  # noqa: F401 (bearer: re-exported)
+from kvstore.binding import split_address
 from kvstore.errors import KVStoreError, status_code
 from kvstore.tls import TlsFiles, grpc_channel_credentials, grpc_server_credentials
 
@@ -349,7 +350,12 @@ def _aio_bearers(token: str) -> list:
 
 
 def channel(address: str, creds: ClientCredentials | None = None) -> grpc.Channel:
-    """A blocking channel to ``address`` (host:port), with ``creds`` when given."""
+    """A blocking channel to ``address`` (host:port), with ``creds`` when given.
+
+    Raises:
+        InvalidArgument: ``address`` is not HOST:PORT (``binding.split_address``).
+    """
+    split_address(address)
     tls = creds.tls if creds is not None else None
     ch = (grpc.secure_channel(address, grpc_channel_credentials(tls), options=CHANNEL_OPTIONS)
           if tls is not None else grpc.insecure_channel(address, options=CHANNEL_OPTIONS))
@@ -359,7 +365,12 @@ def channel(address: str, creds: ClientCredentials | None = None) -> grpc.Channe
 
 
 def aio_channel(address: str, creds: ClientCredentials | None = None) -> grpc.aio.Channel:
-    """An asyncio channel to ``address`` (host:port), with ``creds`` when given."""
+    """An asyncio channel to ``address`` (host:port), with ``creds`` when given.
+
+    Raises:
+        InvalidArgument: ``address`` is not HOST:PORT (``binding.split_address``).
+    """
+    split_address(address)
     tls = creds.tls if creds is not None else None
     interceptors = _aio_bearers(creds.token) if creds is not None and creds.token else None
     if tls is not None:

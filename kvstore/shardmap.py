@@ -14,6 +14,8 @@ import json
 import os
 from dataclasses import dataclass
 
+from kvstore.binding import split_address
+from kvstore.errors import InvalidArgument
 from kvstore.keys import NUM_SLOTS, key_slot
 
 
@@ -94,4 +96,9 @@ def _masters(entry: str) -> tuple[str, ...]:
     addrs = tuple(a.strip() for a in entry.split("|") if a.strip())
     if not addrs:
         raise ValueError(f"a shard with no master address: {entry!r}")
+    for a in addrs:
+        try:
+            split_address(a)
+        except InvalidArgument as exc:
+            raise ValueError(f"shard map: {exc.message}") from None
     return addrs

@@ -71,6 +71,13 @@ def demo(
 
     if requests < 1:
         bad("--requests must be >= 1")
+    if block_tokens < 1 or max_output_tokens < 1:
+        bad("--block-tokens and --max-output-tokens must be >= 1")
+    from kvstore.sizes import parse_size
+    try:
+        parse_size(node_dram)
+    except ValueError as exc:
+        bad(f"--node-dram: {exc}")
     if warmup < 0 or (window_start is not None and window_start < 0):
         bad("--warmup and --window-start must be >= 0")
     if no_cache and cache_only:
@@ -121,9 +128,11 @@ def demo(
 
 @app.command()
 def up(
-    masters: int = typer.Option(1, help="master shards (slots split evenly)"),
-    nodes: int = typer.Option(2, help="store nodes"),
-    standbys: int = typer.Option(0, help="standby masters per shard (needs --etcd)"),
+    masters: int = typer.Option(1, min=1, max=64, help="master shards (slots split evenly)"),
+    nodes: int = typer.Option(2, min=1, max=256, help="store nodes"),
+    standbys: int = typer.Option(0, min=0, max=8,
+                                 help="standby masters per shard (starts a local etcd "
+                                      "unless --etcd names one)"),
     etcd: Optional[str] = typer.Option(None, help="etcd URL for leader election, or 'local' "
                                                   "to start one (needs etcd on PATH)"),
     dram: str = typer.Option("256MiB", help="DRAM tier per store node"),
@@ -315,9 +324,20 @@ def main() -> None:
     """Console-script entry point (``kvstore``). SIGTERM is handled as Ctrl-C, so a
     command that started processes (up, demo, hosts, bench, ...) stops them first."""
     import signal
+    import sys
+
+    from kvstore.errors import KVStoreError
 
     signal.signal(signal.SIGTERM, _interrupt)
-    app()
+    try:
+        app()                      # exits with the command's status, or click's for bad usage
+    except (OSError, ValueError, KVStoreError) as exc:
+        # Bad input a command did not check itself (a folder that does not exist,
+        # a value out of range): one line, not a traceback.
+        name = sys.argv[1] if len(sys.argv) > 1 else ""
+        message = exc.message if isinstance(exc, KVStoreError) else exc
+        print(f"kvstore {name}: error: {message}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -126,6 +126,11 @@ def _check_common(a: argparse.Namespace) -> None:
              f"--log-level {a.log_level!r}: not a logging level (DEBUG, INFO, WARNING, ERROR)")
     _require(math.isfinite(a.drain_s) and a.drain_s >= 0,
              f"--drain-s must be a number of seconds >= 0, got {a.drain_s}")
+    from kvstore.binding import split_address
+
+    for address in (getattr(a, "master", None) or "").split("|"):
+        if address.strip():
+            split_address(address)        # InvalidArgument: not HOST:PORT (one line, exit 2)
     port = getattr(a, "port", 0)
     for other in ("metrics_port", "http_port"):
         value = getattr(a, other, None)
@@ -300,6 +305,10 @@ def _check_node(a: argparse.Namespace) -> None:
         raise ValueError(f"--eviction-policy {a.eviction_policy!r}: not a policy "
                          f"(default, lru, lfu, none)") from None
     _require(parse_size(a.dram) > 0, "--dram must be larger than 0 B")
+    from kvstore.store.tiers.dram import shm_free_bytes
+    room = shm_free_bytes()
+    _require(room is None or parse_size(a.dram) <= room,
+             f"--dram {a.dram}: shared memory has {room} B free (the DRAM tier lives there)")
     for lo, hi, name in ((a.low_watermark, a.high_watermark, ""),
                          (a.ssd_low_watermark, a.ssd_high_watermark, "ssd-")):
         _require(0 < lo <= hi <= 1, f"--{name}low-watermark {lo} and --{name}high-watermark "

@@ -42,8 +42,16 @@ class DramTier(OffsetTier):
     kind = TierKind.DRAM
 
     def __init__(self, capacity_bytes: int, name: str | None = None, prefault: bool = False):
+        """Raises:
+            ValueError: ``SHM_DIR`` (a tmpfs) has not that much room free: a segment
+                larger than it would take a SIGBUS at the first page it cannot back.
+        """
         if name is None:
             remove_orphan_segments()
+        room = shm_free_bytes()
+        if room is not None and capacity_bytes + TABLE_BYTES > room:
+            raise ValueError(f"a DRAM tier of {capacity_bytes} B does not fit: {SHM_DIR} has "
+                             f"{room} B free (shared memory is backed by it)")
         super().__init__(capacity_bytes)
         self.name = name or f"kvstore-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.segment = ShmSegment(self.name, capacity_bytes + TABLE_BYTES, create=True)
@@ -107,3 +115,12 @@ def remove_orphan_segments() -> list[str]:
         except OSError:
             pass
     return removed
+
+
+def shm_free_bytes() -> int | None:
+    """Bytes free in ``SHM_DIR`` (None: it cannot be asked)."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
