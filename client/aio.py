@@ -38,7 +38,7 @@ from kvstore.client.placement import IDS_PER_GRANT, Grant, grant_of, take
 from kvstore.client.puts import settle
 from kvstore.errors import (RETRYABLE, InvalidArgument, KVStoreError, NotFound,
                             Unavailable, WrongShard, error_for_code, from_rpc_error)
-from kvstore.keys import validate_key, value_checksum
+from kvstore.keys import key_list, validate_key, value_checksum
 from kvstore.rpc import MAX_KEYS_PER_CALL, MAX_REPLICAS, ClientCredentials, aio_channel
 from kvstore.shardmap import ShardMap
 from kvstore.tls import client_context
@@ -163,7 +163,8 @@ class AsyncKVClient:
         return await self._per_key(keys, "Lookup", lambda ks: pb.LookupRequest(keys=ks), parse)
 
     async def batch_exists(self, keys: Sequence[str]) -> list[bool]:
-        return await self._per_key(keys, "Exists", lambda ks: pb.ExistsRequest(keys=ks),
+        """As :meth:`kvstore.client.KVClient.batch_exists`."""
+        return await self._per_key(key_list(keys, validate=False), "Exists", lambda ks: pb.ExistsRequest(keys=ks),
                                    lambda ks, resp: list(resp.exists))
 
     async def exists(self, key: str) -> bool:
@@ -333,7 +334,8 @@ class AsyncKVClient:
         """Put many values; per key ``None`` on success (written or already present)
         or the error, as :meth:`kvstore.client.KVClient.batch_put`."""
         return [r if isinstance(r, KVStoreError) else None
-                for r in await self._put_many(keys, values, replica_num)]
+                for r in await self._put_many(key_list(keys, validate=False), values,
+                                              replica_num)]
 
     async def _put_many(self, keys: Sequence[str], values: Sequence[Any],
                         replica_num: int | None) -> list[bool | KVStoreError]:

@@ -28,6 +28,7 @@ from kvstore.client.parts import PartsWriter
 from kvstore.client.puts import PutProtocol
 from kvstore.client.reads import Reads
 from kvstore.errors import InvalidArgument, KVStoreError
+from kvstore.keys import key_list
 from kvstore.rpc import ClientCredentials
 from kvstore.shardmap import ShardMap
 from kvstore.tls import TlsFiles
@@ -145,6 +146,7 @@ class KVClient:
 
         ``parents[i]`` is the previous block's key of ``keys[i]``'s prefix chain (see :meth:`put`).
         """
+        keys = key_list(keys, validate=False)       # a bad key fails alone, below
         parents = [p or "" for p in parents] if parents is not None else [""] * len(keys)
         return [r if isinstance(r, KVStoreError) else None
                 for r in self._puts.put_many(keys, values, replica_num, parents)]
@@ -337,10 +339,11 @@ class KVClient:
         """Existence per key, in input order (one RPC per shard).
 
         Raises:
+            InvalidArgument: one str for ``keys`` (a bad key is just absent: False).
             WrongShard: no shard owns a key, even after refreshing the shard map.
             Unavailable.
         """
-        out = self._control.exists(list(keys))
+        out = self._control.exists(key_list(keys, validate=False))
         for r in out:
             if isinstance(r, KVStoreError):
                 raise r

@@ -151,7 +151,7 @@ def prefix_keys(tokens: Sequence[int] | np.ndarray, namespace: Namespace,
 
 # One search instead of a Python loop over the characters: every key of every
 # call passes here, on the client and again on its master shard.
-_CONTROL_CHARS = re.compile("[\x00-\x1f]")
+_CONTROL_CHARS = re.compile("[\x00-\x1f\x7f-\x9f]")     # C0, DEL and C1
 
 
 def validate_key(key: str) -> ObjectKey:
@@ -174,6 +174,22 @@ def validate_key(key: str) -> ObjectKey:
     if _CONTROL_CHARS.search(key):
         raise InvalidArgument("key must not contain control characters", key=repr(key))
     return ObjectKey(key)
+
+
+def key_list(keys, validate: bool = True) -> list[ObjectKey]:
+    """The keys of a batch call as a list, each checked (``validate``) as :func:`validate_key`.
+
+    Raises:
+        InvalidArgument: one ``str`` or ``bytes`` instead of a sequence of keys
+            (``batch_put("ab", ...)`` would put keys "a" and "b"), or a bad key.
+    """
+    if isinstance(keys, (str, bytes, bytearray)):
+        raise InvalidArgument(f"keys must be a sequence of str, got one {type(keys).__name__}")
+    out = list(keys)
+    if validate:
+        for key in out:
+            validate_key(key)
+    return out
 
 
 def key_slot(key: str) -> int:

@@ -163,4 +163,6 @@ def replay_command(
         Path(out).write_text(json.dumps(summary, indent=2))
         console.print(f"summary written to {out}")
     if summary["errors"]:
+        first = next((r.error for r in outcome.results if r.error is not None), "")
+        console.print(f"{summary['errors']} request(s) failed; the first: {first}", markup=False)
         raise typer.Exit(1)

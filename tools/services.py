@@ -221,6 +221,12 @@ def master_main(argv: list[str]) -> None:
     _require(not a.etcd or a.etcd.startswith(("http://", "https://")),
              f"--etcd {a.etcd!r}: give a URL, http://HOST:PORT")
     _require(a.max_pending_puts >= 1, f"--max-pending-puts must be >= 1, got {a.max_pending_puts}")
+    _require(a.node_ttl_ms >= 100, f"--node-ttl-ms must be >= 100, got {a.node_ttl_ms}")
+    _require(a.node_forget_ms >= a.node_ttl_ms,
+             f"--node-forget-ms {a.node_forget_ms} must be >= --node-ttl-ms {a.node_ttl_ms}")
+    _require(a.lease_ttl_s >= 1, f"--lease-ttl-s must be >= 1, got {a.lease_ttl_s}")
+    _require(a.shard_id >= 0 and (a.shard_map or a.shard_id == 0),
+             f"--shard-id {a.shard_id}: a shard of --shard-map (0 without one)")
     cfg = MasterConfig(
         host=a.host, port=a.port, report_port=a.report_port,
         node_ttl_ms=a.node_ttl_ms, node_forget_ms=a.node_forget_ms,

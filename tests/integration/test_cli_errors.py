@@ -21,6 +21,9 @@ CASES = [
     (["kvstore.tools.services", "node", "--master", "127.0.0.1", "--check-config"],
      "not an address"),
     (["kvstore.tools.services", "master", "--shard-map", "garbage"], "not an address"),
+    (["kvstore.tools.services", "master", "--node-ttl-ms", "-5", "--check-config"],
+     "--node-ttl-ms"),
+    (["kvstore.tools.services", "master", "--shard-id", "5", "--check-config"], "--shard-id"),
     (["kvstore.tools.services", "node", "--master", "127.0.0.1:1", "--dram", "99999999GiB",
       "--check-config"], "shared memory has"),
 ]

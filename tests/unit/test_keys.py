@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from kvstore.errors import InvalidArgument
-from kvstore.keys import (Namespace, key_slot, prefix_hashes, prefix_keys, validate_key,
+from kvstore.keys import (Namespace, key_list, key_slot, prefix_hashes, prefix_keys, validate_key,
                           value_checksum)
 
 LLAMA = Namespace(model="meta-llama/Llama-3-8B", revision="r1", kv_dtype="bfloat16",
@@ -126,7 +126,8 @@ def test_bad_input_is_invalid_argument():
         prefix_keys([1, 2, 3, 4], dataclasses.replace(LLAMA, block_tokens=0))
 
 
-@pytest.mark.parametrize("key", ["", "a\x00b", "tab\tkey", "x" * 513, b"bytes", 7, None, "\ud800"])
+@pytest.mark.parametrize("key", ["", "a\x00b", "tab\tkey", "x" * 513, b"bytes", 7, None, "\ud800",
+                                 "del\x7f", "nel\x85"])
 def test_validate_key_rejects(key):
     with pytest.raises(InvalidArgument):
         validate_key(key)
@@ -135,6 +136,16 @@ def test_validate_key_rejects(key):
 def test_validate_key_accepts():
     assert validate_key("a/b:c-1") == "a/b:c-1"
     assert validate_key("ü" * 256) == "ü" * 256   # 512 UTF-8 bytes
+    assert validate_key("\xa0é€") == "\xa0é€"
+
+
+def test_key_list_wants_a_sequence_of_keys():
+    assert key_list(("a", "b")) == ["a", "b"]
+    with pytest.raises(InvalidArgument, match="sequence"):
+        key_list("ab")                 # not keys "a" and "b"
+    with pytest.raises(InvalidArgument):
+        key_list(["a", 7])
+    assert key_list(["a", 7], validate=False) == ["a", 7]    # each fails alone later
 
 
 _CHILD = """
