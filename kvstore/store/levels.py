@@ -19,10 +19,11 @@ with it held.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from kvstore.store.eviction import EvictionPolicy, make_policy
+from kvstore.store.recount import Recount
 from kvstore.store.tiers.base import Tier
 from kvstore.types import TierKind
 
@@ -48,8 +49,7 @@ class TierLevel:
     evictions: int = 0          # objects evicted from the node to make room here
     blocked: str = ""           # set by a round that could free nothing it needed
     blocked_logged_s: float = 0.0
-    blocked_at_s: float = 0.0   # when ``blocked`` was last counted (monotonic s) ...
-    blocked_cost_s: float = 0.0  # ... and how long that count took
+    blocked_count: Recount = field(default_factory=Recount)   # when to count ``blocked`` again
     draining: bool = False      # passed ``high``; reclaiming until back at ``low`` (hysteresis)
 
     def above_high(self) -> bool:

@@ -74,6 +74,7 @@ from kvstore.store.events import EventLog, Ticket
 from kvstore.store.mover import TierMover
 from kvstore.store.objects import ObjectState, StoredObject
 from kvstore.store.node_stats import NodeStatsView
+from kvstore.store.recount import Recount
 from kvstore.store.stats import NodeCounter, NodeStats
 from kvstore.store.table import ObjectTable
 from kvstore.store.tiering import Tiering
@@ -130,8 +131,8 @@ class StoreNode(NodeStatsView):
         self.counters: dict[NodeCounter, int] = self._table.counters
         self.events: EventLog = self._table.events
         self.events.set_on_applied(lambda event: self.confirm(event.key, event.object_id))
-        # The last full count (see full_stats): (monotonic s, seconds it took, stats).
-        self._counted: tuple[float, float, NodeStats] | None = None
+        self._counted: NodeStats | None = None      # the last full count (full_stats) ...
+        self._recount = Recount()                    # ... and when to count again
         self._recover()
         self.mover: TierMover | None = self._tiering.mover
         if self.mover is not None and start_mover:

@@ -21,7 +21,8 @@ from kvstore.store.stats import (NodeCounter, NodeStats, TierUse, count_objects,
 
 class NodeStatsView:
     """Statistics of a StoreNode (which sets ``_table``, ``_tiering``, ``levels``,
-    ``tier``, ``counters`` and ``_counted``)."""
+    ``tier``, ``counters``; ``_counted``, the last full count, None at first, and
+    ``_recount``, a :class:`~kvstore.store.recount.Recount`)."""
 
     def stats(self) -> NodeStats:
         """Everything, counted now: O(objects), outside the lock but for a copy of the
@@ -53,12 +54,11 @@ class NodeStatsView:
         however many objects the node holds, and however many shard agents ask):
         in between, the last count with its usage and counters refreshed."""
         now = time.monotonic()
-        last = self._counted
-        if last is not None and now - last[0] < max(min_interval_s, 50 * last[1]):
-            return self.refresh_usage(last[2])
-        stats = self.stats()
-        self._counted = (now, time.monotonic() - now, stats)
-        return stats
+        if self._counted is not None and not self._recount.due(now, min_interval_s):
+            return self.refresh_usage(self._counted)
+        self._counted = self.stats()
+        self._recount.done(now)
+        return self._counted
 
     def refresh_usage(self, stats: NodeStats) -> NodeStats:
         """``stats`` with its byte usage, object counts and counters brought up to date.

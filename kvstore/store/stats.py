@@ -40,9 +40,8 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
-from kvstore.types import TierKind, TierStats
-
 from kvstore.store.objects import ObjectState
+from kvstore.types import TierKind, TierStats
 
 if TYPE_CHECKING:
     from kvstore.store.levels import TierLevel

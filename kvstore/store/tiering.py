@@ -47,6 +47,7 @@ from typing import Generator
 from kvstore.errors import NoSpace, NotFound
 from kvstore.store.mover import TierMover, run_moves
 from kvstore.store.objects import Move, ObjectState, StoredObject
+from kvstore.store.recount import Recount
 from kvstore.store.stats import NodeCounter
 from kvstore.store.table import ObjectTable
 from kvstore.store.tiers.base import Extent, ObjectRecord
@@ -84,9 +85,9 @@ class Tiering:
         self._table = table
         self._levels = table.levels
         self.room_wait_s = room_wait_s
-        # Per level: (monotonic s, seconds it took, why) of the last NoSpace
-        # message's O(objects) part.
-        self._why: dict[int, tuple[float, float, str]] = {}
+        # Per level: the last NoSpace message's O(objects) part, and when to count it again.
+        self._why = [""] * len(table.levels)
+        self._why_count = [Recount() for _ in table.levels]
         self.tiers = tuple(lv.tier for lv in table.levels)
         self.mover: TierMover | None = TierMover(self) if len(table.levels) > 1 else None
 
@@ -326,11 +327,11 @@ class Tiering:
         """The NoSpace message for ``size_bytes`` at ``level``: the numbers, and why."""
         tier = self._levels[level].tier
         now = time.monotonic()
-        at, cost, why = self._why.get(level, (-RECOUNT_S, 0.0, ""))
+        why = self._why[level]
         if not self._levels[level].policy.evicts:
             why = (f"eviction is off (eviction policy {self._levels[level].policy.name}): "
                    f"its {tier.used_bytes} B stay until removed")
-        elif now - at >= max(RECOUNT_S, 50 * cost):
+        elif self._why_count[level].due(now, RECOUNT_S):
             # O(objects) under the lock: a full node refusing puts one after
             # another counts at most once a RECOUNT_S, not at every refusal.
             evictable = sum(o.copies[level].reserved_bytes for o in self._table.objects.values()
@@ -339,7 +340,8 @@ class Tiering:
                    f"{evictable} B evictable were not freed within {self.room_wait_s} s"
                    + ("" if self.mover is not None and self.mover.running else
                       " (the tier mover is not running)"))
-            self._why[level] = (now, time.monotonic() - now, why)
+            self._why[level] = why
+            self._why_count[level].done(now)
         return (f"no free extent of {size_bytes} B in {tier.kind.name} (free {tier.free_bytes} B, "
                 f"largest {tier.largest_free_bytes()} B) and {why}")
 
@@ -505,12 +507,12 @@ class Tiering:
         # moves are only planned by such rounds.
         if freed:
             lv.blocked = ""
-        elif not lv.blocked or now - lv.blocked_at_s >= max(RECOUNT_S, 50 * lv.blocked_cost_s):
+        elif not lv.blocked or lv.blocked_count.due(now, RECOUNT_S):
             t0 = time.monotonic()
             in_flight = any(o.moving and o.copies[level] is not None
                             for o in self._table.objects.values())
             lv.blocked = "" if in_flight else self.blocked_reason_locked(level, now)
-            lv.blocked_at_s, lv.blocked_cost_s = now, time.monotonic() - t0
+            lv.blocked_count.done(t0)
         if lv.blocked and now - lv.blocked_logged_s > _BLOCKED_LOG_INTERVAL_S:
             lv.blocked_logged_s = now
             log.warning("%s tier needs %d B but %s", lv.tier.kind.name, need, lv.blocked)
