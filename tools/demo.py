@@ -147,8 +147,9 @@ def _run_mode(plan: DemoPlan, *, use_cache: bool, node_dram: str, log_dir: str,
             # queue, so none of it is refused (each long prompt fits the SLO on its own).
             warm = asyncio.run(watchdog.guard(warm_up(cluster.conductor, warm_reqs,
                                                       in_flight=1 if overload else 2)))
+        before = _prefill_save_totals(cluster)
         outcome = asyncio.run(watchdog.guard(replay(cluster.conductor, plan.measured)))
-        save = save_summary(_prefill_save_totals(cluster))
+        save = save_summary(_since(before, _prefill_save_totals(cluster)))
     finally:
         with console.status(f"{mode}: stopping cluster"):
             cluster.stop()
@@ -180,7 +181,8 @@ def run_demo(*, requests: int, trace: str | None, use_cache: bool, out: str | No
     Args:
         save_mode: the prefill engines' ``--save-mode`` ("sync", "streamed", "layerwise");
             None keeps their default. The summary's ``kv_save`` entry reports
-            how much of the save time was hidden behind compute.
+            the window's prefills (warm-up excluded): their save time and how
+            much of it was hidden behind compute.
         overload: arrivals at OVERLOAD_UTILISATION of capacity, conductor TTFT SLO on.
         cost_model: the conductor's and the arrival rate's cost model: a bundled name
             or file, or PROFILE_NOW (fit it here first, ``kvstore profile``).
@@ -248,7 +250,7 @@ def run_comparison(*, requests: int, trace: str | None, out: str | None,
     save = runs["no_cache"]["kv_save"]
     if save["requests"]:
         console.print(f"no-cache prefill: {save['prefill_ms_total'] / save['requests']:.0f} ms "
-                      f"per request measured (engine warm-up included), "
+                      f"per request measured in the window, "
                       f"{plan.arrivals.mean_prefill_ms:.0f} ms by cost model "
                       f"{plan.arrivals.cost_model}")
     plot_path = Path(plot) if plot else (Path(out).with_suffix(".ttft.png") if out
@@ -324,6 +326,20 @@ def _env(name: str, value: str | None):
             os.environ[name] = old
 
 
+def _since(before: list[dict], after: list[dict]) -> list[dict]:
+    """Each engine's save totals of the window: ``after`` less ``before`` (the
+    warm-up's), per engine; an engine missing from ``before`` counts whole."""
+    start = {e["engine"]: e for e in before}
+    out = []
+    for e in after:
+        b = start.get(e["engine"])
+        out.append(e if b is None else {**e, **{k: e[k] - b[k] for k in _TOTALS}})
+    return out
+
+
+_TOTALS = ("requests", "compute_ms", "save_ms", "hidden_ms")
+
+
 def _prefill_save_totals(cluster: LocalCluster) -> list[dict]:
     """Each prefill engine's KV save totals, from its Status RPC.
 
@@ -339,7 +355,7 @@ def _prefill_save_totals(cluster: LocalCluster) -> list[dict]:
         except grpc.RpcError as exc:
             log.warning("prefill%d did not report its save totals: %s", i, exc)
             continue
-        out.append({"mode": st.save_mode, "requests": st.requests_done,
+        out.append({"engine": i, "mode": st.save_mode, "requests": st.requests_done,
                     "compute_ms": st.compute_ms_total, "save_ms": st.save_ms_total,
                     "hidden_ms": st.save_hidden_ms_total})
     return out

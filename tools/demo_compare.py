@@ -50,7 +50,15 @@ METRICS: list[tuple[str, str, Callable[[dict], Any], Callable[[Any], str]]] = [
     ("throughput_tokens_per_s", "throughput (tokens/s)", lambda s: s["throughput_tokens_per_s"],
      lambda v: f"{v:,.0f}"),
     ("duration_s", "replay (s)", lambda s: s["duration_s"], lambda v: f"{v:.1f}"),
+    ("kv_save_ms", "KV save (ms)", lambda s: _save(s, "save_ms_total"), lambda v: f"{v:,.0f}"),
+    ("kv_save_exposed_ms", "  on the critical path (ms)", lambda s: _save(s, "exposed_ms_total"),
+     lambda v: f"{v:,.0f}"),
 ]
+
+
+def _save(s: dict[str, Any], field: str) -> Any:
+    """A ``kv_save`` total of the window (live runs only; None elsewhere)."""
+    return (s.get("kv_save") or {}).get(field)
 
 
 def compare(cache: dict[str, Any], no_cache: dict[str, Any]) -> dict[str, Any]:

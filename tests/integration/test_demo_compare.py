@@ -58,6 +58,17 @@ def test_the_cache_saves_prefill_and_the_json_has_the_ratios(result):
     assert c["window"] == w and n["arrivals"] == a
 
 
+def test_the_kv_save_rows_count_the_window_only(result):
+    # The engines' totals less what the warm-up saved: one save per window request.
+    for mode in ("cache", "no_cache"):
+        save = result[mode]["kv_save"]
+        assert save["requests"] == N, mode
+        assert save["save_ms_total"] > 0 and save["exposed_ms_total"] <= save["save_ms_total"]
+    m = result["comparison"]["metrics"]
+    assert m["kv_save_ms"]["cache"] == result["cache"]["kv_save"]["save_ms_total"]
+    assert m["kv_save_exposed_ms"]["no_cache"] == result["no_cache"]["kv_save"]["exposed_ms_total"]
+
+
 def test_the_simulator_predicts_the_demo_ttft(result):
     # The same requests, arrivals and instance counts through the simulator with
     # the cost model the demo recorded, each mode's prefill at its measured level
