@@ -32,11 +32,11 @@ from kvstore import wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.client.aio_data import AsyncNodeConnection
-from kvstore.client.control import next_master
+from kvstore.client.control import next_master, retryable
 from kvstore.client.meta_cache import MetaCache
 from kvstore.client.placement import IDS_PER_GRANT, Grant, grant_of, take
 from kvstore.client.puts import settle
-from kvstore.errors import (RETRYABLE, InvalidArgument, KVStoreError, NotFound,
+from kvstore.errors import (InvalidArgument, KVStoreError, NotFound,
                             Unavailable, WrongShard, error_for_code, from_rpc_error)
 from kvstore.keys import key_list, validate_key, value_checksum
 from kvstore.rpc import MAX_KEYS_PER_CALL, MAX_REPLICAS, ClientCredentials, aio_channel
@@ -125,7 +125,7 @@ class AsyncKVClient:
                 return resp
             except grpc.RpcError as exc:
                 err = from_rpc_error(exc)
-                if not isinstance(err, RETRYABLE) or time.monotonic() > deadline:
+                if not retryable(err) or time.monotonic() > deadline:
                     raise err from None
             at = next_master(addresses, at, err)
             await asyncio.sleep(0.05)
@@ -357,13 +357,15 @@ class AsyncKVClient:
         shard = (self.shard_map.shard_for_key(key).addresses, replica_num)
         failed: set[NodeId] = set()
         deadline = time.monotonic() + self.put_wait_s
+        unavailable_until = time.monotonic() + self.failover_wait_s
         regranted = False
         result: bool | KVStoreError = Unavailable("no target node accepted the value", key=key)
         refreshed = False
         while True:
+            grant = None
             try:
-                oid, targets = take(await self._grant(shard, key), key, len(view), replica_num,
-                                    frozenset(failed), None)
+                grant = await self._grant(shard, key)
+                oid, targets = take(grant, key, len(view), replica_num, frozenset(failed), None)
             except WrongShard as err:
                 if refreshed:
                     err.key = err.key or key
@@ -373,7 +375,17 @@ class AsyncKVClient:
                 shard = (self.shard_map.shard_for_key(key).addresses, replica_num)
                 continue
             except KVStoreError as err:
-                return result if failed else err
+                if grant is None:
+                    return err                    # the shard's own answer (no live node, ...)
+                if not failed or not isinstance(err, Unavailable) or \
+                        time.monotonic() > unavailable_until:
+                    return result if failed else err
+                # Every node failed the value (as KVClient): ask the shard again, with a
+                # fresh grant, until its view changes or failover_wait_s passed.
+                failed.clear()
+                self._grants.pop(shard, None)
+                await asyncio.sleep(0.1)
+                continue
             if len(targets) == 1:                 # no task for a single target
                 answers = [await self._request(targets[0], Op.PUT, key, oid, len(view),
                                                checksum, view, flags=replica_num)]

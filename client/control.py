@@ -33,8 +33,9 @@ import grpc
 from kvstore import rpc, wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.errors import (INDEX_INCOMPLETE, RETRYABLE, InvalidArgument, KVStoreError, NotFound, Unavailable,
-                            WrongShard, error_for_code, from_rpc_error)
+from kvstore.errors import (INDEX_INCOMPLETE, NO_LIVE_NODE, RETRYABLE, InvalidArgument,
+                            KVStoreError, NotFound, Unavailable, WrongShard, error_for_code,
+                            from_rpc_error)
 from kvstore.keys import validate_key
 from kvstore.rpc import MAX_KEYS_PER_CALL, ClientCredentials
 from kvstore.shardmap import ShardMap, ShardRange
@@ -50,6 +51,12 @@ R = TypeVar("R")
 
 def _as_is(err: KVStoreError) -> KVStoreError:
     return err
+
+
+def retryable(err: KVStoreError) -> bool:
+    """Whether a master call that failed with ``err`` is tried again: an Unavailable,
+    except a master's answer that no store node is alive (:data:`NO_LIVE_NODE`)."""
+    return isinstance(err, RETRYABLE) and not err.message.startswith(NO_LIVE_NODE)
 
 
 def next_master(addresses: tuple[str, ...], at: int, err: KVStoreError) -> int:
@@ -155,7 +162,7 @@ class Control:
                 return resp
             except grpc.RpcError as exc:
                 err = from_rpc_error(exc)
-                if not isinstance(err, RETRYABLE) or time.monotonic() > deadline:
+                if not retryable(err) or time.monotonic() > deadline:
                     raise err from None
             nxt = next_master(addresses, at, err)
             if nxt == at:                    # it won the election and is warming up
@@ -177,7 +184,7 @@ class Control:
                 return getattr(self._stub(address), method)(request, timeout=self.timeout_s)
             except grpc.RpcError as exc:
                 err = from_rpc_error(exc)
-                if not isinstance(err, RETRYABLE):
+                if not retryable(err):
                     raise err from None
                 if err.message.startswith(INDEX_INCOMPLETE):
                     if time.monotonic() > deadline:

@@ -42,6 +42,7 @@ from kvstore.keys import NUM_SLOTS, key_slot
 from kvstore.types import NodeAddress, NodeId, ObjectId
 
 log = logging.getLogger(__name__)
+_WARNED: set[tuple[int, int]] = set()    # (replica_num, nodes) said once per process
 
 IDS_PER_GRANT = 4096
 
@@ -119,6 +120,11 @@ def take(g: "Grant | None", key: str, size_bytes: int, replica_num: int,
         not room(n),
         xxhash.xxh3_64_intdigest(n.address.node_id.encode() + b"\0" + kb)))
     targets = [n.address for n in order[:max(1, replica_num)]]
+    if len(targets) < replica_num and (replica_num, len(fits)) not in _WARNED:
+        _WARNED.add((replica_num, len(fits)))
+        log.warning("replica_num %d, but only %d live node(s) can hold the value: it gets %d "
+                    "replica(s) now, the shard's repair adds the others as nodes join",
+                    replica_num, len(fits), len(targets))
     oid = ObjectId(g.next_id)
     g.next_id += 1
     for t in targets:

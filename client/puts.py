@@ -50,8 +50,9 @@ from kvstore.client.connections import Connections
 from kvstore.client.control import Control
 from kvstore.client.meta_cache import MetaCache
 from kvstore.client.placement import Placements
-from kvstore.errors import (AlreadyPresent, InvalidArgument, KeyConflict, KVStoreError, NotFound,
-                            PutInProgress, TooLarge, Unavailable, WrongShard, error_for_code)
+from kvstore.errors import (NO_LIVE_NODE, AlreadyPresent, InvalidArgument, KeyConflict,
+                            KVStoreError, NotFound, PutInProgress, TooLarge, Unavailable,
+                            WrongShard, error_for_code)
 from kvstore.keys import validate_key
 from kvstore.rpc import MAX_REPLICAS
 from kvstore.transfer.base import WriteItem
@@ -74,6 +75,10 @@ class _Tries:
 
     failed: dict[int, frozenset] = field(default_factory=dict)
     map_refreshed: bool = False
+    #: The grants were dropped for this round: a placement error now is the shard's
+    #: own answer (e.g. no live node), not a stale grant's, and it is final.
+    regranted_all: bool = False
+    refused: set[int] = field(default_factory=set)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,13 +210,20 @@ class PutProtocol:
                 retry = self._round(keys, views, checksums, parents, wave, replicas, results,
                                     time.monotonic() < deadline, tries)
                 if not retry:
-                    # Every node failed a value (a leader failover, a partition): wait it
-                    # out, as a master call does, for up to failover_wait_s.
-                    retry = [i for i in wave if isinstance(results[i], Unavailable)]
+                    # Every node failed a value (a node died, a partition, a leader
+                    # failover): ask the shard again, with a fresh grant, until its
+                    # view changes (it stops granting a dead node after its ttl) or
+                    # failover_wait_s passed. A shard that answers no grant at all
+                    # ("no live store node") ends the wait at once.
+                    retry = [i for i in wave if isinstance(results[i], Unavailable)
+                             and i not in tries.refused]
                     if not retry or time.monotonic() > unavailable_until:
                         break
                     for i in retry:
                         failed.pop(i, None)
+                    for shard in {self._control.shard_for_key(keys[i]).addresses for i in retry}:
+                        self._placements.invalidate(shard)
+                    tries.regranted_all = True
                     time.sleep(0.1)
                 if any(i not in failed for i in retry):   # waiting for another writer
                     time.sleep(backoff)
@@ -227,6 +239,7 @@ class PutProtocol:
         an index that ran out of nodes, or of rounds, keeps its error.
         """
         failed = tries.failed
+        regranted, tries.regranted_all = tries.regranted_all, False
         retry: list[int] = []
         wrong: list[int] = []
         by_node: dict[NodeId, list[tuple[int, NodeAddress]]] = defaultdict(list)
@@ -246,6 +259,8 @@ class PutProtocol:
             except KVStoreError as err:
                 if i not in failed:          # else: no node left; the last round's error stays
                     results[i] = err
+                    if regranted or err.message.startswith(NO_LIVE_NODE):
+                        tries.refused.add(i)
                 continue
             for t in targets:
                 by_node[t.node_id].append((i, t))

@@ -131,6 +131,10 @@ RETRYABLE_STATUS: frozenset[grpc.StatusCode] = frozenset(ERRORS[c] for c in RETR
 #: or a new leader, while the store nodes re-register) begins: the SDK waits
 #: that out (up to its failover_wait_s) instead of giving up after a few tries.
 INDEX_INCOMPLETE = "index incomplete"
+#: How an Unavailable begins that a leading master answers when no store node is
+#: alive to place a value on: an answer, not an outage of the master, so the SDK
+#: raises it at once (a node that died is out of the grants after the node ttl).
+NO_LIVE_NODE = "no live store node"
 
 
 def code_name(code: int) -> str:

@@ -37,8 +37,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
-from kvstore.errors import (AlreadyPresent, KeyConflict, KVStoreError, NotFound, PutInProgress,
-                            TooLarge, Unavailable, WrongShard)
+from kvstore.errors import (NO_LIVE_NODE, AlreadyPresent, KeyConflict, KVStoreError, NotFound,
+                            PutInProgress, TooLarge, Unavailable, WrongShard)
 from kvstore.keys import key_slot, validate_key
 from kvstore.master.counters import MasterCounter as C
 from kvstore.master.entry import Entry
@@ -62,9 +62,8 @@ class PutItem:
     key: str
     size_bytes: int
     checksum: int = 0              # xxh3-64 of the value
-    # The value is written before its checksum is known (a layer-wise save):
-    # ``checksum`` is ignored and comes with the stored report. An existing
-    # key of equal size is then "already present" (its bytes cannot be compared yet).
+    # Written before its checksum is known (a layer-wise save): ``checksum`` comes with the
+    # STORED report; an existing key of equal size is "already present" (not compared yet).
     checksum_at_end: bool = False
 
 
@@ -105,8 +104,8 @@ class ObjectIndex:
         self._next_id = 1              # object ids; above every id seen in an inventory
         self.counters: Counter[C] = Counter()
         self.grants = Grants(grace_ms=put_timeout_ms)    # placement grants (one-round-trip puts)
-        # Keys whose entry may still wait for targets to report (a superset; the
-        # maintenance round reads only these, not every entry).
+        # Keys whose entry may still wait for targets to report (a superset; read by the
+        # maintenance round instead of every entry).
         self._awaiting: set[ObjectKey] = set()
         # Something may have left an entry with fewer live replicas than wanted
         # (a replica evicted or forgotten, an inventory synced, a put with
@@ -115,7 +114,6 @@ class ObjectIndex:
         self.repair_hint = True
         self.repairs_in_flight = 0     # copies in flight at the last scan
 
-    # ---- helpers ----
     def _check_key(self, key: str) -> ObjectKey:
         validate_key(key)
         shard = self.shard_map.shard_for_slot(key_slot(key))
@@ -191,7 +189,7 @@ class ObjectIndex:
         """
         alive = self.membership.alive_nodes()
         if not alive:
-            raise Unavailable("no live store node")
+            raise Unavailable(NO_LIVE_NODE)
         # All quarantined: better a suspect node than no put.
         alive = self.membership.healthy_nodes(now_ms) or alive
         fits = [n for n in alive if n.max_object_bytes >= size_bytes]
@@ -276,7 +274,7 @@ class ObjectIndex:
             self._check_key(key)
         alive = self.membership.alive_nodes()
         if not alive:
-            raise Unavailable("no live store node")
+            raise Unavailable(NO_LIVE_NODE)
         nodes = self.membership.healthy_nodes(now_ms) or alive
         nodes = sorted(nodes, key=lambda n: (-n.free_bytes, n.node_id))
         n = max(1, min(num_ids, MAX_IDS_PER_GRANT))
@@ -435,7 +433,10 @@ class ObjectIndex:
         """
         entry = self.entries.get(self._check_key(key))
         if not self._visible(entry):
-            raise NotFound("no such key", key=key)
+            lost = entry is not None and entry.state is ReplicaState.COMPLETE  # with its nodes
+            raise NotFound("no such key" + (f": its replicas were on dead node(s) "
+                                            f"{', '.join(entry.replicas)}" if lost else ""),
+                           key=key)
         return entry
 
     def lookup(self, keys: Sequence[str], now_ms: int) -> Results:

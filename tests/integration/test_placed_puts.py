@@ -209,3 +209,38 @@ def test_puts_cost_no_master_call_once_granted(three):
     assert after.get("put_starts", 0) == before.get("put_starts", 0)
     assert after["puts_placed"] - before["puts_placed"] == 200
     assert after["grants"] - before["grants"] <= 3       # background refreshes only
+
+
+def test_with_every_node_dead_puts_fail_within_the_node_ttl(tmp_path):
+    # The sync and the asyncio client: a put whose only node died keeps asking the
+    # shard until it stops granting that node (its ttl), then fails Unavailable; the
+    # next put fails at once, as "no live store node" is the shard's answer, not an
+    # outage to wait out (it took failover_wait_s, 15 s, before). The lost key's
+    # NotFound says why.
+    import asyncio
+
+    from kvstore.client.aio import AsyncKVClient
+    from kvstore.errors import Unavailable
+
+    async def aio_put(master, key):
+        async with AsyncKVClient(master) as akv:
+            await akv.put(key, b"y" * 100)
+
+    with start_store_cluster(masters=1, nodes=1, dram="16MiB", node_ttl_ms=1000,
+                             log_dir=str(tmp_path / "logs")) as c:
+        with KVClient(c.master, prefer_shm=False) as kv:
+            kv.put("before", b"x" * 100)
+            c.nodes["n0"].proc.kill()
+            c.nodes["n0"].proc.wait()
+            t0 = time.monotonic()
+            with pytest.raises(Unavailable, match="no live store node"):
+                kv.put("during", b"y" * 100)
+            assert time.monotonic() - t0 < 8.0
+            for put in (lambda: kv.put("after", b"y" * 100),
+                        lambda: asyncio.run(aio_put(c.master, "after-aio"))):
+                t0 = time.monotonic()
+                with pytest.raises(Unavailable, match="no live store node"):
+                    put()
+                assert time.monotonic() - t0 < 2.0
+            with pytest.raises(NotFound, match="dead node"):
+                kv.get("before")
