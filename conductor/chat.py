@@ -12,7 +12,8 @@ Text only: a message is ``{"role", "content", "name"?}`` with ``content`` a
 string or a list of ``{"type": "text", "text"}`` parts (joined with "\\n");
 images, audio, tools and function calls are refused with 400, as are
 ``n`` > 1, ``logprobs``, ``stop`` and a ``response_format`` other than text.
-Decoding is greedy: temperature, top_p, seed and the penalties change nothing.
+Decoding is greedy: temperature, top_p, seed and the penalties change nothing
+(but must have OpenAI's types and ranges, else 400).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from __future__ import annotations
 from kvstore._proto import serving_pb2 as spb
 from kvstore.conductor.chat_template import ChatTemplateError, NoChatTemplate
 from kvstore.conductor.openai_schema import (
-    CompletionRequest, HttpError, check_defaults, check_fields, check_ids, check_max_tokens,
-    check_model, check_stream, metrics_of)
+    CompletionRequest, HttpError, check_context, check_defaults, check_fields, check_ids,
+    check_max_tokens, check_model, check_stream, metrics_of)
 from kvstore.conductor.tokenizer import Tokenizer
 
 #: ``max_tokens`` when a chat body gives none (OpenAI's is the whole context): the
@@ -97,13 +98,15 @@ def parse_chat(body, model_name: str, tokenizer: Tokenizer,
     """Validate a ``/v1/chat/completions`` body and tokenize its conversation.
 
     Args:
-        max_model_len: the model's context in tokens: a longer conversation is
-            refused, and the default ``max_tokens`` (:data:`DEFAULT_MAX_TOKENS`)
-            is cut to what is left of it after the prompt.
+        max_model_len: the model's context in tokens: a conversation that leaves
+            no room in it, or a given ``max_tokens`` that does not fit, is refused
+            (400 ``context_length_exceeded``); the default ``max_tokens``
+            (:data:`DEFAULT_MAX_TOKENS`) is cut to what is left of it after the prompt.
 
     Raises:
         HttpError: 400 for invalid or unsupported fields, a model without a chat
-            template, or a conversation its template refuses; 404 for another model.
+            template, a conversation its template refuses or one too long for the
+            context; 404 for another model.
     """
     body = check_fields(body, KNOWN_FIELDS)
     model = check_model(body, model_name)
@@ -130,12 +133,8 @@ def parse_chat(body, model_name: str, tokenizer: Tokenizer,
         raise HttpError(400, "messages must be valid Unicode (one holds a lone surrogate)",
                         "messages") from None
     prompt = check_ids(ids, tokenizer, "messages")
-    if max_model_len is not None and len(prompt) >= max_model_len:
-        raise HttpError(400, f"the conversation is {len(prompt)} tokens, the model's context "
-                             f"{max_model_len}", "messages")
-    if not max_tokens:
-        max_tokens = DEFAULT_MAX_TOKENS if max_model_len is None else \
-            min(DEFAULT_MAX_TOKENS, max_model_len - len(prompt))
+    max_tokens = check_context((prompt,), max_tokens or DEFAULT_MAX_TOKENS, bool(max_tokens),
+                               max_model_len, "messages", name)
     return CompletionRequest(model, (prompt,), max_tokens, stream, include_usage, chat=True)
 
 

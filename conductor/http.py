@@ -18,7 +18,8 @@ gRPC) and writes OpenAI-shaped JSON. Text goes through the front's
 tokenizer (:mod:`kvstore.conductor.tokenizer`): the byte tokenizer of the
 demo model or a model folder's ``tokenizer.json``, whose stop tokens (EOS)
 end generation. Decoding is greedy, so ``temperature``, ``top_p``, ``seed``
-and the penalties are accepted and ignored; ``n``, ``best_of``, ``echo``,
+and the penalties are accepted and ignored (a wrong type or a value outside
+OpenAI's range is still 400 naming the field); ``n``, ``best_of``, ``echo``,
 ``logprobs``, ``stop`` and ``suffix`` are refused with 400 unless they ask
 for the default, and any other field (images, tools, ...) is refused with
 400 naming it, never ignored.
@@ -28,12 +29,26 @@ carries ``token_ids``, the generated token ids; a finished choice carries
 ``metrics`` (the conductor's :class:`RequestMetrics`: TTFT, TBT, cache hits,
 instances).
 
-Status mapping (one table, :data:`HTTP_STATUS`): a request the conductor
-rejected (overload, SLO, no live worker) is 429 with the reason; invalid
-input is 400; a worker failure before the first token is 503 (504 on a
-deadline). Rejections and failures are known before the first token, so a
-streamed request gets them as an HTTP status too; a failure after tokens
-went out ends the stream with an ``{"error": ...}`` event.
+Status mapping (one table, :data:`HTTP_STATUS`; every error body is
+OpenAI's ``{"error": {"message", "type", "param", "code"}}``, from
+:class:`HttpError`)::
+
+    400  invalid input: a field of the wrong type or out of range (named in
+         ``param``), an unsupported field, a prompt longer than the model's
+         context (``code`` ``context_length_exceeded``, the limit in tokens)
+    401 / 403  no or an unknown token / a token of another role
+    404  another model (``model_not_found``), or a path the front does not serve
+    405  a method the path does not take
+    413  a body over :data:`MAX_BODY_BYTES`
+    429  refused under load: the TTFT or TBT SLO (early rejection), no KV room
+         (with ``Retry-After``)
+    503  no live prefill or decode engine, a worker failure before the first
+         token, or the front draining
+    504  a worker deadline
+
+Rejections and failures are known before the first token, so a streamed
+request gets them as an HTTP status too; a failure after tokens went out
+ends the stream with an ``{"error": ...}`` event.
 
 Thread safety: everything runs on the serving event loop.
 """
@@ -43,6 +58,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 import time
 import uuid
@@ -63,8 +79,8 @@ from kvstore.tls import server_context
 from kvstore._proto import serving_pb2_grpc as spb_grpc
 from kvstore.conductor.chat import ChatShape, parse_chat
 from kvstore.conductor.openai_schema import (  # noqa: F401  (re-exported: the front's schema)
-    DEFAULT_MAX_TOKENS, HTTP_STATUS, KNOWN_FIELDS, MAX_BATCH_PROMPTS, MAX_TOKENS_LIMIT,
-    CompletionRequest, HttpError, TextShape, failed, failure_of, parse_completion)
+    DEFAULT_MAX_TOKENS, HTTP_STATUS, KNOWN_FIELDS, MAX_BATCH_PROMPTS, MAX_BODY_BYTES,
+    MAX_TOKENS_LIMIT, CompletionRequest, HttpError, TextShape, failed, failure_of, parse_completion)
 from kvstore.conductor.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer  # noqa: F401
 from kvstore.process import announce_ready, wait_for_stop_signal
 
@@ -175,7 +191,9 @@ class HttpFront:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.security = security or ServerSecurity()
-        self.app = web.Application(middlewares=[self._count, self._authenticate])
+        self.app = web.Application(middlewares=[self._count, self._json_errors,
+                                                self._authenticate],
+                                   client_max_size=MAX_BODY_BYTES)
         self.app.add_routes([web.post("/v1/completions", self.completions),
                              web.post("/v1/chat/completions", self.chat_completions),
                              web.get("/v1/models", self.models),
@@ -206,6 +224,24 @@ class HttpFront:
             self.metrics.observe(op, code, time.perf_counter() - t0)
 
     @web.middleware
+    async def _json_errors(self, request: web.Request, handler):
+        """aiohttp's own errors (404 unknown path, 405 wrong method, 413 body too
+        large while a handler reads it) in the front's JSON shape, not plain text."""
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            if isinstance(exc, web.HTTPRequestEntityTooLarge):
+                message = f"the request body is over {MAX_BODY_BYTES} bytes"
+            else:
+                message = f"{exc.reason} ({request.method} {request.path[:100]})"
+            response = HttpError(exc.status, message).response()
+            if "Allow" in exc.headers:
+                response.headers["Allow"] = exc.headers["Allow"]
+            return response
+
+    @web.middleware
     async def _authenticate(self, request: web.Request, handler):
         if request.path == "/health" or self.security.tokens is None:
             return await handler(request)
@@ -218,13 +254,23 @@ class HttpFront:
         return await handler(request)
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        """Listen on ``host:port`` (0: a free port); returns the port."""
+        """Listen on ``host:port`` (0: a free port); returns the port.
+
+        Raises:
+            OSError: the address cannot be bound (taken, or not this host's); one
+                line naming it, and nothing is left listening.
+        """
         self._runner = web.AppRunner(self.app, access_log=None, logger=_server_log)
         await self._runner.setup()
         tls = self.security.tls
         site = web.TCPSite(self._runner, host, port,
                            ssl_context=server_context(tls) if tls is not None else None)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            await self.stop()
+            reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+            raise OSError(f"HTTP front: cannot listen on {host}:{port}: {reason}") from None
         bound = self._runner.addresses[0][1]
         log.info("HTTP front on http://%s:%d/v1 (model %s)", host, bound, self.model_name)
         return bound
@@ -258,10 +304,15 @@ class HttpFront:
         return web.json_response(body, status=200 if ok else 503)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/completions``: 200 (JSON, or SSE when streamed), else an error of
+        the module's table: 400 bad input or a prompt too long for the context, 401 /
+        403, 404, 413, 429 refused under load, 503 no live engine, 504."""
         return await self._serve(request, lambda body: parse_completion(
-            body, self.model_name, self.tokenizer))
+            body, self.model_name, self.tokenizer, self.max_model_len))
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/chat/completions``: the statuses of :meth:`completions` (400 also
+        for a model without a chat template)."""
         return await self._serve(request, lambda body: parse_chat(
             body, self.model_name, self.tokenizer, self.max_model_len))
 
@@ -451,7 +502,11 @@ async def serve_front(cfg: FrontConfig) -> None:
     backend = GrpcBackend(cfg.conductor, cfg.creds)
     front = HttpFront(backend, cfg.served_model_name or cfg.model, tokenizer, cfg.security,
                       max_model_len=mcfg.max_position_embeddings)
-    port = await front.start(cfg.host, cfg.port)
+    try:
+        port = await front.start(cfg.host, cfg.port)
+    except BaseException:
+        await backend.close()          # on this loop: nothing left for a finalizer
+        raise
     if cfg.security.tokens is not None:
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, cfg.security.tokens.reload)
     announce_ready({"role": "http", "address": f"{cfg.host}:{port}", "port": port,

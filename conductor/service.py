@@ -26,8 +26,9 @@ Worker failures (see :mod:`kvstore.conductor.health` for liveness):
   tokens went out, the request ends with an error.
 * Every RPC has a deadline (:class:`Deadlines`), so no request hangs on a
   stuck worker: it ends with ``error`` and ``error_code`` set.
-* No live instance (or a scheduler rejection) ends the request with
-  ``rejected`` and the reason in ``error``.
+* A scheduler rejection ends the request with ``rejected``, the reason in
+  ``error`` and ``error_code`` RESOURCE_EXHAUSTED (an SLO, KV room: the HTTP
+  front's 429), or UNAVAILABLE when no instance of a role is live (503).
 
 Thread safety: everything runs on the conductor's event loop; the blocking
 store client is called through ``asyncio.to_thread``.
@@ -86,6 +87,14 @@ class _RequestFailed(Exception):
         self.code = code
         self.rejected = rejected
         self.reason = reason       # of a rejection (ConductorMetrics.rejected)
+
+    @classmethod
+    def refused(cls, reason: RejectReason, detail: str) -> "_RequestFailed":
+        """A scheduler's refusal: RESOURCE_EXHAUSTED under load (an SLO, KV room; HTTP
+        429), UNAVAILABLE when no instance of a role is live (HTTP 503)."""
+        code = grpc.StatusCode.UNAVAILABLE if reason is RejectReason.NO_INSTANCE \
+            else grpc.StatusCode.RESOURCE_EXHAUSTED
+        return cls(code, detail, rejected=True, reason=reason.value)
 
 
 class Conductor:
@@ -328,8 +337,7 @@ class Conductor:
                 rej = decision.rejection
                 detail = rej.detail + (f" (after: {last})" if last and
                                        rej.reason is RejectReason.NO_INSTANCE else "")
-                raise _RequestFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, detail, rejected=True,
-                                     reason=rej.reason.value)
+                raise _RequestFailed.refused(rej.reason, detail)
             choice = decision.prefill
             inst = choice.instance
             metrics.prefill_attempts += 1      # counts a second prefill for a decode retry too
@@ -399,8 +407,7 @@ class Conductor:
                 req, self._clock(), planned if planned is not None and planned.alive else None)
             if not isinstance(picked, DecodeChoice):   # the TBT SLO, KV room, or none live
                 detail = picked.detail + (f" (after: {last})" if last else "")
-                raise _RequestFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, detail, rejected=True,
-                                     reason=picked.reason.value)
+                raise _RequestFailed.refused(picked.reason, detail)
             dec = picked.instance
             metrics.decode_attempts = attempt
             metrics.decode_instance = dec.instance_id
@@ -516,32 +523,44 @@ async def serve(cfg: ConductorConfig) -> None:
                           metrics=ConductorMetrics(metrics, scheduler),
                           decision_log=DecisionLog(cfg.decision_log) if cfg.decision_log else None)
     server = rpc.aio_server(cfg.security, CONDUCTOR_METHOD_ROLES, metrics if observed else None)
-    port = rpc.listen(server, cfg.host, cfg.port, cfg.security)
-    spb_grpc.add_ConductorServicer_to_server(ConductorServicer(conductor), server)
     health = Health(("kvstore.serving.v1.Conductor",))
-    health.attach_grpc(server)
-    await server.start()
-    if authenticated:
-        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, cfg.security.tokens.reload)
-    conductor.start()
-    host = advertised_host(cfg.host, cfg.advertise_host, toward=cfg.master.split("|")[0])
-    info = {"role": "conductor", "address": f"{host}:{port}", "port": port}
     http = None
-    if cfg.http_port is not None:
-        from kvstore.conductor.http import HttpFront, LocalBackend
+    try:
+        port = rpc.listen(server, cfg.host, cfg.port, cfg.security)
+        spb_grpc.add_ConductorServicer_to_server(ConductorServicer(conductor), server)
+        health.attach_grpc(server)
+        await server.start()
+        if authenticated:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, cfg.security.tokens.reload)
+        host = advertised_host(cfg.host, cfg.advertise_host, toward=cfg.master.split("|")[0])
+        info = {"role": "conductor", "address": f"{host}:{port}", "port": port}
+        if cfg.http_port is not None:
+            from kvstore.conductor.http import HttpFront, LocalBackend
 
-        http = HttpFront(LocalBackend(conductor), model_name=cfg.served_model_name or cfg.model,
-                         tokenizer=tokenizer, security=cfg.security,
-                         draining=lambda: health.state is State.DRAINING,
-                         metrics=metrics if observed else None,
-                         max_model_len=mcfg.max_position_embeddings)
-        http_port = await http.start(cfg.http_host, cfg.http_port)
-        http_host = advertised_host(cfg.http_host, cfg.advertise_host,
-                                    toward=cfg.master.split("|")[0])
-        info.update(http_address=f"{http_host}:{http_port}", http_port=http_port)
-    mserver, maddress = start_metrics(cfg.metrics, cfg.host, metrics, health, cfg.security, host)
+            http = HttpFront(LocalBackend(conductor), model_name=cfg.served_model_name or cfg.model,
+                             tokenizer=tokenizer, security=cfg.security,
+                             draining=lambda: health.state is State.DRAINING,
+                             metrics=metrics if observed else None,
+                             max_model_len=mcfg.max_position_embeddings)
+            http_port = await http.start(cfg.http_host, cfg.http_port)
+            http_host = advertised_host(cfg.http_host, cfg.advertise_host,
+                                        toward=cfg.master.split("|")[0])
+            info.update(http_address=f"{http_host}:{http_port}", http_port=http_port)
+        mserver, maddress = start_metrics(cfg.metrics, cfg.host, metrics, health, cfg.security,
+                                          host)
+    except BaseException:
+        # A failed start (a busy HTTP or metrics port): stop what already runs while
+        # this loop is alive, or grpc stops the server from its finalizer after the
+        # loop closed ("Event loop is closed" on stderr). The caller prints the error.
+        if http is not None:
+            await http.stop()
+        await server.stop(None)
+        await conductor.close()
+        kv.close()
+        raise
     if maddress:
         info["metrics_address"] = maddress
+    conductor.start()      # probes the engines once everything listens: no log of a failed start
     _set_engine_state(scheduler, health)     # no longer "starting" once READY is out
     watch = asyncio.create_task(_watch_engines(scheduler, health))
     announce_ready(info)

@@ -5,7 +5,9 @@ HTTP front on a free loopback port) must give, through ``/v1/completions``,
 exactly the tokens of a plain single-process greedy run of the same model,
 streamed or not, for token-id and text prompts; and exactly what the
 conductor's gRPC ``Generate`` gives. Errors come back in OpenAI's shape with
-the right status: 404 unknown model, 400 bad input, 429 rejection.
+the right status: 404 unknown model or path, 400 bad input (wrong types, a
+prompt too long for the context), 413 body too large, 429 early rejection
+(SLO), 503 no live engine; a busy HTTP port ends the conductor with one line.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import json
 import os
 import random
 import signal
+import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -30,7 +35,9 @@ from kvstore.engines.model import LlamaModel
 from kvstore.client.models import model_config
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
+from kvstore.conductor.openai_schema import MAX_BODY_BYTES
 from kvstore.tools.launcher import ClusterSpec, LocalCluster
+from kvstore.tools.processes import ProcessGroup, service_args
 
 BLOCK_TOKENS = 16
 TOK = ByteTokenizer(model_config("tiny").vocab_size)
@@ -74,6 +81,23 @@ def _get(url: str) -> tuple[int, dict]:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
+
+
+def _post(url: str, body: bytes, method: str = "POST") -> tuple[int, dict, dict]:
+    """(status, JSON body, headers) of a raw request."""
+    req = urllib.request.Request(url, data=body, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read()), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read()), dict(e.headers)
+
+
+def _is_openai_error(body: dict) -> bool:
+    err = body.get("error")
+    return isinstance(err, dict) and {"message", "type", "param", "code"} <= set(err) and \
+        isinstance(err["message"], str) and err["message"]
 
 
 def _stream(client, **kwargs) -> tuple[list[int], str, list]:
@@ -170,14 +194,90 @@ def test_bad_requests(client):
     assert e.value.code == "no_chat_template"
 
 
-def test_rejection_is_429_with_reason(cluster, client):
+def test_prompt_longer_than_the_context_is_400(client):
+    limit = model_config("tiny").max_position_embeddings
+    for prompt in ([1] * (limit + 1), "a" * (limit + 904)):       # token ids, text (bytes)
+        with pytest.raises(openai.BadRequestError, match=f"too long.*context is {limit} tokens") as e:
+            client.completions.create(model="tiny", prompt=prompt, max_tokens=1)
+        assert e.value.code == "context_length_exceeded" and e.value.param == "prompt"
+    with pytest.raises(openai.BadRequestError, match=f"context is {limit} tokens") as e:
+        _stream(client, model="tiny", prompt=[1] * (limit - 4), max_tokens=8)
+    assert e.value.code == "context_length_exceeded" and e.value.param == "max_tokens"
+
+
+@pytest.mark.parametrize("field, value", [
+    ("temperature", "hot"), ("temperature", 2.5), ("temperature", -0.1), ("temperature", True),
+    ("top_p", 1.5), ("presence_penalty", -3), ("seed", "7"), ("user", 5),
+    ("max_tokens", "4"), ("max_tokens", -1), ("stop", 5), ("stop", {"a": "b"}),
+    ("stop", [1]), ("stream", "yes"),
+])
+def test_wrong_types_are_400_naming_the_field(cluster, field, value):
+    for route, base in (("completions", {"model": "tiny", "prompt": "hi", "max_tokens": 1}),
+                        ("chat/completions", {"model": "tiny", "messages": [
+                            {"role": "user", "content": "hi"}], "max_tokens": 1})):
+        status, body, _ = _post(f"http://{cluster.http}/v1/{route}",
+                                json.dumps({**base, field: value}).encode())
+        assert status == 400 and _is_openai_error(body), (route, field, value, body)
+        assert body["error"]["param"] == field and f"'{field}'" in body["error"]["message"]
+        assert body["error"]["type"] == "invalid_request_error"
+
+
+def test_aiohttp_errors_are_openai_json(cluster):
+    url = f"http://{cluster.http}"
+    status, body, _ = _post(f"{url}/v1/completions", b'{"model": "tiny", "prompt": "'
+                            + b"a" * (MAX_BODY_BYTES + 1024) + b'"}')
+    assert status == 413 and _is_openai_error(body), body
+    assert str(MAX_BODY_BYTES) in body["error"]["message"]
+    status, body, _ = _post(f"{url}/v1/nothing-here", b"{}")
+    assert status == 404 and _is_openai_error(body), body
+    status, body, headers = _post(f"{url}/v1/completions", None, method="GET")
+    assert status == 405 and _is_openai_error(body) and headers["Allow"] == "POST", body
+    r = urllib.request.urlopen(f"{url}/health", timeout=10)      # the front still serves
+    assert r.status == 200
+
+
+def test_early_rejection_is_429(cluster, tmp_path):
+    """A conductor whose TTFT SLO no request can meet refuses at arrival: 429 with
+    Retry-After, the reason in the message (the only 429 the front answers)."""
+    routes = [a for pair in ((f"--{r}", f"{r}0={cluster.process(f'{r}0').address}")
+                             for r in ("prefill", "decode")) for a in pair]
+    with ProcessGroup(log_dir=str(tmp_path)) as group:
+        slo = group.start("slo-conductor", service_args(
+            "conductor", "--master", cluster.master, "--block-tokens", str(BLOCK_TOKENS),
+            *routes, "--http-port", "0", "--ttft-slo-ms", "0.001"), timeout_s=120)
+        status, body, headers = _post(f"http://{slo.info['http_address']}/v1/completions",
+                                      json.dumps({"model": "tiny", "prompt": [1, 2, 3],
+                                                  "max_tokens": 2}).encode())
+    assert status == 429 and _is_openai_error(body), body
+    assert "TTFT" in body["error"]["message"] and headers.get("Retry-After") == "1"
+
+
+def test_a_busy_http_port_is_one_line_and_status_2(cluster):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        for service, args in (
+                ("conductor", ["--master", cluster.master, "--prefill", "127.0.0.1:9",
+                               "--decode", "127.0.0.1:9", "--http-port", str(port)]),
+                ("http", ["--conductor", cluster.conductor, "--port", str(port)])):
+            r = subprocess.run([sys.executable, *service_args(service, *args)],
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 2, (service, r.returncode, r.stderr)
+            assert r.stderr.strip().splitlines() == [
+                f"kvstore {service}: error: HTTP front: cannot listen on 127.0.0.1:{port}: "
+                f"address already in use"], r.stderr
+
+
+def test_no_live_prefill_is_503(cluster, client):
     """Last in the module: it kills the only prefill engine."""
     os.kill(cluster.process("prefill0").proc.pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
     while _get(f"http://{cluster.http}/health")[0] != 503:
         assert time.monotonic() < deadline, "dead prefill engine still in /health after 10 s"
         time.sleep(0.1)
-    with pytest.raises(openai.RateLimitError, match="no live prefill instance"):
-        client.completions.create(model="tiny", prompt="hi", max_tokens=2)
-    with pytest.raises(openai.RateLimitError, match="no live prefill instance"):
-        _stream(client, model="tiny", prompt="hi", max_tokens=2)
+    for call in (client.completions.create, lambda **kw: _stream(client, **kw)):
+        with pytest.raises(openai.InternalServerError, match="no live prefill instance") as e:
+            call(model="tiny", prompt="hi", max_tokens=2)
+        assert e.value.status_code == 503 and e.value.code == "unavailable"
+        assert e.value.type == "service_unavailable"

@@ -254,4 +254,5 @@ async def test_no_live_prefill_rejects_with_reason(cluster):
         await _until(both_dead, DETECT_LIMIT_S, "prefill0 leaving the candidates")
         o = await _run_one(stub, "rejected", [5, 6, 7])
     assert o.last.rejected and "no live prefill instance" in o.last.error
+    assert o.last.error_code == "UNAVAILABLE"      # no engine, not load: the front's 503
     assert o.ended - o.started < 2.0

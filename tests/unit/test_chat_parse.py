@@ -41,9 +41,16 @@ def test_default_max_tokens_fits_the_context(tok):
     n = len(tok.chat_prompt(USER))
     assert parse_chat(_body(), "toy", tok, max_model_len=4096).max_tokens == DEFAULT_MAX_TOKENS
     assert parse_chat(_body(), "toy", tok, max_model_len=n + 3).max_tokens == 3
-    with pytest.raises(HttpError, match="context") as e:
+    with pytest.raises(HttpError, match=f"too long: {n} tokens; the model's context is {n} "
+                                        "tokens") as e:
         parse_chat(_body(), "toy", tok, max_model_len=n)
-    assert e.value.status == 400
+    assert (e.value.status, e.value.param, e.value.code) == \
+        (400, "messages", "context_length_exceeded")
+    for name in ("max_tokens", "max_completion_tokens"):      # given: refused, not cut
+        with pytest.raises(HttpError, match="at most 3") as e:
+            parse_chat(_body(**{name: 4}), "toy", tok, max_model_len=n + 3)
+        assert (e.value.status, e.value.param, e.value.code) == \
+            (400, name, "context_length_exceeded")
 
 
 @pytest.mark.parametrize("body, status, match", [
@@ -70,6 +77,10 @@ def test_default_max_tokens_fits_the_context(tok):
     (_body(max_completion_tokens=1.5), 400, "max_completion_tokens"),
     (_body(max_tokens=2, max_completion_tokens=2), 400, "not both"),
     (_body(stream="yes"), 400, "'stream'"),
+    (_body(temperature="hot"), 400, "'temperature' must be a number in"),
+    (_body(top_p=-0.5), 400, "'top_p'"),
+    (_body(seed="1"), 400, "'seed'"),
+    (_body(stop=7), 400, "'stop' must be a string"),
     (_body(messages=[{"role": "user", "content": "\ud800"}]), 400, "valid Unicode"),
     ([1, 2], 400, "JSON object"),
 ])
