@@ -422,9 +422,13 @@ def start_metrics(cfg: MetricsConfig, service_host: str, metrics: ProcessMetrics
     if cfg.port is None:
         return None, ""
     host = cfg.host or service_host
-    server = MetricsServer(metrics, health, host, cfg.port,
-                           tokens=security.tokens if security is not None else None,
-                           tls=security.tls if security is not None else None).start()
+    try:
+        server = MetricsServer(metrics, health, host, cfg.port,
+                               tokens=security.tokens if security is not None else None,
+                               tls=security.tls if security is not None else None).start()
+    except OSError as exc:
+        raise OSError(f"metrics port: cannot listen on {host}:{cfg.port}: "
+                      f"{(exc.strerror or str(exc)).lower()}") from None
     shown = advertise if host in ("0.0.0.0", "::", "") and advertise else host
     if ":" in shown and not shown.startswith("["):
         shown = f"[{shown}]"            # an IPv6 address

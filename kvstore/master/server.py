@@ -184,7 +184,13 @@ async def serve(cfg: MasterConfig) -> None:
                                                report_port=cfg.report_port)
     host = advertised_host(cfg.host, cfg.advertise_host)
     address = f"{host}:{bound}"
-    mserver, maddress = start_metrics(cfg.metrics, cfg.host, metrics, health, cfg.security, host)
+    try:
+        mserver, maddress = start_metrics(cfg.metrics, cfg.host, metrics, health, cfg.security,
+                                          host)
+    except OSError:
+        server.report_port.close()    # stopped on this loop: no grpc teardown noise at exit
+        await server.stop(None)
+        raise
     server.servicer.metrics_address = maddress
     if election is not None:
         election.address = address
