@@ -7,9 +7,10 @@
     KVSTORE_TOKEN=... kvctl --master HOST:PORT evict KEY     (a cluster started with --auth)
 
 Every command takes ``--json``: machine-readable JSON on stdout, sizes as raw
-bytes. Tables show sizes human-readable. A failure prints one line on stderr
-(``kvctl: error: NotFound: ...``) and exits non-zero: 2 for NotFound, 1 for
-anything else; never a traceback.
+bytes. Tables show sizes human-readable; on a terminal they fit its width,
+piped or redirected each row is one line however wide. A failure prints one
+line on stderr (``kvctl: error: NotFound: ...``) and exits non-zero: 2 for
+NotFound, 1 for anything else; never a traceback.
 
 kvctl only reads through SDK calls that leave access statistics alone
 (``stat``, ``list``, ``inspect``): inspecting a key does not make it look hot
@@ -99,7 +100,8 @@ def _token(settings: Settings) -> str | None:
 
 
 def _table(**kwargs) -> Table:
-    """A table for 80-column terminals: no rules, underlined headers, no outer padding."""
+    """A table for 80-column terminals: no rules, underlined headers, no outer padding
+    (piped, the console is wide enough that rows never wrap: see :func:`_console`)."""
     return Table(box=None, pad_edge=False, header_style="bold underline", **kwargs)
 
 
@@ -107,8 +109,20 @@ def _emit_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
+#: Columns of a console that is not a terminal (a pipe, a file): wide enough that no
+#: table row wraps (a key is up to 512 B), so a script reads one row per line.
+_PIPE_COLUMNS = 1 << 16
+
+
 def _console() -> Console:
-    return Console(highlight=False, soft_wrap=False)
+    """stdout as rich sees it. A terminal keeps its own width. Anything else, where
+    rich would wrap at 80 columns (or $COLUMNS), gets ``_PIPE_COLUMNS`` for the
+    tables' rows and soft wrap for the rest: titles, captions and notes longer than
+    their table stay one line (not centred)."""
+    console = Console(highlight=False, soft_wrap=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, soft_wrap=True, width=_PIPE_COLUMNS)
+    return console
 
 
 def _fmt_ms(ms: int) -> str:

@@ -29,17 +29,30 @@ from kvstore.sizes import parse_size
 
 def _port(text: str) -> int:
     """A TCP port number, 0 (pick a free one) to 65535."""
-    port = int(text)
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0-65535)") from None
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"{text} is not a port (0-65535)")
     return port
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """A parser whose usage errors are one line on stderr and status 2, as the
+    checks after parsing are (argparse prints the whole usage first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def _parser(name: str, description: str, client: bool = True,
-            observed: bool = True) -> argparse.ArgumentParser:
+            observed: bool = True, one_line: bool = False) -> argparse.ArgumentParser:
     """A service's parser with the options every service shares: logging, its own
-    listener's security and, for services that are clients too, their credentials."""
-    p = argparse.ArgumentParser(prog=f"kvstore {name}", description=description)
+    listener's security and, for services that are clients too, their credentials.
+    ``one_line``: usage errors are one line (no usage text before them)."""
+    cls = _OneLineParser if one_line else argparse.ArgumentParser
+    p = cls(prog=f"kvstore {name}", description=description)
     p.add_argument("--log-level", default="INFO")
     g = p.add_argument_group("security (see README: Running it across hosts)")
     g.add_argument("--auth", default="", metavar="FILE",
@@ -468,30 +481,38 @@ def resp_main(argv: list[str]) -> None:
     from kvstore.auth import TokenFile
     from kvstore.binding import check_binding
     from kvstore.client import KVClient
-    from kvstore.tools.resp.protocol import Limits
-    from kvstore.tools.resp.server import FrontConfig, serve
+    from kvstore.tools.resp.protocol import MAX_BULK_BYTES, MIN_BULK_BYTES, Limits
+    from kvstore.tools.resp.server import (DEFAULT_MAX_CLIENTS, MAX_CLIENTS, FrontConfig,
+                                           serve)
 
-    d = Limits()
     p = _parser("resp", "Redis protocol (RESP2/RESP3) front of the store: redis-cli, "
                         "redis-py, redis-benchmark and LMCache's redis:// connector.",
-                observed=False)
+                observed=False, one_line=True)
     p.add_argument("--master", required=True, help="master address host:port (or a|b)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
     p.add_argument("--port", type=_port, default=0, help="0 picks a free port")
-    p.add_argument("--max-clients", type=int, default=1000,
-                   help="connections open at once; more are answered an error and closed")
-    p.add_argument("--max-bulk", default=f"{d.max_bulk_bytes}B",
-                   help="longest value or argument a client may send (default 512MiB)")
-    p.add_argument("--replica-num", type=int, default=1, help="replicas per SET")
+    p.add_argument("--max-clients", type=int, default=DEFAULT_MAX_CLIENTS,
+                   help=f"connections open at once, 1 to {MAX_CLIENTS} (default "
+                        f"{DEFAULT_MAX_CLIENTS}); more are answered an error and closed")
+    bulk_range = f"{MIN_BULK_BYTES >> 10}KiB to {MAX_BULK_BYTES >> 20}MiB"
+    p.add_argument("--max-bulk", default=f"{MAX_BULK_BYTES >> 20}MiB",
+                   help=f"longest value or argument a client may send, {bulk_range} "
+                        "(default 512MiB: Redis' proto-max-bulk-len and largest string)")
+    p.add_argument("--replica-num", type=int, default=1, help="replicas per SET, 1 to 8")
     a = p.parse_args(argv)
     setup_logging(a.log_level)
     _check_common(a)
-    _require(a.max_clients >= 1, "--max-clients must be >= 1")
-    _require(1 <= a.replica_num <= 8, "--replica-num must be in [1, 8]")
+    _require(1 <= a.max_clients <= MAX_CLIENTS,
+             f"--max-clients must be 1 to {MAX_CLIENTS}, got {a.max_clients}")
+    _require(1 <= a.replica_num <= 8, f"--replica-num must be 1 to 8, got {a.replica_num}")
     _require(not (a.tls_cert or a.tls_key or a.tls_ca),
              "the RESP front serves plaintext only (TLS: put a TLS proxy in front)")
-    max_bulk = parse_size(a.max_bulk)
-    _require(max_bulk >= 1, "--max-bulk must be at least 1 B")
+    try:
+        max_bulk = parse_size(a.max_bulk)
+    except ValueError as exc:
+        raise ValueError(f"--max-bulk: {exc}") from None
+    _require(MIN_BULK_BYTES <= max_bulk <= MAX_BULK_BYTES,
+             f"--max-bulk must be {bulk_range} (Redis' largest string), got {a.max_bulk}")
     if a.auth:
         TokenFile(a.auth)                  # a bad file: one line, exit 2
     check_binding("resp", a.host, bool(a.auth), insecure=a.insecure)   # warns with --insecure

@@ -27,14 +27,50 @@ CASES = [
     (["kvstore.tools.services", "node", "--master", "127.0.0.1:1", "--dram", "99999999GiB",
       "--check-config"], "shared memory has"),
 ]
+# The RESP front: every numeric option bounded, argparse's own errors one line too.
+_RESP = ["kvstore.tools.services", "resp", "--master", "127.0.0.1:1", "--check-config"]
+CASES += [
+    (_RESP + ["--max-bulk", "0"], "--max-bulk must be 1KiB to 512MiB"),
+    (_RESP + ["--max-bulk", "1023"], "--max-bulk must be 1KiB to 512MiB"),
+    (_RESP + ["--max-bulk", "513MiB"], "--max-bulk must be 1KiB to 512MiB"),
+    (_RESP + ["--max-bulk", "1000TiB"], "got 1000TiB"),
+    (_RESP + ["--max-bulk", "-1"], "--max-bulk: not a byte size"),
+    (_RESP + ["--max-clients", "0"], "--max-clients must be 1 to 65536"),
+    (_RESP + ["--max-clients", "10000000"], "--max-clients must be 1 to 65536"),
+    (_RESP + ["--max-clients", "many"], "--max-clients: invalid int value"),
+    (_RESP + ["--port", "99999"], "99999 is not a port"),
+    (_RESP + ["--port", "-1"], "-1 is not a port"),
+    (_RESP + ["--port", "http"], "'http' is not a port"),
+    (_RESP + ["--replica-num", "0"], "--replica-num must be 1 to 8"),
+    (_RESP + ["--no-such-option"], "unrecognized arguments"),
+    (["kvstore.tools.cli", "resp", "--master", "127.0.0.1:1", "--max-bulk", "1000TiB"],
+     "kvstore resp: error: --max-bulk must be 1KiB to 512MiB"),
+    (["kvstore.tools.cli", "resp", "--master", "127.0.0.1:1", "--max-bulk", "-5GiB"],
+     "--max-bulk: expected one argument"),
+]
 
 
-@pytest.mark.parametrize("argv,says", CASES, ids=[" ".join(c[0][1:3]) for c in CASES])
+def _case_id(argv: list[str]) -> str:
+    if argv[1] == "resp":              # what varies: the entry point and the option
+        rest = [a for a in argv[2:] if a not in _RESP]
+        return " ".join([argv[0].rsplit(".", 1)[1], "resp", *rest])
+    return " ".join(argv[1:3])
+
+
+@pytest.mark.parametrize("argv,says", CASES, ids=[_case_id(c[0]) for c in CASES])
 def test_bad_input_is_one_line_and_status_2(argv, says):
     r = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, (r.returncode, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0] and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("option,value", [("--max-bulk", "1KiB"), ("--max-bulk", "512MiB"),
+                                          ("--max-clients", "65536"), ("--port", "65535")])
+def test_resp_bounds_are_inclusive(option, value):
+    r = subprocess.run([sys.executable, "-m", *_RESP, option, value], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and "configuration ok" in r.stdout, r.stderr
 
 
 def test_an_address_out_of_range_is_refused_not_wrapped():

@@ -181,3 +181,59 @@ def test_stats_counts_each_node_once_across_shards(tmp_path):
         assert "128.0 MiB" in dram and "256.0 MiB" not in dram
     finally:
         c.stop()
+
+
+def test_piped_tables_never_wrap_a_row(master, kv, key_prefix):
+    """stdout a pipe (a script, ``| cat``, a file): each row is one line, whole, however
+    long its cells; rich would otherwise fold them at 80 columns (or $COLUMNS)."""
+    key = key_prefix + "layer-31/" + "block-0123456789abcdef" * 8     # 200+ characters
+    kv.put(key, b"v" * 3000)
+    env = {"COLUMNS": "40"}                                # a narrow setting does not apply
+    ls = _run("--master", master, "ls", key_prefix, env=env)
+    assert ls.returncode == 0, ls.stderr
+    (row,) = [line for line in ls.stdout.splitlines() if key in line]
+    assert "2.9 KiB" in row and ":DRAM" in row             # the row's other cells too
+
+    nodes = _run("--master", master, "nodes", env=env)
+    assert nodes.returncode == 0, nodes.stderr
+    for node in ("n0", "n1"):
+        rows = [line.split() for line in nodes.stdout.splitlines() if line.startswith(node)]
+        assert len(rows) == 2, nodes.stdout                # the node table and the tier table
+        assert rows[0][1].startswith("127.0.0.1:") and rows[0][-2:] == ["s", "ago"], rows
+        assert rows[1][1] == "DRAM" and len(rows[1]) == 13, rows    # 4 sizes, 3 counts
+
+    stats = _run("--master", master, "stats", env=env)
+    assert stats.returncode == 0, stats.stderr
+    (shard,) = [line.split() for line in stats.stdout.splitlines() if master in line]
+    assert shard[:2] == ["0", master] and "2/2" in shard, stats.stdout
+
+
+def test_tables_keep_the_terminal_width(master):
+    """On a terminal, rich sizes the tables to it, as before."""
+    import fcntl
+    import pty
+    import re
+    import struct
+    import termios
+
+    parent, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 60, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    proc = subprocess.Popen([sys.executable, "-m", "kvstore.tools.kvctl", "--master", master,
+                             "nodes"], stdout=child, stderr=subprocess.PIPE, env=env)
+    os.close(child)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(parent, 65536)
+        except OSError:                                    # EIO: the child closed its end
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(parent)
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    proc.stderr.close()
+    lines = re.sub(rb"\x1b\[[0-9;]*m", b"", out).decode().splitlines()
+    assert any("n0" in line for line in lines)
+    assert max(len(line.rstrip()) for line in lines) <= 60, lines

@@ -337,6 +337,31 @@ def test_a_client_that_reads_no_replies_holds_a_bounded_part_of_the_front(fronts
     assert r.ping()                                  # the front serves on
 
 
+def test_a_front_out_of_descriptors_waits_and_serves_on(cluster, tmp_path):
+    """More clients than the fd limit allows (--max-clients above ``ulimit -n``): the
+    front backs off accepting, the others wait in the listen queue, and it serves
+    again once connections close (it used to exit on EMFILE)."""
+    with ProcessGroup(str(tmp_path)) as procs:
+        front = procs.start("resp-fds", service_args("resp", "--master", cluster.master),
+                            prefix=["sh", "-c", 'ulimit -n 64 && exec "$@"', "sh"])
+        socks = []
+        try:
+            for _ in range(100):
+                s = socket.create_connection(("127.0.0.1", front.info["port"]), timeout=10)
+                s.sendall(b"PING\r\n")
+                socks.append(s)
+            assert socks[0].recv(100) == b"+PONG\r\n"
+            assert front.proc.poll() is None
+        finally:
+            for s in socks:
+                s.close()
+        with socket.create_connection(("127.0.0.1", front.info["port"]), timeout=10) as s:
+            s.sendall(b"PING\r\n")
+            assert s.recv(100) == b"+PONG\r\n"
+        assert front.proc.poll() is None
+        procs.check()
+
+
 def test_front_refuses_a_public_bind_without_auth(cluster):
     args = service_args("resp", "--master", cluster.master, "--host", "0.0.0.0", "--check-config")
     out = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=60)

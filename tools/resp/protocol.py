@@ -35,13 +35,20 @@ from typing import Callable
 CRLF = b"\r\n"
 
 
+#: What ``--max-bulk`` may be: from room for any key (512 B) and a token, to Redis'
+#: proto-max-bulk-len default, which is also its largest string value. The store
+#: has no bound of its own (a node keeps what fits under a tier's high watermark).
+MIN_BULK_BYTES = 1024
+MAX_BULK_BYTES = 512 * 1024 * 1024
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """Bounds on what one request may declare."""
 
     max_inline_bytes: int = 64 * 1024          # an inline command, or a *<n> / $<len> line
     max_args: int = 1024 * 1024                # arguments of one multibulk command
-    max_bulk_bytes: int = 512 * 1024 * 1024    # one argument (a value)
+    max_bulk_bytes: int = MAX_BULK_BYTES       # one argument (a value)
     direct_bytes: int = 64 * 1024              # longer bulks are read into their own buffer
 
 

@@ -24,6 +24,7 @@ one (INFO's statistics; a lost increment is harmless).
 
 from __future__ import annotations
 
+import errno
 import logging
 import queue
 import socket
@@ -46,7 +47,12 @@ _FLUSH_BYTES = 256 * 1024
 _MAX_RUN = 32
 _MAX_RUN_BYTES = 16 << 20
 _IOV_MAX = 512                  # buffers per sendmsg (Linux allows 1024)
+_ACCEPT_BACKOFF_S = (0.01, 1.0)  # first and longest wait after a failed accept
 VERSION = "0.1.0"
+#: ``--max-clients``: its default, and the most it may be (a worker thread and its
+#: descriptors per connection).
+DEFAULT_MAX_CLIENTS = 1000
+MAX_CLIENTS = 65536
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +63,7 @@ class FrontConfig:
     host: str = "127.0.0.1"
     port: int = 0                       # 0: a free port
     auth: str = ""                      # --auth token file; "": every connection is admin
-    max_clients: int = 1000             # more connections are answered -ERR and closed
+    max_clients: int = DEFAULT_MAX_CLIENTS   # more connections are answered -ERR and closed
     limits: Limits = field(default_factory=Limits)
 
 
@@ -124,15 +130,27 @@ class RespFront:
     def serve_forever(self) -> None:
         """Accept connections until :meth:`stop`; each goes to a worker thread."""
         self._sock.settimeout(0.5)
+        backoff_s = _ACCEPT_BACKOFF_S[0]
         while not self._stop.is_set():
             try:
                 conn, peer = self._sock.accept()
             except socket.timeout:
                 continue
-            except OSError:
-                if self._stop.is_set():
+            except OSError as exc:
+                if self._stop.is_set() or exc.errno in (errno.EBADF, errno.EINVAL):
                     break
-                raise
+                # Out of fds (EMFILE, ENFILE: --max-clients above what the fd limit
+                # allows) or memory: the client waits in the listen queue; back off,
+                # say so once, and accept again when connections have closed.
+                if backoff_s == _ACCEPT_BACKOFF_S[0]:
+                    log.error("RESP front cannot accept connections: %s; retrying (raise "
+                              "the fd limit, ulimit -n, or lower --max-clients)", exc)
+                time.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, _ACCEPT_BACKOFF_S[1])
+                continue
+            if backoff_s != _ACCEPT_BACKOFF_S[0]:
+                log.info("RESP front accepts connections again")
+                backoff_s = _ACCEPT_BACKOFF_S[0]
             self.stats.accepted += 1
             if self.stats.connections >= self.max_clients:
                 self.stats.rejected += 1
