@@ -377,13 +377,16 @@ class AsyncKVClient:
             except KVStoreError as err:
                 if grant is None:
                     return err                    # the shard's own answer (no live node, ...)
+                # Every node failed the value. Unreachable (as KVClient): ask the shard
+                # again, with a fresh grant, until its view changes or failover_wait_s
+                # passed; any other answer (NoSpace, ...) stands.
                 if not failed or not isinstance(err, Unavailable) or \
+                        not isinstance(result, Unavailable) or \
                         time.monotonic() > unavailable_until:
                     return result if failed else err
-                # Every node failed the value (as KVClient): ask the shard again, with a
-                # fresh grant, until its view changes or failover_wait_s passed.
                 failed.clear()
-                self._grants.pop(shard, None)
+                if self._grants.get(shard) is grant:     # not a newer one another put fetched
+                    del self._grants[shard]
                 await asyncio.sleep(0.1)
                 continue
             if len(targets) == 1:                 # no task for a single target

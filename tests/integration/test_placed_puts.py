@@ -244,3 +244,33 @@ def test_with_every_node_dead_puts_fail_within_the_node_ttl(tmp_path):
                 assert time.monotonic() - t0 < 2.0
             with pytest.raises(NotFound, match="dead node"):
                 kv.get("before")
+
+
+def test_a_full_store_answers_no_space_at_once_to_both_clients(tmp_path):
+    # NoSpace from the only node is an answer, not an outage: no wait for a new grant.
+    import asyncio
+
+    from kvstore.client.aio import AsyncKVClient
+    from kvstore.errors import NoSpace
+
+    async def aio_puts(master):
+        async with AsyncKVClient(master) as akv:
+            return await asyncio.gather(*(akv.put(f"full-aio-{i}", b"q" * (1 << 20))
+                                          for i in range(5)), return_exceptions=True)
+
+    with start_store_cluster(masters=1, nodes=1, dram="16MiB", eviction_policy="none",
+                             log_dir=str(tmp_path / "logs")) as c:
+        with KVClient(c.master, prefer_shm=False) as kv:
+            for i in range(40):
+                try:
+                    kv.put(f"fill-{i}", b"f" * (1 << 20))
+                except NoSpace:
+                    break
+            else:
+                pytest.fail("a 16 MiB node took 40 MiB")
+            t0 = time.monotonic()
+            with pytest.raises(NoSpace):
+                kv.put("full-sync", b"q" * (1 << 20))
+            got = asyncio.run(aio_puts(c.master))
+            assert all(isinstance(g, NoSpace) for g in got), got
+            assert time.monotonic() - t0 < 3.0
