@@ -307,6 +307,34 @@ def test_malformed_input_keeps_the_front_serving(port, prefix):
     r.close()
 
 
+
+def test_complete_commands_are_answered_while_the_next_one_arrives(port, prefix):
+    """A reply never waits behind a command that is still arriving (a large SET in
+    flight after a GET): the front answers what is complete before it blocks."""
+    key = (prefix + "inflight").encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"PING\r\nPI")
+        assert s.recv(100) == b"+PONG\r\n"
+        s.sendall(b"NG\r\n")
+        assert s.recv(100) == b"+PONG\r\n"
+        s.sendall(b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(key), key)
+                  + b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$100\r\nabc" % (len(key), key))
+        assert s.recv(100) == b"$-1\r\n"
+        s.sendall(b"x" * 97 + b"\r\n")
+        assert s.recv(100) == b"+OK\r\n"
+
+
+def test_max_bulk_bounds_inline_arguments_too(cluster, tmp_path):
+    with ProcessGroup(str(tmp_path)) as procs:
+        front = procs.start("resp-small", service_args("resp", "--master", cluster.master,
+                                                       "--max-bulk", "1KiB"))
+        with socket.create_connection(("127.0.0.1", front.info["port"]), timeout=10) as s:
+            s.sendall(b"SET inline-big " + b"x" * 2000 + b"\r\n")
+            assert _read_all(s) == b"-ERR Protocol error: invalid bulk length\r\n"
+        with socket.create_connection(("127.0.0.1", front.info["port"]), timeout=10) as s:
+            s.sendall(b"PING " + b"y" * 1000 + b"\r\n")
+            assert s.recv(2000).startswith(b"$1000\r\nyyy")
+
 def _rss_mib(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) // 1024 for line in f if line.startswith("VmRSS"))

@@ -148,3 +148,17 @@ def test_glob_patterns_of_scan_and_keys():
     assert glob_prefix("user:1*") == "user:1" and glob_prefix("*x") == ""
     with pytest.raises(RespError, match="invalid pattern"):
         glob_regex("[z-a]")            # an error reply, never an internal error
+
+
+def test_complete_buffered_sees_a_whole_next_command_without_consuming_it():
+    whole = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$3\r\nabc\r\n"
+    for data, want in ((b"PING\r\n", True), (b"PIN", False), (whole, True),
+                       (whole[:-1], False), (whole[:10], False), (b"*x\r\n", True),
+                       (b"*2\r\n:1\r\n", True)):          # malformed: reading raises at once
+        r = reader_of(data, chunk=len(data))
+        r._fill()
+        assert r.complete_buffered() is want, data
+    r = reader_of(whole + b"PING\r\n", chunk=1000)
+    r._fill()
+    assert r.read_command() == [b"SET", b"k", b"abc"] and r.complete_buffered()
+    assert r.read_command() == [b"PING"] and not r.complete_buffered()

@@ -86,11 +86,14 @@ class CommandReader:
         recv_into: the stream (``socket.recv_into``); blocks until some bytes arrive.
         limits: the bounds.
         buffer_bytes: size of the receive buffer (at least ``limits.max_inline_bytes``).
+        before_recv: called before each receive (the server answers what is complete
+            there, so no reply waits behind a command that is still arriving).
     """
 
     def __init__(self, recv_into: RecvInto, limits: Limits = Limits(),
-                 buffer_bytes: int = 64 * 1024):
+                 buffer_bytes: int = 64 * 1024, before_recv: Callable[[], None] | None = None):
         self._recv_into = recv_into
+        self._before_recv = before_recv
         self.limits = limits
         self._buf = bytearray(max(buffer_bytes, limits.max_inline_bytes + 2,
                                   limits.direct_bytes + 2))
@@ -101,6 +104,31 @@ class CommandReader:
         """Whether received bytes wait to be parsed (more pipelined commands)."""
         return self._end > self._start
 
+    def complete_buffered(self) -> bool:
+        """Whether a whole next command waits in the buffer (nothing is consumed; a
+        malformed one counts as whole: reading it raises at once)."""
+        buf, i, end = self._buf, self._start, self._end
+        if i >= end:
+            return False
+        at = buf.find(b"\n", i, end)
+        if buf[i] != 0x2A or at < 0:               # inline: one line; or no line yet
+            return at >= 0
+        n = _peek_number(buf[i + 1:at])
+        if n is None or n > self.limits.max_args:
+            return True
+        i = at + 1
+        for _ in range(n):
+            at = buf.find(b"\n", i, end)
+            if at < 0:
+                return False
+            size = _peek_number(buf[i + 1:at]) if buf[i] == 0x24 else None
+            if size is None or size < 0:
+                return True
+            i = at + 1 + size + 2
+            if i > end:
+                return False
+        return True
+
     def _fill(self) -> None:
         """Receive more bytes after what is buffered. Raises: EOFError at end of stream."""
         if self._start == self._end:
@@ -109,6 +137,8 @@ class CommandReader:
             n = self._end - self._start            # compact: at most one line is kept
             self._buf[:n] = self._buf[self._start:self._end]
             self._start, self._end = 0, n
+        if self._before_recv is not None:
+            self._before_recv()
         got = self._recv_into(memoryview(self._buf)[self._end:])
         if not got:
             raise EOFError
@@ -144,6 +174,8 @@ class CommandReader:
             if self._buf[self._start] == 0x2A:                     # '*'
                 return self._multibulk()
             args = split_inline(self._line())
+            if any(len(a) > self.limits.max_bulk_bytes for a in args):
+                raise ProtocolError("invalid bulk length")    # as a $<len> over the limit
             if args:                       # an empty line is skipped, as Redis does
                 return args
 
@@ -204,6 +236,14 @@ def _number(text: bytes, what: str) -> int:
 
 
 _ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "b": "\b", "a": "\a", '"': '"', "\\": "\\"}
+
+
+def _peek_number(text) -> int | None:
+    """A length line's number (``text`` without its '*' or '$'), None if it is none."""
+    try:
+        return int(bytes(text).rstrip(b"\r"))
+    except ValueError:
+        return None
 
 
 def split_inline(line: bytes) -> list[bytes]:

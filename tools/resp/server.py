@@ -192,9 +192,23 @@ class RespFront:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         session = Session(next(self._ids), f"{peer[0]}:{peer[1]}",
                           Role.ADMIN if self.tokens is None else None, buffers=ReplyBuffers())
-        reader = CommandReader(conn.recv_into, self.limits)
         out: list = []
         pending = 0
+
+        def flush() -> None:
+            nonlocal pending
+            send_all(conn, out)
+            out.clear()
+            session.buffers.recycle()     # the values in them are sent
+            pending = 0
+
+        def before_recv() -> None:
+            # The next command is not all here: answer the complete ones before it
+            # now, unless more bytes already wait (a pipeline keeps its one send).
+            if out and not _readable(conn):
+                flush()
+
+        reader = CommandReader(conn.recv_into, self.limits, before_recv=before_recv)
         try:
             while not session.closing:
                 before = len(out)
@@ -203,7 +217,7 @@ class RespFront:
                     if args is None:
                         break
                     kind = batchable(args)
-                    if kind is not None and (reader.buffered() or _readable(conn)):
+                    if kind is not None and (reader.complete_buffered() or _readable(conn)):
                         args = self._run(conn, session, reader, args, kind, out)
                 except ProtocolError as err:      # after the replies of a run before it
                     out.append(RespError(f"Protocol error: {err}").line())
@@ -213,10 +227,7 @@ class RespFront:
                 pending += sum(len(b) if not isinstance(b, memoryview) else b.nbytes
                                for b in out[before:])
                 if pending >= _FLUSH_BYTES or not reader.buffered():
-                    send_all(conn, out)
-                    out.clear()
-                    session.buffers.recycle()     # the values in them are sent
-                    pending = 0
+                    flush()
             send_all(conn, out)
         except EOFError:                    # the stream ended inside a command: answer the
             try:                            # complete ones before it, as Redis does
@@ -248,7 +259,9 @@ class RespFront:
         run, nxt, failure = [first], None, None
         get_bytes = session.get_bytes_hint
         held = len(first[-1]) if kind == "SET" else get_bytes
-        while (reader.buffered() or _readable(conn)) and len(run) < _MAX_RUN and \
+        # Only a command that is all here (or bytes still arriving) joins the run: the
+        # run's replies must not wait for a command the client has not finished.
+        while (reader.complete_buffered() or _readable(conn)) and len(run) < _MAX_RUN and \
                 held < _MAX_RUN_BYTES:
             try:
                 args = reader.read_command()
