@@ -314,9 +314,6 @@ class Session:
             obj, present = self.node.begin_write(key, object_id, size, checksum,
                                                  self.parent, self.replica_num)
         except KVStoreError:
-            if size > self.node.max_object_bytes():
-                self.closing = True   # never an object here: answered, its bytes not waited for
-                raise
             with self._timed(f"a refused PUT of {size} B"):
                 self.reader.discard(size)
             raise
