@@ -75,9 +75,7 @@ class _Tries:
 
     failed: dict[int, frozenset] = field(default_factory=dict)
     map_refreshed: bool = False
-    #: The grants were dropped for this round: a placement error now is the shard's
-    #: own answer (e.g. no live node), not a stale grant's, and it is final.
-    regranted_all: bool = False
+    #: Indices the shard itself refused to place ("no live store node"): final.
     refused: set[int] = field(default_factory=set)
 
 
@@ -223,7 +221,6 @@ class PutProtocol:
                         failed.pop(i, None)
                     for shard in {self._control.shard_for_key(keys[i]).addresses for i in retry}:
                         self._placements.invalidate(shard)
-                    tries.regranted_all = True
                     time.sleep(0.1)
                 if any(i not in failed for i in retry):   # waiting for another writer
                     time.sleep(backoff)
@@ -239,7 +236,6 @@ class PutProtocol:
         an index that ran out of nodes, or of rounds, keeps its error.
         """
         failed = tries.failed
-        regranted, tries.regranted_all = tries.regranted_all, False
         retry: list[int] = []
         wrong: list[int] = []
         by_node: dict[NodeId, list[tuple[int, NodeAddress]]] = defaultdict(list)
@@ -259,7 +255,7 @@ class PutProtocol:
             except KVStoreError as err:
                 if i not in failed:          # else: no node left; the last round's error stays
                     results[i] = err
-                    if regranted or err.message.startswith(NO_LIVE_NODE):
+                    if err.message.startswith(NO_LIVE_NODE):
                         tries.refused.add(i)
                 continue
             for t in targets:

@@ -134,6 +134,8 @@ INDEX_INCOMPLETE = "index incomplete"
 #: How an Unavailable begins that a leading master answers when no store node is
 #: alive to place a value on: an answer, not an outage of the master, so the SDK
 #: raises it at once (a node that died is out of the grants after the node ttl).
+#: For one more node ttl after the last node's heartbeats stopped the master
+#: answers a plain, retried Unavailable instead: that node may only have been late.
 NO_LIVE_NODE = "no live store node"
 
 

@@ -37,7 +37,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
-from kvstore.errors import (NO_LIVE_NODE, AlreadyPresent, KeyConflict, KVStoreError, NotFound,
+from kvstore.errors import (AlreadyPresent, KeyConflict, KVStoreError, NotFound,
                             PutInProgress, TooLarge, Unavailable, WrongShard)
 from kvstore.keys import key_slot, validate_key
 from kvstore.master.counters import MasterCounter as C
@@ -189,7 +189,7 @@ class ObjectIndex:
         """
         alive = self.membership.alive_nodes()
         if not alive:
-            raise Unavailable(NO_LIVE_NODE)
+            raise self.membership.no_live_node(now_ms)
         # All quarantined: better a suspect node than no put.
         alive = self.membership.healthy_nodes(now_ms) or alive
         fits = [n for n in alive if n.max_object_bytes >= size_bytes]
@@ -274,7 +274,7 @@ class ObjectIndex:
             self._check_key(key)
         alive = self.membership.alive_nodes()
         if not alive:
-            raise Unavailable(NO_LIVE_NODE)
+            raise self.membership.no_live_node(now_ms)
         nodes = self.membership.healthy_nodes(now_ms) or alive
         nodes = sorted(nodes, key=lambda n: (-n.free_bytes, n.node_id))
         n = max(1, min(num_ids, MAX_IDS_PER_GRANT))

@@ -17,7 +17,7 @@ import ipaddress
 import logging
 from dataclasses import dataclass, field
 
-from kvstore.errors import InvalidArgument, PermissionDenied
+from kvstore.errors import NO_LIVE_NODE, InvalidArgument, PermissionDenied, Unavailable
 from kvstore.types import CopyOrder, DropOrder, NodeAddress, NodeId, ObjectId, ObjectKey, TierStats
 
 log = logging.getLogger(__name__)
@@ -135,6 +135,7 @@ class Membership:
         self.failures_to_quarantine = 5      # reported transfer failures ...
         self.failure_window_ms = 10_000      # ... within this window ...
         self.quarantine_ms = 30_000          # ... keep new puts off the node this long
+        self.lost_ms = 0                     # when heartbeats last stopped (expire), 0: never
 
     def register(self, reg: NodeRegistration, now_ms: int) -> tuple[NodeInfo, bool]:
         """Add or re-add a node. Returns (info, was_known).
@@ -269,7 +270,26 @@ class Membership:
                 dead.append(info.node_id)
                 log.warning("node %s missed heartbeats for %d ms: dead", info.node_id,
                             now_ms - info.last_heartbeat_ms)
+        if dead:
+            self.lost_ms = now_ms
         return dead
+
+    def touch(self, node_id: NodeId, now_ms: int) -> None:
+        """A live node was heard from (it reported events): as alive as a heartbeat
+        would make it. A node busy storing values may send its reports on time
+        while its heartbeat thread waits for a core; it is not dead."""
+        info = self.nodes.get(node_id)
+        if info is not None and info.alive and now_ms > info.last_heartbeat_ms:
+            info.last_heartbeat_ms = now_ms
+
+    def no_live_node(self, now_ms: int) -> Unavailable:
+        """The error for a placement that finds no live node: final (:data:`NO_LIVE_NODE`;
+        the SDKs raise it at once), except within ``node_ttl_ms`` of the last node's
+        heartbeats stopping. A node that was only late (a starved process, a brief
+        partition) may be back any moment: until then, an Unavailable the SDKs retry."""
+        if self.lost_ms and now_ms - self.lost_ms < self.node_ttl_ms:
+            return Unavailable("every store node missed its heartbeats just now; retry")
+        return Unavailable(NO_LIVE_NODE)
 
     def forget(self, now_ms: int) -> list[NodeId]:
         """Remove nodes dead for longer than ``forget_ms`` (their heartbeats stopped

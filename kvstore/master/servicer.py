@@ -241,6 +241,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         self.membership.check_identity(self.membership.nodes[node_id], request.incarnation, owner)
         events = [wire.node_event(e) for e in request.events]   # all or none: bad input first
         now = now_ms()
+        self.membership.touch(node_id, now)
         return pb.ReportEventsResponse(known=True, statuses=[
             _status(self.index.node_event(node_id, e, now)) for e in events])
 

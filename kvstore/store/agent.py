@@ -373,10 +373,13 @@ class NodeAgent:
                 # thread takes what no writer waits for, a moment later.
                 self._stop.wait(self.coalesce_s)
             try:
-                self.deliver()
+                # The beat first: a delivery may wait (up to the RPC timeout) for a
+                # writer's report to this shard, and a beat late by the node ttl
+                # gets a busy node declared dead.
                 if time.monotonic() >= next_beat:
                     self.beat()
                     next_beat = time.monotonic() + self.interval_s
+                self.deliver()
                 outage.ended()
             except grpc.RpcError as exc:
                 outage.failed(exc.code())

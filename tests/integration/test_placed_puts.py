@@ -213,7 +213,8 @@ def test_puts_cost_no_master_call_once_granted(three):
 
 def test_with_every_node_dead_puts_fail_within_the_node_ttl(tmp_path):
     # The sync and the asyncio client: a put whose only node died keeps asking the
-    # shard until it stops granting that node (its ttl), then fails Unavailable; the
+    # shard until it stops granting that node (its ttl) and one ttl more (a node only
+    # late may come back), then fails Unavailable; the
     # next put fails at once, as "no live store node" is the shard's answer, not an
     # outage to wait out (it took failover_wait_s, 15 s, before). The lost key's
     # NotFound says why.

@@ -308,6 +308,34 @@ def test_dead_node_hides_its_replicas(index):
     assert index.exists(["k"]) == [True]
 
 
+def test_no_live_node_is_final_only_a_node_ttl_after_the_last_node_was_lost(index):
+    # A node whose heartbeats were late (a starved process) may be back any moment:
+    # within a ttl of the last loss the shard's answer is one the SDKs retry.
+    m = index.membership
+    dead_at = T0 + TTL_MS + 1
+    assert sorted(m.expire(dead_at)) == ["n0", "n1"]
+    for now in (dead_at, dead_at + TTL_MS - 1):
+        with pytest.raises(Unavailable, match="missed its heartbeats just now"):
+            index.grant(1, 8, now)
+        err = start(index, "k", now_ms=now)
+        assert isinstance(err, Unavailable) and "missed its heartbeats" in err.message
+    with pytest.raises(Unavailable, match="^no live store node"):
+        index.grant(1, 8, dead_at + TTL_MS)
+    err = start(index, "k", now_ms=dead_at + TTL_MS)
+    assert isinstance(err, Unavailable) and err.message.startswith("no live store node")
+    heartbeat(m, "n0", dead_at + TTL_MS + 5)          # back: places again
+    assert isinstance(start(index, "k", now_ms=dead_at + TTL_MS + 6), PutPlan)
+
+
+def test_a_report_keeps_a_node_alive_as_a_heartbeat_does(index):
+    m = index.membership
+    m.touch("n0", T0 + TTL_MS - 10)            # its events arrived; its beat is late
+    assert m.expire(T0 + TTL_MS + 1) == ["n1"]
+    m.touch("n1", T0 + TTL_MS + 2)             # a dead node is revived only by a heartbeat
+    assert not m.is_alive("n1")
+    m.touch("unknown", T0)                     # no error for a node the shard forgot
+
+
 def test_replica_on_a_dead_node_is_hidden_but_others_serve(index):
     r = put(index, "k", replica_num=2)
     assert len(r.targets) == 2
