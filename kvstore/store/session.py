@@ -35,6 +35,7 @@ import ssl
 import struct
 import threading
 import time
+from collections.abc import Sequence
 
 import xxhash
 
@@ -180,7 +181,8 @@ class Session:
             if self.writing:
                 # Reservations held (SHM_ALLOC without its SHM_COMMIT yet): the
                 # next frame must come within write_timeout_s.
-                with self._timed(f"{len(self.writing)} shm reservation(s) not committed"):
+                with self._timed(f"{len(self.writing)} shm reservation(s) not committed",
+                                 list(self.writing.values())):
                     header = self.reader.read(REQUEST.size)
             else:
                 header = self._idle_read()
@@ -325,7 +327,7 @@ class Session:
         hasher = xxhash.xxh3_64() if size >= _HASH_WHILE_RECEIVING_BYTES else None
         try:
             if size:
-                with self._timed(f"a PUT of {size} B"):
+                with self._timed(f"a PUT of {size} B", (obj,)):
                     self.reader.read_into(self.node.write_view(obj), hasher)
         except BaseException:
             self.node.abort_write(obj)
@@ -358,15 +360,19 @@ class Session:
             self._timeout_on = on
 
     @contextlib.contextmanager
-    def _timed(self, what: str):
+    def _timed(self, what: str, holding: Sequence[StoredObject] = ()):
         """Blocking reads inside wait at most write_timeout_s for each byte; a stall
-        ends the connection (Unavailable) and is counted. The timeout stays on
-        after the block until the session is about to flush or wait idle."""
+        ends the connection (Unavailable) and is counted once the space of the
+        unfinished writes ``holding`` is given back (a reader of the counter sees
+        the space free). The timeout stays on after the block until the session
+        is about to flush or wait idle."""
         self._timeout(True)
         try:
             yield
         except Unavailable as exc:
             if isinstance(exc.__cause__, (TimeoutError, BlockingIOError)):
+                for obj in holding:
+                    self.node.abort_write(obj)
                 self._stalled(what)
             raise
 
