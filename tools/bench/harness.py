@@ -219,13 +219,27 @@ def llc_bytes() -> int:
     return best or 32 * MiB
 
 
+#: The default rotation pool is at most this big: a VM may report its host's whole
+#: last-level cache (480 MiB here, of which 2 cores see a sliver), and a dozen pools
+#: of twice that (each side, each worker, each size of the socket peer) ran a
+#: 24 GiB machine out of memory. Cold memcpy measured 7.2 GB/s over 256 MiB
+#: pools there, 11.7 over 64 MiB ones.
+MAX_DEFAULT_POOL_BYTES = 256 * MiB
+
+
+def default_pool_bytes() -> int:
+    """Twice the last-level cache, at least 64 MiB, at most :data:`MAX_DEFAULT_POOL_BYTES`."""
+    return max(64 * MiB, min(2 * llc_bytes(), MAX_DEFAULT_POOL_BYTES))
+
+
 class Pool:
     """``num_slots`` equal value slots (numpy uint8 views) in one buffer of >= ``pool_bytes``."""
 
     def __init__(self, size_bytes: int, pool_bytes: int, min_slots: int = 2, seed: int = 0):
         self.num_slots = max(min_slots, math.ceil(pool_bytes / max(size_bytes, 1)))
-        self.buf = np.frombuffer(bytearray(np.random.default_rng(seed).bytes(
-            self.num_slots * size_bytes)), dtype=np.uint8)
+        # One allocation (bytes, then a bytearray copy, held twice the pool at its peak).
+        self.buf = np.random.default_rng(seed).integers(0, 256, self.num_slots * size_bytes,
+                                                        dtype=np.uint8)
         self.slots = [self.buf[i * size_bytes:(i + 1) * size_bytes] for i in range(self.num_slots)]
         self.views = [memoryview(s) for s in self.slots]
 
@@ -252,7 +266,7 @@ class BenchConfig:
     clients: int = 4                   # concurrent client processes
     concurrent_shm: bool = False       # concurrent clients use shm instead of TCP
     exists_keys: int = 1000            # keys per batch_exists call
-    pool_bytes: int = 0                # rotation pool per side; 0 = 2x LLC, >= 64 MiB
+    pool_bytes: int = 0                # rotation pool per side; 0: default_pool_bytes()
     max_put_bytes: int = 512 * MiB     # cap per put measurement (node memory)
     node_dram: str = "3GiB"
     use_redis: bool = True
@@ -340,7 +354,7 @@ def run_systems(systems: Sequence[StartSystem], sizes: str | list[int], *,
     sizes_bytes = [parse_size(s) for s in sizes.split(",")] if isinstance(sizes, str) else sizes
     cfg = BenchConfig(sizes_bytes=tuple(sizes_bytes), **options)
     if not cfg.pool_bytes:
-        cfg = replace(cfg, pool_bytes=max(64 * MiB, 2 * llc_bytes()))
+        cfg = replace(cfg, pool_bytes=default_pool_bytes())
     cfg.note(f"kvstore gets verify checksums: {verify_label(cfg.verify)}")
     rows: list[Row] = []
     peers: list[Peer] = []

@@ -75,6 +75,7 @@ def _client_worker(master: str, prefer_shm: bool, verify: bool | None, pool_byte
         pipe.send("ready")
         while (cmd := pipe.recv()) is not None:
             op, size, prefix, num_keys, w, duration_s, warmup_s, max_iters = cmd
+            pool = step = None            # the last command's pool goes before the next one
             try:
                 pool = Pool(size, pool_bytes, seed=10 + w)
                 if op == Op.GET:
