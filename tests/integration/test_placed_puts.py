@@ -4,6 +4,7 @@
                                         bytes) or already-present (equal bytes); every
                                         reader gets the winner's bytes
     a writer killed mid-value           nothing visible, the node's space back
+    a node paused past its ttl          puts from new clients wait for it, then land
     puts racing a node kill -9          every visible key reads back whole; every
                                         acknowledged put is readable
     no master call per put              after the first, puts cost no master RPC
@@ -245,6 +246,39 @@ def test_with_every_node_dead_puts_fail_within_the_node_ttl(tmp_path):
                 assert time.monotonic() - t0 < 2.0
             with pytest.raises(NotFound, match="dead node"):
                 kv.get("before")
+
+
+def test_puts_wait_out_a_node_that_was_only_late(tmp_path):
+    # A node stopped (SIGSTOP: a starved or paused process) past its ttl is dead to
+    # the shard; for one more ttl the shard's "no live node" is an answer the SDKs
+    # retry, so puts from new clients meanwhile land once it resumes (CI saw a bench
+    # put fail "no live store node" on a loaded machine).
+    import asyncio
+
+    from kvstore.client.aio import AsyncKVClient
+
+    async def aio_put(master, key, value):
+        async with AsyncKVClient(master) as akv:
+            return await akv.put(key, value)
+
+    def alive(kv) -> bool:
+        return any(n.alive for st in kv.stat() for n in st.nodes)
+
+    with start_store_cluster(masters=1, nodes=1, dram="16MiB", node_ttl_ms=2000,
+                             log_dir=str(tmp_path / "logs")) as c:
+        pid = c.nodes["n0"].proc.pid
+        with KVClient(c.master, prefer_shm=False) as kv:
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                wait_for(lambda: not alive(kv), timeout_s=10)
+                threading.Timer(0.5, os.kill, (pid, signal.SIGCONT)).start()
+                with KVClient(c.master, prefer_shm=False) as fresh:
+                    assert fresh.put("late-sync", b"s" * 1000) is True
+                assert asyncio.run(aio_put(c.master, "late-aio", b"a" * 1000)) is True
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert kv.get("late-sync") == b"s" * 1000
+            assert kv.get("late-aio") == b"a" * 1000
 
 
 def test_a_full_store_answers_no_space_at_once_to_both_clients(tmp_path):
