@@ -2,7 +2,10 @@
 
 Every service process prints one line ``READY {json}`` on stdout once it
 listens (the JSON carries at least its address), then logs to stderr; a
-launcher (:mod:`kvstore.tools.processes`) waits for that line.
+launcher (:mod:`kvstore.tools.processes`) waits for that line. A process it
+launched stops (as on SIGTERM) when the launcher is gone: a launcher killed
+(SIGKILL, the OOM killer) otherwise left its cluster running, gigabytes of
+segments included.
 """
 
 from __future__ import annotations
@@ -10,10 +13,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
+import threading
+import time
 
 READY_PREFIX = "READY "
+#: Set by the launcher in its children's environment: stop when it is gone.
+EXIT_WITH_LAUNCHER_ENV = "KVSTORE_EXIT_WITH_LAUNCHER"
+_PARENT_PID = os.getppid()            # at import, before the launcher could have gone
 
 
 def setup_logging(level: str = "INFO") -> None:
@@ -34,3 +43,19 @@ async def wait_for_stop_signal() -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+
+
+def exit_with_launcher(check_s: float = 1.0) -> None:
+    """When the environment says so (:data:`EXIT_WITH_LAUNCHER_ENV`), send this process
+    SIGTERM once its parent process is gone (it is re-parented), checked every ``check_s``."""
+    if os.environ.get(EXIT_WITH_LAUNCHER_ENV) != "1":
+        return
+
+    def watch() -> None:
+        while os.getppid() == _PARENT_PID:
+            time.sleep(check_s)
+        logging.getLogger(__name__).warning("the launcher (pid %d) is gone: stopping",
+                                            _PARENT_PID)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()

@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from kvstore.process import READY_PREFIX
+from kvstore.process import EXIT_WITH_LAUNCHER_ENV, READY_PREFIX
 
 #: The module every service process runs (``python -m kvstore.tools.services NAME ...``).
 SERVICES_MODULE = "kvstore.tools.services"
@@ -134,7 +134,8 @@ class ProcessGroup:
         if self.log_dir:
             os.makedirs(self.log_dir, exist_ok=True)
             stderr = open(os.path.join(self.log_dir, f"{name}.log"), "ab")
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", EXIT_WITH_LAUNCHER_ENV: "1",
+                    **(env or {})}
         proc = subprocess.Popen([*(prefix or ()), sys.executable, *args],
                                 stdout=subprocess.PIPE, stderr=stderr,
                                 stdin=subprocess.DEVNULL, env=full_env, start_new_session=True)

@@ -23,7 +23,7 @@ import os
 import sys
 from typing import Callable
 
-from kvstore.process import setup_logging
+from kvstore.process import exit_with_launcher, setup_logging
 from kvstore.sizes import parse_size
 
 
@@ -568,6 +568,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in SERVICES:
         sys.exit(f"usage: python -m kvstore.tools.services {{{','.join(SERVICES)}}} [options]")
+    exit_with_launcher()
     sys.exit(run(argv[0], argv[1:]))
 
 if __name__ == "__main__":

@@ -69,3 +69,34 @@ def test_a_child_that_exits_before_ready_is_reported_as_exited(tmp_path):
     with pytest.raises(ChildFailed, match="exited with 3"):
         procs.start("quitter", ["-c", "raise SystemExit(3)"], timeout_s=30)
     procs.stop()
+
+
+def test_a_cluster_stops_when_its_launcher_is_killed(tmp_path):
+    # A launcher killed with SIGKILL (the OOM killer took kvstore bench so) used to
+    # leave its master and node running, the node's segment with them.
+    import time
+
+    script = ("import os\n"
+              "from kvstore.tools.launcher import start_store_cluster\n"
+              f"c = start_store_cluster(1, 1, dram='16MiB', log_dir={str(tmp_path)!r})\n"
+              "print(' '.join(str(ch.proc.pid) for ch in c.procs.children), flush=True)\n"
+              "os.kill(os.getpid(), 9)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120).stdout
+    pids = [int(p) for p in out.split()]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 15
+    while any(_alive(p) for p in pids):
+        assert time.monotonic() < deadline, "the cluster outlived its launcher"
+        time.sleep(0.1)
+    logs = "".join(p.read_text() for p in tmp_path.glob("*.log"))
+    assert logs.count("is gone: stopping") == 2
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie, whose reaper is init now, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
