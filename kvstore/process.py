@@ -46,16 +46,21 @@ async def wait_for_stop_signal() -> None:
 
 
 def exit_with_launcher(check_s: float = 1.0) -> None:
-    """When the environment says so (:data:`EXIT_WITH_LAUNCHER_ENV`), send this process
-    SIGTERM once its parent process is gone (it is re-parented), checked every ``check_s``."""
-    if os.environ.get(EXIT_WITH_LAUNCHER_ENV) != "1":
-        return
+    """When the environment says so (:data:`EXIT_WITH_LAUNCHER_ENV`), stop this process
+    once its launcher is gone (:func:`watch_parent` of the parent it started under)."""
+    if os.environ.get(EXIT_WITH_LAUNCHER_ENV) == "1":
+        watch_parent(_PARENT_PID, check_s)
+
+
+def watch_parent(parent_pid: int, check_s: float = 1.0) -> None:
+    """Send this process SIGTERM once ``parent_pid`` is no longer its parent (it died
+    and this process was re-parented), checked every ``check_s`` on a daemon thread."""
 
     def watch() -> None:
-        while os.getppid() == _PARENT_PID:
+        while os.getppid() == parent_pid:
             time.sleep(check_s)
         logging.getLogger(__name__).warning("the launcher (pid %d) is gone: stopping",
-                                            _PARENT_PID)
+                                            parent_pid)
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()

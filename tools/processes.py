@@ -31,6 +31,30 @@ def service_args(service: str, *args: str) -> list[str]:
     return ["-m", SERVICES_MODULE, service, *args]
 
 
+def _load_prctl():
+    """libc's prctl, loaded here in the parent (a forked child must not load a library)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl() if sys.platform.startswith("linux") else None
+_PR_SET_PDEATHSIG = 1
+
+
+def stop_with_launcher() -> None:
+    """A ``preexec_fn`` for a program that is no service of ours (redis-server,
+    mooncake_master): the kernel sends it SIGTERM when the thread that started it
+    ends (start it from the main thread). Our services watch their parent themselves
+    (:func:`kvstore.process.exit_with_launcher`)."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def terminate(proc: subprocess.Popen, timeout_s: float = 5.0) -> None:
     """SIGTERM ``proc`` if it runs, wait up to ``timeout_s``, then SIGKILL it."""
     if proc.poll() is None:

@@ -31,9 +31,10 @@ import shutil
 import subprocess
 import time
 
+from kvstore.process import watch_parent
 from kvstore.tools.bench.harness import (BenchConfig, DataPath, MiB, Op, Peer, Pool, Row, System,
                                          stop_workers, timed, timed_row)
-from kvstore.tools.processes import free_port, terminate
+from kvstore.tools.processes import free_port, stop_with_launcher, terminate
 
 HOST = "127.0.0.1"
 #: Local buffer of each Mooncake client (staging for get / put of Python buffers).
@@ -55,7 +56,9 @@ def master_binary() -> str | None:
 
 
 def _quiet(log_path: str) -> None:
-    """Send this process's stderr (Mooncake's glog lines) to ``log_path``."""
+    """Send this process's stderr (Mooncake's glog lines) to ``log_path``; stop with the
+    bench (Mooncake's threads kept a holder and its segment alive after the bench died)."""
+    watch_parent(os.getppid())
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 2)
     os.close(fd)
@@ -155,7 +158,7 @@ class MooncakePeer(Peer):
              f"--metrics_port={metrics_port}", f"--metrics_host={HOST}",
              "--enable_metric_reporting=false"],
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True)
+            start_new_session=True, preexec_fn=stop_with_launcher)
         try:
             self._wait_port(rpc_port)
             # Every size's working set and capped puts fit, so the master never evicts (90 %).

@@ -19,7 +19,7 @@ import time
 from kvstore.sizes import format_size
 from kvstore.tools.bench.harness import (BenchConfig, DataPath, MiB, Op, Peer, Pool, Row, System,
                                          timed_row)
-from kvstore.tools.processes import free_port, terminate
+from kvstore.tools.processes import free_port, stop_with_launcher, terminate
 
 
 class RedisPeer(Peer):
@@ -34,7 +34,7 @@ class RedisPeer(Peer):
             [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--protected-mode", "no", "--daemonize", "no"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-            start_new_session=True)
+            start_new_session=True, preexec_fn=stop_with_launcher)
         self.client = redis.Redis(host="127.0.0.1", port=self.port)
         deadline = time.monotonic() + 10
         while True:

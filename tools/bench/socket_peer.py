@@ -14,10 +14,12 @@ it is sent or received; puts end with an 8-byte acknowledgement.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import socket
 import struct
 from typing import Callable
 
+from kvstore.process import watch_parent
 from kvstore.sizes import format_size
 from kvstore.tools.bench.harness import (BenchConfig, DataPath, MiB, Op, Peer, Pool, Row, System,
                                          timed_row)
@@ -30,6 +32,7 @@ _SOCK_GET, _SOCK_PUT = 1, 2
 
 def serve(pipe, pool_bytes: int) -> None:
     """Serve raw values on loopback: no framing beyond the request, rotating cold slots."""
+    watch_parent(os.getppid())              # a bench killed mid-run: do not wait in accept
     srv = socket.create_server(("127.0.0.1", 0))
     pipe.send(srv.getsockname()[1])
     pools: dict[int, Pool] = {}
