@@ -35,7 +35,7 @@ import ssl
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable
 
 import xxhash
 
@@ -182,7 +182,7 @@ class Session:
                 # Reservations held (SHM_ALLOC without its SHM_COMMIT yet): the
                 # next frame must come within write_timeout_s.
                 with self._timed(f"{len(self.writing)} shm reservation(s) not committed",
-                                 list(self.writing.values())):
+                                 self.writing.values()):
                     header = self.reader.read(REQUEST.size)
             else:
                 header = self._idle_read()
@@ -360,7 +360,7 @@ class Session:
             self._timeout_on = on
 
     @contextlib.contextmanager
-    def _timed(self, what: str, holding: Sequence[StoredObject] = ()):
+    def _timed(self, what: str, holding: Iterable[StoredObject] = ()):
         """Blocking reads inside wait at most write_timeout_s for each byte; a stall
         ends the connection (Unavailable) and is counted once the space of the
         unfinished writes ``holding`` is given back (a reader of the counter sees
