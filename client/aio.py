@@ -153,6 +153,7 @@ class AsyncKVClient:
 
     async def lookup(self, keys: Sequence[str]) -> list[ObjectMeta | KVStoreError]:
         """Per key its metadata (replicas, size, checksum) or the error (NotFound)."""
+        keys = key_list(keys, validate=False)   # one str is no batch
         for k in keys:
             validate_key(k)
 
@@ -199,7 +200,7 @@ class AsyncKVClient:
 
     # ---- reads ----
     async def get(self, key: str) -> bytearray:
-        """The value of ``key`` as a new bytearray (b"" for a 0-byte value), as
+        """The value of ``key`` as a new bytearray (empty for a 0-byte value), as
         :meth:`KVClient.get`.
 
         Raises:
@@ -220,6 +221,7 @@ class AsyncKVClient:
         """Values (new bytearrays) or errors per key, in input order: through the metadata
         cache, one Lookup per shard for the misses; a cached entry whose read
         fails (removed, evicted, replaced) is looked up once more."""
+        keys = key_list(keys, validate=False)   # one str is no batch
         return await self._get_many(keys, [None] * len(keys))
 
     async def _get_many(self, keys: Sequence[str], dests: Sequence[memoryview | None]
@@ -244,6 +246,7 @@ class AsyncKVClient:
 
     async def lookup_cached(self, keys: Sequence[str]) -> list[ObjectMeta | KVStoreError]:
         """:meth:`lookup`, and what it finds goes into the metadata cache."""
+        keys = key_list(keys, validate=False)   # one str is no batch
         metas = await self.lookup(keys)
         for m in metas:
             if isinstance(m, ObjectMeta):
@@ -278,6 +281,7 @@ class AsyncKVClient:
                              ) -> list[int | KVStoreError]:
         """Read each key into its destination; per key the size in bytes or the error
         (as :meth:`batch_get`: cached entries first, one lookup for the rest)."""
+        keys = key_list(keys, validate=False)   # one str is no batch
         if len(keys) != len(dests):
             raise InvalidArgument(f"{len(keys)} keys but {len(dests)} destinations")
         views = [writable_view(d) for d in dests]

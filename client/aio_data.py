@@ -64,7 +64,7 @@ _WITH_VALUE = frozenset({Op.GET, Op.STATS, Op.AUTH_HELLO})
 
 
 class Answer(tuple):
-    """(code, object_id, size, checksum, message, value: bytearray or b"")."""
+    """(code, object_id, size, checksum, message, value: bytearray, empty without one)."""
 
     __slots__ = ()
 
@@ -248,7 +248,7 @@ class AsyncNodeConnection(asyncio.BufferedProtocol):
             at += msg_len
             self._start = at
             if not with_value:
-                self._answer((code, head[4], size, head[6], msg), b"")
+                self._answer((code, head[4], size, head[6], msg), bytearray())
                 continue
             here = min(size, self._end - at)
             into = self._pending[0][3]

@@ -171,6 +171,7 @@ class KVClient:
     # ---- get ----
     def lookup(self, keys: Sequence[str]) -> list[ObjectMeta | KVStoreError]:
         """Metadata (size, checksum, live replicas) per key, or NotFound; counts an access."""
+        keys = key_list(keys, validate=False)   # one str is no batch
         return self._reads.lookup(list(keys))
 
     def inspect(self, key: str) -> ObjectMeta:
@@ -185,7 +186,7 @@ class KVClient:
         return self._control.inspect(key)
 
     def get(self, key: str) -> bytearray:
-        """The value of ``key`` as a new bytearray (b"" for a 0-byte value).
+        """The value of ``key`` as a new bytearray (empty for a 0-byte value).
 
         Raises:
             NotFound: no such key (never an empty value instead).
@@ -198,6 +199,7 @@ class KVClient:
 
     def batch_get(self, keys: Sequence[str]) -> list[bytearray | KVStoreError]:
         """Values (new bytearrays) or errors per key, in input order."""
+        keys = key_list(keys, validate=False)   # one str is no batch
         return self._reads.get_many(keys)
 
     def get_into(self, key: str, dest: Any) -> int:
@@ -214,6 +216,7 @@ class KVClient:
 
     def batch_get_into(self, keys: Sequence[str], dests: Sequence[Any]) -> list[int | KVStoreError]:
         """Read each key into its destination; per key the size in bytes or the error."""
+        keys = key_list(keys, validate=False)   # one str is no batch
         return self._reads.get_many_into(keys, dests)
 
     def get_tensor(self, key: str, out=None, *, shape: Sequence[int] | None = None, dtype=None):
@@ -246,6 +249,7 @@ class KVClient:
     def locate(self, keys: Sequence[str]) -> list[list[tuple[str, str]] | KVStoreError]:
         """Per key its replicas as ``(node_id, tier name)`` in read order ("DRAM", "GPU",
         "SSD"), fresh from the master, or the error (NotFound)."""
+        keys = key_list(keys, validate=False)   # one str is no batch
         return [m if isinstance(m, KVStoreError) else
                 [(r.node.node_id, r.tier.name) for r in self._reads.read_order(m)]
                 for m in self.lookup(keys)]
@@ -264,6 +268,7 @@ class KVClient:
         Raises:
             InvalidArgument: ``deadline_ms`` is not positive.
         """
+        keys = key_list(keys, validate=False)   # one str is no batch
         if deadline_ms <= 0:
             raise InvalidArgument(f"deadline_ms must be > 0, got {deadline_ms}")
         return self._connections.send_ops(Op.PREFETCH, deadline_ms, self.lookup(keys),
@@ -285,6 +290,7 @@ class KVClient:
 
     def batch_pin(self, keys: Sequence[str], *, ttl_ms: int = 0) -> list[KVStoreError | None]:
         """Pin each key on every node holding it; per key None or the first error."""
+        keys = key_list(keys, validate=False)   # one str is no batch
         if ttl_ms < 0:
             raise InvalidArgument(f"ttl_ms must be >= 0, got {ttl_ms}")
         return self._connections.send_ops(Op.PIN, ttl_ms, self.lookup(keys), _replica_nodes)
@@ -301,6 +307,7 @@ class KVClient:
 
     def batch_unpin(self, keys: Sequence[str], *, soft: bool = False) -> list[KVStoreError | None]:
         """Unpin each key on every node holding it; per key None or the first error."""
+        keys = key_list(keys, validate=False)   # one str is no batch
         return self._connections.send_ops(Op.UNPIN, int(soft), self.lookup(keys), _replica_nodes)
 
     def node_stats(self) -> dict[str, dict]:
@@ -371,6 +378,7 @@ class KVClient:
         Raises:
             InvalidArgument: an unknown reason.
         """
+        keys = key_list(keys, validate=False)   # one str is no batch
         try:
             reason = RemoveReason(reason)
         except ValueError:

@@ -34,7 +34,7 @@ def test_roundtrip(master, key_prefix, size_bytes):
         async with AsyncKVClient(master) as kv:
             assert await kv.put(key, data) is True
             got = await kv.get(key)
-            assert got == data
+            assert got == data and type(got) is bytearray     # as the sync get, also empty
             (meta,) = await kv.lookup([key])
             assert (meta.size_bytes, meta.checksum) == (size_bytes, value_checksum(data))
             assert await kv.exists(key)
@@ -140,4 +140,23 @@ def test_get_into_receives_into_the_callers_memory(master, key_prefix):
                                           [bytearray(3000), bytearray(1)])
             assert got[0] == 3000 and isinstance(got[1], NotFound)
             assert isinstance(await kv.get(key_prefix + "s"), bytearray)
+    run(go())
+
+
+def test_one_str_is_no_batch_of_keys(master, key_prefix):
+    # batch_get("abc") read keys "a", "b" and "c" (NotFound each): every batch call
+    # of both clients refuses one str or bytes for its keys.
+    with KVClient(master, prefer_shm=False) as kv:
+        for call in (kv.batch_get, kv.lookup, kv.locate, kv.batch_remove, kv.batch_pin,
+                     kv.batch_unpin, lambda ks: kv.batch_get_into(ks, [bytearray(1)] * 3),
+                     lambda ks: kv.prefetch(ks, 1000)):
+            with pytest.raises(InvalidArgument, match="sequence of str"):
+                call("abc")
+
+    async def go():
+        async with AsyncKVClient(master) as akv:
+            for call in (akv.batch_get, akv.lookup, akv.lookup_cached,
+                         lambda ks: akv.batch_get_into(ks, [bytearray(1)] * 3)):
+                with pytest.raises(InvalidArgument, match="sequence of str"):
+                    await call("abc")
     run(go())
