@@ -137,6 +137,33 @@ def resolve_node_id(requested: str, tiers: list[Tier]) -> str:
     return node_id
 
 
+def _unless_stopped(fn, stop: threading.Event):
+    """``fn()`` on a thread of its own, so that a SIGTERM meanwhile (``stop``) is obeyed
+    at once: linking to unreachable masters waits up to 30 s. None when ``stop`` came
+    first (the thread is left to end with the process).
+
+    Raises:
+        whatever ``fn`` raised (Unavailable, grpc.RpcError: no master answered).
+    """
+    done, out = threading.Event(), []
+
+    def call() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:     # raised again on the main thread
+            out.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=call, name="link", daemon=True).start()
+    while not done.wait(0.1):
+        if stop.is_set():
+            return None
+    if isinstance(out[0], BaseException):
+        raise out[0]
+    return out[0]
+
+
 def run_node(cfg: NodeConfig) -> None:
     """Serve until SIGTERM / SIGINT (announces READY once registered with the masters).
 
@@ -201,8 +228,15 @@ def run_node(cfg: NodeConfig) -> None:
                                               cfg.security, host)
         address = NodeAddress(NodeId(node_id), host, server.port, dram.name, host_id(),
                               tls=tls is not None, metrics_address=maddress)
-        agent = make_agent(node, address, cfg.masters, creds=cfg.creds, lease=lease)
-        agent.register()
+        def link():
+            linked = make_agent(node, address, cfg.masters, creds=cfg.creds, lease=lease)
+            linked.register()
+            return linked
+
+        agent = _unless_stopped(link, stop)
+        if agent is None:
+            log.info("stopped before a master answered")
+            return
         agent.start()
         info = {"role": "node", "node_id": node_id, "address": f"{host}:{server.port}",
                 "shm_name": dram.name, "tiers": {t.kind.name: t.capacity_bytes for t in tiers},

@@ -80,3 +80,20 @@ def test_an_address_out_of_range_is_refused_not_wrapped():
             kv.exists("k")
     with pytest.raises(ValueError, match="not an address"):
         ShardMap.parse("127.0.0.1:1,nohost")
+
+
+def test_a_node_waiting_for_its_master_stops_on_sigterm():
+    # Linking to an unreachable master waits up to 30 s; SIGTERM (or Ctrl-C) meanwhile
+    # stopped the node only after that wait.
+    import signal
+    import time
+
+    node = subprocess.Popen([sys.executable, "-m", "kvstore.tools.services", "node",
+                             "--master", "127.0.0.1:1", "--dram", "16MiB"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    t0 = time.monotonic()
+    node.send_signal(signal.SIGTERM)
+    _, err = node.communicate(timeout=20)
+    assert time.monotonic() - t0 < 3.0
+    assert "stopped before a master answered" in err and "Traceback" not in err
