@@ -17,6 +17,10 @@ CASES = [
      "No such file or directory"),
     (["kvstore.tools.cli", "demo", "--block-tokens", "0", "--requests", "1"], "--block-tokens"),
     (["kvstore.tools.cli", "demo", "--node-dram", "banana", "--requests", "1"], "not a byte size"),
+    # kvstore up checks --dram before it starts a process (a master was left to fail alone)
+    (["kvstore.tools.cli", "up", "--dram", "abc"], "not a byte size"),
+    (["kvstore.tools.cli", "up", "--dram", "0"], "larger than 0 B"),
+    (["kvstore.tools.cli", "up", "--dram", "1000TiB"], "shared memory has"),
     (["kvstore.tools.services", "node", "--master", "127.0.0.1:99999"], "port 1-65535"),
     (["kvstore.tools.services", "node", "--master", "127.0.0.1", "--check-config"],
      "not an address"),
