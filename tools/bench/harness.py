@@ -237,7 +237,7 @@ class Pool:
 
     def __init__(self, size_bytes: int, pool_bytes: int, min_slots: int = 2, seed: int = 0):
         self.num_slots = max(min_slots, math.ceil(pool_bytes / max(size_bytes, 1)))
-        # One allocation (bytes, then a bytearray copy, held twice the pool at its peak).
+        # One allocation: a bytes object copied into a bytearray held twice the pool.
         self.buf = np.random.default_rng(seed).integers(0, 256, self.num_slots * size_bytes,
                                                         dtype=np.uint8)
         self.slots = [self.buf[i * size_bytes:(i + 1) * size_bytes] for i in range(self.num_slots)]
