@@ -153,9 +153,7 @@ class AsyncKVClient:
 
     async def lookup(self, keys: Sequence[str]) -> list[ObjectMeta | KVStoreError]:
         """Per key its metadata (replicas, size, checksum) or the error (NotFound)."""
-        keys = key_list(keys, validate=False)   # one str is no batch
-        for k in keys:
-            validate_key(k)
+        keys = key_list(keys)                   # one str is no batch; each key checked
 
         def parse(ks, resp):
             return [wire.object_meta(r.meta) if r.status.code == pb.OK else
@@ -246,7 +244,6 @@ class AsyncKVClient:
 
     async def lookup_cached(self, keys: Sequence[str]) -> list[ObjectMeta | KVStoreError]:
         """:meth:`lookup`, and what it finds goes into the metadata cache."""
-        keys = key_list(keys, validate=False)   # one str is no batch
         metas = await self.lookup(keys)
         for m in metas:
             if isinstance(m, ObjectMeta):

@@ -171,8 +171,7 @@ class KVClient:
     # ---- get ----
     def lookup(self, keys: Sequence[str]) -> list[ObjectMeta | KVStoreError]:
         """Metadata (size, checksum, live replicas) per key, or NotFound; counts an access."""
-        keys = key_list(keys, validate=False)   # one str is no batch
-        return self._reads.lookup(list(keys))
+        return self._reads.lookup(key_list(keys, validate=False))   # one str is no batch
 
     def inspect(self, key: str) -> ObjectMeta:
         """One key's metadata, fresh from its shard, without counting an access
@@ -249,7 +248,6 @@ class KVClient:
     def locate(self, keys: Sequence[str]) -> list[list[tuple[str, str]] | KVStoreError]:
         """Per key its replicas as ``(node_id, tier name)`` in read order ("DRAM", "GPU",
         "SSD"), fresh from the master, or the error (NotFound)."""
-        keys = key_list(keys, validate=False)   # one str is no batch
         return [m if isinstance(m, KVStoreError) else
                 [(r.node.node_id, r.tier.name) for r in self._reads.read_order(m)]
                 for m in self.lookup(keys)]
@@ -268,7 +266,6 @@ class KVClient:
         Raises:
             InvalidArgument: ``deadline_ms`` is not positive.
         """
-        keys = key_list(keys, validate=False)   # one str is no batch
         if deadline_ms <= 0:
             raise InvalidArgument(f"deadline_ms must be > 0, got {deadline_ms}")
         return self._connections.send_ops(Op.PREFETCH, deadline_ms, self.lookup(keys),
@@ -290,7 +287,6 @@ class KVClient:
 
     def batch_pin(self, keys: Sequence[str], *, ttl_ms: int = 0) -> list[KVStoreError | None]:
         """Pin each key on every node holding it; per key None or the first error."""
-        keys = key_list(keys, validate=False)   # one str is no batch
         if ttl_ms < 0:
             raise InvalidArgument(f"ttl_ms must be >= 0, got {ttl_ms}")
         return self._connections.send_ops(Op.PIN, ttl_ms, self.lookup(keys), _replica_nodes)
@@ -307,7 +303,6 @@ class KVClient:
 
     def batch_unpin(self, keys: Sequence[str], *, soft: bool = False) -> list[KVStoreError | None]:
         """Unpin each key on every node holding it; per key None or the first error."""
-        keys = key_list(keys, validate=False)   # one str is no batch
         return self._connections.send_ops(Op.UNPIN, int(soft), self.lookup(keys), _replica_nodes)
 
     def node_stats(self) -> dict[str, dict]:

@@ -126,27 +126,6 @@ def demo(
         raise typer.Exit(1)
 
 
-def _check_dram(dram: str, nodes: int) -> None:
-    """``kvstore up``'s --dram, as each node would check it, for all ``nodes`` at once.
-
-    Raises:
-        ValueError: not a size, 0 B, or more than the free shared memory holds.
-    """
-    from kvstore.sizes import parse_size
-    from kvstore.store.tiers.dram import shm_free_bytes
-
-    try:
-        size = parse_size(dram)
-    except ValueError as exc:
-        raise ValueError(f"--dram: {exc}") from None
-    if size <= 0:
-        raise ValueError("--dram must be larger than 0 B")
-    room = shm_free_bytes()
-    if room is not None and size * nodes > room:
-        raise ValueError(f"--dram {dram} for {nodes} node(s): shared memory has {room} B free "
-                         f"(the DRAM tiers live there)")
-
-
 @app.command()
 def up(
     masters: int = typer.Option(1, min=1, max=64, help="master shards (slots split evenly)"),
@@ -169,7 +148,9 @@ def up(
     from kvstore.tools.launcher import start_store_cluster
     from kvstore.tools.processes import ChildFailed
 
-    _check_dram(dram, nodes)            # before any process starts
+    from kvstore.tools.services import check_dram
+
+    check_dram(dram, nodes)             # before any process starts
     console = Console()
     if standbys and not etcd:
         etcd = "local"

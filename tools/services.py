@@ -315,6 +315,26 @@ def node_main(argv: list[str]) -> None:
         run_node(cfg)
 
 
+def check_dram(dram: str, nodes: int = 1) -> None:
+    """A node's --dram (``kvstore up``'s for all its ``nodes`` at once): a size above
+    0 B that the free shared memory holds.
+
+    Raises:
+        ValueError: one line (exit 2).
+    """
+    try:
+        size = parse_size(dram)
+    except ValueError as exc:
+        raise ValueError(f"--dram: {exc}") from None
+    _require(size > 0, "--dram must be larger than 0 B")
+    from kvstore.store.tiers.dram import shm_free_bytes
+    room = shm_free_bytes()
+    for_nodes = f" for {nodes} nodes" if nodes > 1 else ""
+    _require(room is None or size * nodes <= room,
+             f"--dram {dram}{for_nodes}: shared memory has {room} B free (the DRAM tier "
+             f"lives there)")
+
+
 def _check_node(a: argparse.Namespace) -> None:
     from kvstore.store.eviction import make_policy
 
@@ -323,11 +343,7 @@ def _check_node(a: argparse.Namespace) -> None:
     except (KeyError, ValueError):
         raise ValueError(f"--eviction-policy {a.eviction_policy!r}: not a policy "
                          f"(default, lru, lfu, none)") from None
-    _require(parse_size(a.dram) > 0, "--dram must be larger than 0 B")
-    from kvstore.store.tiers.dram import shm_free_bytes
-    room = shm_free_bytes()
-    _require(room is None or parse_size(a.dram) <= room,
-             f"--dram {a.dram}: shared memory has {room} B free (the DRAM tier lives there)")
+    check_dram(a.dram)
     for lo, hi, name in ((a.low_watermark, a.high_watermark, ""),
                          (a.ssd_low_watermark, a.ssd_high_watermark, "ssd-")):
         _require(0 < lo <= hi <= 1, f"--{name}low-watermark {lo} and --{name}high-watermark "
