@@ -50,6 +50,7 @@ class Health:
     def __init__(self, services: tuple[str, ...] = ()):
         self.services = ("", *services)
         self._state = State.STARTING
+        self.detail = ""           # why not SERVING, for /health (e.g. a master's warm-up)
         self._lock = threading.Lock()
         self._grpc = None          # grpc_health.v1 aio HealthServicer
         self._loop: asyncio.AbstractEventLoop | None = None

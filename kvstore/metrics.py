@@ -31,6 +31,7 @@ own (no lock, about a microsecond), and a scrape sums the tallies.
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import socket
 import threading
@@ -361,7 +362,10 @@ def _handler(metrics: ProcessMetrics, health: Health, tokens):
             self._reply(200, metrics.text(), CONTENT_TYPE_LATEST)
 
         def _state(self, ok: bool):
-            body = f'{{"status": "{health.state.value}"}}\n'.encode()
+            doc = {"status": health.state.value}
+            if health.detail:
+                doc["detail"] = health.detail       # e.g. what a warming-up index waits for
+            body = (json.dumps(doc) + "\n").encode()
             self._reply(200 if ok else 503, body, "application/json")
 
         def _reply(self, code: int, body: bytes, ctype: str = "text/plain; charset=utf-8",

@@ -135,6 +135,16 @@ class NodeStatus:
     last_heartbeat_ms: int             # unix ms
     tiers: tuple[TierStats, ...] = ()  # every tier of the node, fastest first
     counters: dict[str, int] = field(default_factory=dict)   # the node's own (evictions, ...)
+    syncing: bool = False              # registered; its inventory is still being applied
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupProgress:
+    """A node a warming-up shard waits for (kvstore/master/warmup.py)."""
+
+    node_id: NodeId
+    state: str                         # "waiting" (not registered) or "syncing"
+    items_applied: int = 0             # of its inventory, so far
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +160,7 @@ class ShardStatus:
     counters: dict[str, int] = field(default_factory=dict)   # puts, lookups, removes, ...
     metrics_address: str = ""          # the answering master's /metrics, "" if none
     warmup_left_ms: int = 0            # > 0: index incomplete (nodes re-registering)
+    warmup_nodes: tuple[WarmupProgress, ...] = ()   # ... what it waits for
 
 
 @dataclass(frozen=True, slots=True)

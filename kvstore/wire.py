@@ -24,7 +24,7 @@ from kvstore.errors import InvalidArgument, code_name
 from kvstore.shardmap import ShardMap, ShardRange
 from kvstore.types import (CopyOrder, CopyResult, DropOrder, EventKind, InventoryItem,
                            NodeAddress, NodeEvent, NodeId, NodeStatus, ObjectId, ObjectKey,
-                           ObjectMeta, Replica, ShardStatus, TierKind, TierStats)
+                           ObjectMeta, Replica, ShardStatus, TierKind, TierStats, WarmupProgress)
 
 _E = TypeVar("_E", bound=enum.IntEnum)
 _U64_MAX = 2**64 - 1
@@ -91,14 +91,16 @@ def node_status(msg: pb.NodeStat) -> NodeStatus:
     return NodeStatus(address=node_address(msg.address), alive=msg.alive,
                       capacity_bytes=msg.capacity_bytes, used_bytes=msg.used_bytes,
                       num_objects=msg.num_objects, last_heartbeat_ms=msg.last_heartbeat_ms,
-                      tiers=tuple(tier_stats(t) for t in msg.tiers), counters=Counter(msg.counters))
+                      tiers=tuple(tier_stats(t) for t in msg.tiers), counters=Counter(msg.counters),
+                      syncing=msg.syncing)
 
 
 def node_status_pb(n: NodeStatus) -> pb.NodeStat:
     return pb.NodeStat(address=node_address_pb(n.address), alive=n.alive, tier=pb.DRAM,
                        capacity_bytes=_u64(n.capacity_bytes), used_bytes=_u64(n.used_bytes),
                        num_objects=_u64(n.num_objects), last_heartbeat_ms=n.last_heartbeat_ms,
-                       tiers=[tier_stats_pb(t) for t in n.tiers], counters=n.counters)
+                       tiers=[tier_stats_pb(t) for t in n.tiers], counters=n.counters,
+                       syncing=n.syncing)
 
 
 def shard_status(msg: pb.StatResponse) -> ShardStatus:
@@ -106,7 +108,12 @@ def shard_status(msg: pb.StatResponse) -> ShardStatus:
                        nodes=tuple(node_status(n) for n in msg.nodes),
                        num_objects=msg.num_objects, total_bytes=msg.total_bytes,
                        pending_puts=msg.pending_puts, counters=Counter(msg.counters),
-                       metrics_address=msg.metrics_address, warmup_left_ms=msg.warmup_left_ms)
+                       metrics_address=msg.metrics_address, warmup_left_ms=msg.warmup_left_ms,
+                       warmup_nodes=tuple(
+                           WarmupProgress(NodeId(w.node_id),
+                                          pb.WarmupState.Name(w.state).lower()
+                                          if w.state in pb.WarmupState.values() else "unknown",
+                                          w.items_applied) for w in msg.warmup_nodes))
 
 
 def shard_status_pb(s: ShardStatus) -> pb.StatResponse:

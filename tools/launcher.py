@@ -43,6 +43,9 @@ class StoreCluster:
     ssd: str = ""                          # each node's SSD tier ("" none) ...
     ssd_dir: str = ""                      # ... under ssd_dir/<node id>
     env: dict = field(default_factory=dict)  # for every process (e.g. KVSTORE_TOKEN)
+    # Without etcd, each master keeps its shard's roster of nodes in its own folder
+    # here (--state-dir), so that a restart waits for exactly the nodes it knew.
+    state_dir: str = ""
 
     @property
     def master(self) -> str:
@@ -59,14 +62,20 @@ class StoreCluster:
         self.nodes[node_id] = child
         return child
 
+    def master_state(self, name: str) -> list[str]:
+        """The ``--state-dir`` option of master ``name`` (none with etcd)."""
+        return ["--state-dir", os.path.join(self.state_dir, name)] if self.state_dir else []
+
     def restart_master(self, shard_id: int, which: int = 0) -> Child:
-        """Start a (stopped or killed) master of a shard again on the same port."""
+        """Start a (stopped or killed) master of a shard again on the same port (and
+        state folder)."""
         old = self.shards[shard_id][which]
         base, _, n = old.name.partition("-r")
         name = f"{base}-r{int(n or 0) + 1}"          # master0-r1, master0-r2, ...
         child = self.procs.start(name, service_args(
             "master", "--shard-id", str(shard_id), "--shard-map", self.shard_map,
-            "--port", str(old.info["port"]), *self.master_args), env=self.env)
+            "--port", str(old.info["port"]), *self.master_state(base), *self.master_args),
+            env=self.env)
         self.shards[shard_id][which] = child
         return child
 
@@ -74,6 +83,8 @@ class StoreCluster:
         self.procs.stop()
         if self.etcd is not None:
             self.etcd.stop()
+        if self.state_dir:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def __enter__(self) -> "StoreCluster":
         return self
@@ -154,7 +165,7 @@ def start_store_cluster(masters: int = 1, nodes: int = 2, *, standbys: int = 0,
         raise ValueError("standbys need etcd for leader election")
     procs = procs or ProcessGroup(log_dir=log_dir)
     say = on_step or (lambda line: None)
-    etcd_server = None
+    etcd_server = cluster = None
     try:
         if etcd == "local" and os.environ.get("KVSTORE_ETCD"):
             etcd = os.environ["KVSTORE_ETCD"]
@@ -172,28 +183,30 @@ def start_store_cluster(masters: int = 1, nodes: int = 2, *, standbys: int = 0,
                        "--lease-ttl-s", str(lease_ttl_s)]
         cluster = StoreCluster(procs, shard_map, [], etcd=etcd_server, master_args=common,
                                node_args=["--eviction-policy", eviction_policy, *node_args],
-                               dram=dram, ssd=ssd, ssd_dir=ssd_dir, env=dict(env or {}))
+                               dram=dram, ssd=ssd, ssd_dir=ssd_dir, env=dict(env or {}),
+                               state_dir="" if etcd else tempfile.mkdtemp(prefix="kvstore-master-"))
         for i, addrs in enumerate(shard_addrs):
             cluster.shards.append([])
             for j, addr in enumerate(addrs):
                 name = f"master{i}" + (f"-{j}" if per > 1 else "")
-                args = ["--port", addr.rsplit(":", 1)[1], *common]
+                args = ["--port", addr.rsplit(":", 1)[1], *cluster.master_state(name), *common]
                 if masters > 1 or per > 1:
                     args += ["--shard-id", str(i), "--shard-map", shard_map]
                 cluster.shards[i].append(procs.start(name, service_args("master", *args),
                                                      env=cluster.env))
                 say(f"{name}: shard {i} at {addr}")
-        masters_ready = time.monotonic()
+        # A node is READY once its registration (and inventory) is applied, and a
+        # master with a fresh roster serves at once: no warm-up to sleep through.
         for k in range(nodes):
             child = cluster.start_node(f"{node_prefix}{k}")
             say(f"{node_prefix}{k}: node at {child.address}")
-        # A master's first node-ttl answers clients "index incomplete" (nodes may
-        # be re-registering): hand the cluster over once that is past.
-        time.sleep(max(0.0, masters_ready + node_ttl_ms / 1000 - time.monotonic()))
     except BaseException:
-        procs.stop()
-        if etcd_server is not None:
-            etcd_server.stop()
+        if cluster is not None:
+            cluster.stop()           # its processes, etcd and state folders
+        else:
+            procs.stop()
+            if etcd_server is not None:
+                etcd_server.stop()
         raise
     return cluster
 

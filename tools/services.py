@@ -229,6 +229,11 @@ def master_main(argv: list[str]) -> None:
                         "list the shard's masters as addr|addr in --shard-map")
     p.add_argument("--cluster-name", default="default", help="etcd key name space")
     p.add_argument("--lease-ttl-s", type=int, default=3, help="leader lease ttl")
+    p.add_argument("--state-dir", default="",
+                   help="keep the shard's roster of store nodes in this folder (with --etcd it "
+                        "is kept in etcd): after a restart the master serves once exactly "
+                        "those nodes are back, and a fresh cluster serves at once; without "
+                        "either it waits --node-ttl-ms after every start")
     a = p.parse_args(argv)
     setup_logging(a.log_level)
     _require(not a.etcd or a.etcd.startswith(("http://", "https://")),
@@ -246,7 +251,8 @@ def master_main(argv: list[str]) -> None:
         max_pending_puts=a.max_pending_puts,
         shard_id=a.shard_id,
         shard_map=ShardMap.parse(a.shard_map) if a.shard_map else None, etcd=a.etcd,
-        cluster_name=a.cluster_name, lease_ttl_s=a.lease_ttl_s, **_secured(a))
+        cluster_name=a.cluster_name, lease_ttl_s=a.lease_ttl_s, state_dir=a.state_dir,
+        **_secured(a))
     if a.check_config:
         _check_shard(cfg)
     if not _checked("master", a, cfg):

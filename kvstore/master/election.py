@@ -102,6 +102,19 @@ class Etcd:
         kvs = r.get("kvs", [])
         return base64.b64decode(kvs[0]["value"]).decode() if kvs else ""
 
+    def put(self, key: str, value: str) -> None:
+        self.call("/v3/kv/put", {"key": _b64(key), "value": _b64(value)})
+
+    def delete(self, key: str) -> None:
+        self.call("/v3/kv/deleterange", {"key": _b64(key)})
+
+    def get_prefix(self, prefix: str) -> dict[str, str]:
+        """Every key under ``prefix``, with its value."""
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)      # the range [prefix, end)
+        r = self.call("/v3/kv/range", {"key": _b64(prefix), "range_end": _b64(end)})
+        return {base64.b64decode(kv["key"]).decode(): base64.b64decode(kv.get("value", "")).decode()
+                for kv in r.get("kvs", [])}
+
 
 class Election:
     """Campaign for one shard's leadership and hold it while etcd renews it.

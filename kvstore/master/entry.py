@@ -26,3 +26,4 @@ class Entry:
     repair_target: NodeId | None = None   # COMPLETE: node a repair copy is going to
     repair_deadline_ms: int = 0    # ... given up after this
     checksum_at_end: bool = False  # PENDING: the checksum comes with the first STORED report
+    slot: int = -1                 # its position in the EntryTable while held

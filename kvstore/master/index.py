@@ -35,12 +35,13 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from kvstore.errors import (AlreadyPresent, KeyConflict, KVStoreError, NotFound,
                             PutInProgress, TooLarge, Unavailable, WrongShard)
 from kvstore.keys import key_slot, validate_key
 from kvstore.master.counters import MasterCounter as C
+from kvstore.master.entries import EntryTable
 from kvstore.master.entry import Entry
 from kvstore.master.grants import MAX_IDS_PER_GRANT, Grant, Grants
 from kvstore.master.inventory import sync_node_inventory
@@ -99,7 +100,8 @@ class ObjectIndex:
         self.max_pending_puts = max_pending_puts
         self.num_pending = 0           # PENDING entries (kept with every state change)
         self.complete_bytes = 0        # ... and the bytes of the COMPLETE ones (stat is O(1))
-        self.entries: dict[ObjectKey, Entry] = {}
+        self.table = EntryTable()      # the entries, by key and by position (scans)
+        self.entries: dict[ObjectKey, Entry] = self.table.entries
         self.key_order = KeyOrder()    # COMPLETE keys in order, for list
         self._next_id = 1              # object ids; above every id seen in an inventory
         self.counters: Counter[C] = Counter()
@@ -112,7 +114,8 @@ class ObjectIndex:
         # replica_num > 1 completed by its first replica, a repair failed): the
         # repair planner scans every entry only then or when membership changes.
         self.repair_hint = True
-        self.repairs_in_flight = 0     # copies in flight at the last scan
+        # Nodes forgotten whose replicas may still be listed in entries (forget_steps).
+        self.forgetting: set[NodeId] = set()
 
     def _check_key(self, key: str) -> ObjectKey:
         validate_key(key)
@@ -139,7 +142,7 @@ class ObjectIndex:
                 and bool(self._live_replicas(entry)))
 
     def _delete(self, entry: Entry, drop_on: list[NodeId]) -> None:
-        del self.entries[entry.key]
+        self.table.remove(entry)
         if entry.state is ReplicaState.COMPLETE:
             self.complete_bytes -= entry.size_bytes
         for node_id in drop_on:
@@ -158,26 +161,39 @@ class ObjectIndex:
         return [n for n in targets if self.membership.is_alive(n)]
 
     def forget_nodes(self, now_ms: int) -> list[NodeId]:
-        """Forget the nodes dead past the membership's ``forget_ms``, and their
-        replicas: an object left with no replica anywhere is deleted (a node
-        that returns re-announces what it kept). Returns the nodes forgotten."""
-        gone = set(self.membership.forget(now_ms))
-        if not gone:
-            return []
-        self.repair_hint = True
-        for entry in list(self.entries.values()):
-            if not (gone & set(entry.replicas) or gone & set(entry.targets)):
-                continue
-            entry.replicas = [n for n in entry.replicas if n not in gone]
-            entry.targets = [n for n in entry.targets if n not in gone]
-            for n in gone:
-                entry.tiers.pop(n, None)
-            if entry.repair_target in gone:
-                entry.repair_target = None
-            if entry.state is ReplicaState.COMPLETE and not entry.replicas:
-                self._delete(entry, [])
-                self.counters[C.FORGOTTEN] += 1
+        """Forget the nodes dead past the membership's ``forget_ms``; their replicas
+        go with :meth:`forget_steps` (an object left with no replica anywhere is
+        deleted; a node that returns re-announces what it kept). Returns them."""
+        gone = self.membership.forget(now_ms)
+        self.forgetting.update(gone)
         return sorted(gone)
+
+    def forget_steps(self) -> Iterator[None]:
+        """Drop the replicas of the nodes forgotten (:attr:`forgetting`), a slice of the
+        entries at a time (yields between slices). A node that registered again
+        meanwhile is left to its registration, which sweeps what it no longer holds
+        (it sweeps while the node is in :attr:`forgetting`)."""
+        if not self.forgetting:
+            return
+        self.repair_hint = True
+        forgotten = set(self.forgetting)
+        gone = set(forgotten)
+        for entries in self.table.scan():
+            gone -= self.membership.nodes.keys()
+            for entry in entries:
+                if not (gone & set(entry.replicas) or gone & set(entry.targets)):
+                    continue
+                entry.replicas = [n for n in entry.replicas if n not in gone]
+                entry.targets = [n for n in entry.targets if n not in gone]
+                for n in gone:
+                    entry.tiers.pop(n, None)
+                if entry.repair_target in gone:
+                    entry.repair_target = None
+                if entry.state is ReplicaState.COMPLETE and not entry.replicas:
+                    self._delete(entry, [])
+                    self.counters[C.FORGOTTEN] += 1
+            yield
+        self.forgetting -= forgotten
 
     def _place(self, size_bytes: int, replica_num: int, preferred: str,
                now_ms: int) -> list[NodeInfo]:
@@ -254,7 +270,7 @@ class ObjectIndex:
                       checksum_at_end=item.checksum_at_end)
         for n in nodes:
             self.membership.reserve(n.node_id, item.size_bytes)
-        self.entries[key] = entry
+        self.table.add(entry)
         self._awaiting.add(key)
         self.num_pending += 1
         self.counters[C.PUT_STARTS] += 1
@@ -358,11 +374,11 @@ class ObjectIndex:
                 raise AlreadyPresent("equal bytes are stored", key=event.key)
             raise KeyConflict(f"key holds different bytes ({entry.size_bytes} B, checksum "
                               f"{entry.checksum:#x}); objects are immutable", key=event.key)
-        self.entries[event.key] = Entry(
+        self.table.add(Entry(
             key=event.key, size_bytes=event.size_bytes, checksum=event.checksum,
             object_id=event.object_id, state=ReplicaState.COMPLETE, targets=[],
             replicas=[node_id], created_ms=now_ms, replica_num=grant.replica_num,
-            tiers={node_id: event.tier or TierKind.DRAM})
+            tiers={node_id: event.tier or TierKind.DRAM}))
         grant.decided_ids.add(event.object_id)
         self.key_order.add(event.key)
         self.complete_bytes += event.size_bytes
@@ -527,7 +543,7 @@ class ObjectIndex:
                                  capacity_bytes=info.capacity_bytes, used_bytes=info.used_bytes,
                                  num_objects=info.num_objects,
                                  last_heartbeat_ms=info.last_heartbeat_ms, tiers=info.tiers,
-                                 counters=dict(info.counters))
+                                 counters=dict(info.counters), syncing=info.syncing)
                       for info in self.membership.nodes.values())
         return ShardStatus(shard_id=self.shard_id, shard_map_version=self.shard_map.version,
                            nodes=nodes, num_objects=len(self.entries) - self.num_pending,
@@ -578,23 +594,3 @@ class ObjectIndex:
         """
         self.repair_hint = True
         return sync_node_inventory(self, node_id, items, now_ms)
-
-    # ---- re-replication (kvstore/master/repair.py plans it; the copy arrives as STORED) ----
-    def under_replicated(self, now_ms: int) -> list[tuple[Entry, list[NodeId]]]:
-        """COMPLETE entries with fewer live replicas than wanted and no repair in
-        flight, with their live replicas; a repair past its deadline is given up."""
-        out = []
-        self.repairs_in_flight = 0
-        for entry in self.entries.values():
-            if entry.state is not ReplicaState.COMPLETE:
-                continue
-            if entry.repair_target is not None:
-                if now_ms <= entry.repair_deadline_ms:
-                    self.repairs_in_flight += 1
-                    continue
-                self.counters[C.REPAIR_TIMEOUTS] += 1
-                entry.repair_target = None
-            live = self._live_replicas(entry)
-            if live and len(live) < entry.replica_num:
-                out.append((entry, live))
-        return out

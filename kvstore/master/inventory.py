@@ -1,99 +1,171 @@
 """A (re)registering node's inventory, made the truth about that node in the index.
 
-Split from :mod:`kvstore.master.index` (its one caller): the rules of what an
-inventory may and may not make visible live here, next to nothing else.
+A node sends what it holds in chunks (SyncInventory; a node may hold
+millions of objects: no one message, no one stall), and the master applies
+each chunk a slice at a time on its event loop::
 
-Thread safety: as the index (the master's event loop).
+    RegisterNode ---> node registered, SYNCING: not alive yet (its replicas are not
+                      offered to readers, no put is placed on it), its events wait
+    chunk 0..k   ---> apply(): each listed object indexed, or kept, or refused
+    last chunk   ---> sweep(): its replicas no chunk listed are forgotten (a restart
+                      loses DRAM); then it is alive and its events are delivered
+
+The rules of what an inventory may and may not make visible: listed objects
+the index does not know are indexed as COMPLETE (a restart keeps the SSD; a
+new master learns the cluster this way), wanting the largest
+``replica_num`` any holder announces (what the put asked for). Only objects
+a master confirmed are indexed so: a ``pending`` item (stored, its STORED
+event not yet applied) only keeps its place as a target, and its replayed
+event decides, so bytes written straight to a node never become visible
+through an inventory. A listed version that the index has replaced is
+ordered dropped; one it already ordered dropped (removed while the node was
+away) is not indexed again.
+
+Split from :mod:`kvstore.master.index` (its one caller): the rules live here,
+next to nothing else.
+
+Thread safety: as the index (the master's event loop); the servicer runs one
+chunk of a registration at a time and yields between slices.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from kvstore.errors import KVStoreError
 from kvstore.master.counters import MasterCounter as C
-from kvstore.types import EventKind, InventoryItem, NodeEvent, NodeId, ReplicaState
 from kvstore.master.entry import Entry
+from kvstore.types import EventKind, InventoryItem, NodeEvent, NodeId, ReplicaState
+
+#: Inventory items applied per slice of the event loop (about 2-5 ms).
+APPLY_SLICE = 512
 
 
-def sync_node_inventory(index, node_id: NodeId, items: Sequence[InventoryItem],
-                        now_ms: int) -> tuple[int, int]:
-    """Make ``index`` (a :class:`~kvstore.master.index.ObjectIndex`) agree with what a
-    (re)registering node holds.
+class InventorySync:
+    """One registration's inventory, applied as it arrives.
 
-    The node's replicas that its inventory does not list (same key and
-    object_id) are forgotten -- a restart loses DRAM -- and listed
-    objects the index does not know are indexed as COMPLETE (a restart
-    keeps the SSD; a new master learns the cluster this way), wanting the
-    largest ``replica_num`` any holder announces (what the put asked for). Only objects
-    a master confirmed are indexed so: a ``pending`` item (stored, its
-    STORED event not yet applied) only keeps its place as a target, and
-    its replayed event decides, so bytes written straight to a node never
-    become visible through an inventory. A listed
-    version that the index has replaced is ordered dropped; one it already
-    ordered dropped (removed while the node was away) is not indexed again.
-
-    Returns:
-        (entries that lost their last replica, entries indexed from the inventory).
+    Args:
+        index: the shard's :class:`~kvstore.master.index.ObjectIndex`.
+        node_id: the registering node.
+        sweep: whether the index may hold replicas of this node already (it
+            was registered before), so that the ones the inventory does not
+            list must be looked for at the end; False for a node new to the
+            index, which skips the scan of every entry.
     """
-    ordered = index.membership.ordered_drops(node_id)
-    items = [it for it in items if (it.key, it.object_id) not in ordered]
-    held = {it.key: it for it in items}
-    lost = 0
-    for entry in list(index.entries.values()):
-        it = held.get(entry.key)
-        same = it is not None and it.object_id == entry.object_id
-        if node_id in entry.targets and not same:
+
+    def __init__(self, index, node_id: NodeId, sweep: bool = True):
+        self.index = index
+        self.node_id = node_id
+        self.next_seq = 0              # the chunk expected next
+        self.items_applied = 0
+        self.indexed = 0               # entries created from the inventory
+        self.lost = 0                  # entries that lost their last replica at the sweep
+        self._ordered = index.membership.ordered_drops(node_id)
+        # Which entries the inventory listed this node's version of, by entry slot.
+        self._listed = bytearray() if sweep else None
+
+    def _mark(self, entry: Entry) -> None:
+        if self._listed is None:
+            return
+        if entry.slot >= len(self._listed):
+            self._listed.extend(bytes(entry.slot + 1 - len(self._listed) + 4096))
+        self._listed[entry.slot] = 1
+
+    def apply(self, items: Sequence[InventoryItem], now_ms: int) -> None:
+        """Apply a slice of the inventory (bounded by the caller; see APPLY_SLICE)."""
+        index, node_id = self.index, self.node_id
+        for it in items:
+            self.items_applied += 1
+            if (it.key, it.object_id) in self._ordered:
+                continue
+            try:
+                index._check_key(it.key)
+            except KVStoreError:
+                continue              # another shard's key (or garbage): not ours to index
+            entry = index.entries.get(it.key)
+            if entry is not None and entry.object_id != it.object_id:
+                self._forget(entry)   # the node holds another version than the one indexed
+                entry = index.entries.get(it.key)
+            if it.pending:
+                # Not applied by a master yet: its STORED event, replayed after
+                # the inventory, decides (a put the index never placed is refused).
+                if entry is not None and entry.object_id != it.object_id:
+                    index.membership.order_drop(node_id, it.key, it.object_id)
+                    index.counters[C.STALE_REPLICAS_DROPPED] += 1
+                elif entry is not None:
+                    self._mark(entry)     # still a target: its event comes
+                continue
+            index._next_id = max(index._next_id, it.object_id + 1)
+            if entry is None:
+                entry = Entry(key=it.key, size_bytes=it.size_bytes, checksum=it.checksum,
+                              object_id=it.object_id, state=ReplicaState.COMPLETE, targets=[],
+                              replicas=[node_id], created_ms=now_ms, tiers={node_id: it.tier},
+                              replica_num=max(1, it.replica_num))
+                index.table.add(entry)
+                index.key_order.add(it.key)
+                index.complete_bytes += it.size_bytes
+                self.indexed += 1
+            elif entry.object_id == it.object_id:
+                if entry.state is ReplicaState.PENDING or node_id in entry.targets:
+                    # Its STORED report went with the events the inventory replaces.
+                    index.node_event(node_id, NodeEvent(EventKind.STORED, it.key, it.object_id,
+                                                       it.tier, it.size_bytes, it.checksum))
+                elif node_id not in entry.replicas:
+                    entry.replicas.append(node_id)
+                # A rebuilt index learns how many replicas were wanted from what the
+                # nodes say their puts asked for, and at least as many as it finds.
+                entry.replica_num = max(entry.replica_num, len(entry.replicas), it.replica_num)
+                entry.tiers[node_id] = it.tier
+            else:
+                index.membership.order_drop(node_id, it.key, it.object_id)
+                index.counters[C.STALE_REPLICAS_DROPPED] += 1
+                continue
+            self._mark(entry)
+
+    def _forget(self, entry: Entry) -> None:
+        """This node does not hold ``entry``'s version: it is no longer a target or a
+        replica of it (an entry left with no replica is deleted)."""
+        index, node_id = self.index, self.node_id
+        if node_id in entry.targets:
             # A target that does not hold the version will never report it.
             entry.targets.remove(node_id)
             index.membership.unreserve(node_id, entry.size_bytes)
             if entry.state is ReplicaState.PENDING and not entry.targets:
                 index._delete(entry, [])
-            continue
-        if node_id in entry.replicas and not same:
+        elif node_id in entry.replicas:
             entry.replicas.remove(node_id)
             entry.tiers.pop(node_id, None)
             if entry.state is ReplicaState.COMPLETE and not entry.replicas:
                 index._delete(entry, [])
-                lost += 1
-    indexed = 0
-    for it in items:
-        try:
-            index._check_key(it.key)
-        except KVStoreError:
-            continue                  # another shard's key (or garbage): not ours to index
-        if it.pending:
-            # Not applied by a master yet: its STORED event, replayed after
-            # the inventory, decides (a put the index never placed is refused).
-            entry = index.entries.get(it.key)
-            if entry is not None and entry.object_id != it.object_id:
-                index.membership.order_drop(node_id, it.key, it.object_id)
-                index.counters[C.STALE_REPLICAS_DROPPED] += 1
-            continue
-        index._next_id = max(index._next_id, it.object_id + 1)
-        entry = index.entries.get(it.key)
-        if entry is None:
-            index.entries[it.key] = Entry(
-                key=it.key, size_bytes=it.size_bytes, checksum=it.checksum,
-                object_id=it.object_id, state=ReplicaState.COMPLETE, targets=[],
-                replicas=[node_id], created_ms=now_ms, tiers={node_id: it.tier},
-                replica_num=max(1, it.replica_num))
-            index.key_order.add(it.key)
-            index.complete_bytes += it.size_bytes
-            indexed += 1
-        elif entry.object_id == it.object_id:
-            if entry.state is ReplicaState.PENDING or node_id in entry.targets:
-                # Its STORED report went with the events the inventory replaces.
-                index.node_event(node_id, NodeEvent(EventKind.STORED, it.key, it.object_id,
-                                                   it.tier, it.size_bytes, it.checksum))
-            elif node_id not in entry.replicas:
-                entry.replicas.append(node_id)
-            # A rebuilt index learns how many replicas were wanted from what the
-            # nodes say their puts asked for, and at least as many as it finds.
-            entry.replica_num = max(entry.replica_num, len(entry.replicas), it.replica_num)
-            entry.tiers[node_id] = it.tier
-        else:
-            index.membership.order_drop(node_id, it.key, it.object_id)
-            index.counters[C.STALE_REPLICAS_DROPPED] += 1
-    index.counters[C.REINDEXED] += indexed
-    return lost, indexed
+                self.lost += 1
+
+    def sweep(self) -> Iterator[None]:
+        """After the last chunk: forget this node's replicas and targets that no chunk
+        listed, a slice of the index at a time (yields between slices)."""
+        index = self.index
+        index.repair_hint = True
+        index.counters[C.REINDEXED] += self.indexed
+        if self._listed is None:
+            return
+        listed, node_id = self._listed, self.node_id
+        for entries in index.table.scan():
+            for entry in entries:
+                if entry.slot < 0 or (entry.slot < len(listed) and listed[entry.slot]):
+                    continue          # deleted meanwhile, or listed
+                if node_id in entry.targets or node_id in entry.replicas:
+                    self._forget(entry)
+            yield
+
+
+def sync_node_inventory(index, node_id: NodeId, items: Sequence[InventoryItem],
+                        now_ms: int) -> tuple[int, int]:
+    """Apply a whole inventory at once (:class:`InventorySync` without yielding).
+
+    Returns:
+        (entries that lost their last replica, entries indexed from the inventory).
+    """
+    sync = InventorySync(index, node_id)
+    sync.apply(items, now_ms)
+    for _ in sync.sweep():
+        pass
+    return sync.lost, sync.indexed

@@ -15,6 +15,9 @@
     inventory replicas an item's ``replica_num`` is at most :data:`kvstore.rpc.MAX_REPLICAS`,
                        as a put's: a larger one would have the master copy an object
                        to every node.
+    inventory chunks   a SyncInventory chunk holds at most :data:`MAX_INVENTORY_CHUNK`
+                       items (a few hundred KiB); a node's inventory is any number of
+                       them.
 
 Calls carry at most :data:`kvstore.rpc.MAX_KEYS_PER_CALL` keys (checked by the servicer).
 """
@@ -28,6 +31,7 @@ from kvstore.rpc import MAX_REPLICAS
 from kvstore.types import InventoryItem
 
 DEFAULT_MAX_PENDING_PUTS = 65_536
+MAX_INVENTORY_CHUNK = 8192
 MAX_INVENTORY_OBJECT_ID = 2**63 - 1
 
 

@@ -1,6 +1,10 @@
 """Store-node membership: registration, heartbeats, liveness, space, orders.
 
-A node is alive while its heartbeats arrive within ``node_ttl_ms``. The
+A node is alive while its heartbeats arrive within ``node_ttl_ms``. A node
+that registers is first SYNCING, not alive, while its inventory arrives
+(:mod:`kvstore.master.inventory`; each chunk counts as a heartbeat): its
+replicas are not offered and nothing is placed on it until the index agrees
+with what it holds. The
 master sends each node the objects it must free (drop orders) and the
 repair copies it must make (copy orders) in heartbeat replies, so neither
 needs a connection from master to node. Placement reads each node's free
@@ -67,6 +71,7 @@ class NodeInfo:
     quarantined_until_ms: int = 0  # no new puts or repair copies land here before this
     incarnation: str = ""          # the registered process (see NodeRegistration)
     owner: str = ""                # the registered token's fingerprint
+    syncing: bool = False          # registered, its inventory not all applied yet (not alive)
 
     @property
     def node_id(self) -> NodeId:
@@ -137,8 +142,12 @@ class Membership:
         self.quarantine_ms = 30_000          # ... keep new puts off the node this long
         self.lost_ms = 0                     # when heartbeats last stopped (expire), 0: never
 
-    def register(self, reg: NodeRegistration, now_ms: int) -> tuple[NodeInfo, bool]:
+    def register(self, reg: NodeRegistration, now_ms: int,
+                 syncing: bool = False) -> tuple[NodeInfo, bool]:
         """Add or re-add a node. Returns (info, was_known).
+
+        Args:
+            syncing: its inventory follows: not alive until :meth:`synced`.
 
         Raises:
             InvalidArgument: an address clients could not use (see :func:`check_address`).
@@ -153,8 +162,8 @@ class Membership:
             self.check_identity(old, reg.incarnation, reg.owner)
         info = NodeInfo(address=reg.address, capacity_bytes=reg.capacity_bytes,
                         max_object_bytes=reg.max_object_bytes or reg.capacity_bytes,
-                        last_heartbeat_ms=now_ms, tiers=reg.tiers,
-                        incarnation=reg.incarnation, owner=reg.owner)
+                        last_heartbeat_ms=now_ms, tiers=reg.tiers, alive=not syncing,
+                        syncing=syncing, incarnation=reg.incarnation, owner=reg.owner)
         if old is not None:
             # Drops ordered while it was away still apply to what it kept (its SSD).
             info.drops = old.drops
@@ -178,9 +187,11 @@ class Membership:
             info.last_heartbeat_ms = 0
             log.info("node %s stopped", beat.node_id)
             return info
-        if not info.alive:
+        if info.syncing:
+            pass                      # alive once its inventory is applied (synced)
+        elif not info.alive:
             log.info("node %s is back", beat.node_id)
-        info.alive = True
+            info.alive = True
         info.used_bytes = beat.used_bytes
         info.num_objects = beat.num_objects
         info.last_heartbeat_ms = now_ms
@@ -261,15 +272,25 @@ class Membership:
         info = self.nodes.get(node_id)
         return info is not None and now_ms < info.quarantined_until_ms
 
+    def synced(self, node_id: NodeId, now_ms: int) -> None:
+        """The node's whole inventory is applied: it is alive from now."""
+        info = self.nodes.get(node_id)
+        if info is not None and info.syncing:
+            info.syncing = False
+            info.alive = True
+            info.last_heartbeat_ms = max(info.last_heartbeat_ms, now_ms)
+
     def expire(self, now_ms: int) -> list[NodeId]:
-        """Mark nodes without a recent heartbeat dead; returns the newly dead."""
+        """Mark nodes without a recent heartbeat dead (a syncing node: without a chunk of
+        its inventory); returns the newly dead."""
         dead = []
         for info in self.nodes.values():
-            if info.alive and now_ms - info.last_heartbeat_ms > self.node_ttl_ms:
-                info.alive = False
+            if (info.alive or info.syncing) and now_ms - info.last_heartbeat_ms > self.node_ttl_ms:
+                log.warning("node %s missed heartbeats for %d ms: dead%s", info.node_id,
+                            now_ms - info.last_heartbeat_ms,
+                            " (its registration stalled)" if info.syncing else "")
+                info.alive = info.syncing = False
                 dead.append(info.node_id)
-                log.warning("node %s missed heartbeats for %d ms: dead", info.node_id,
-                            now_ms - info.last_heartbeat_ms)
         if dead:
             self.lost_ms = now_ms
         return dead
@@ -279,7 +300,7 @@ class Membership:
         would make it. A node busy storing values may send its reports on time
         while its heartbeat thread waits for a core; it is not dead."""
         info = self.nodes.get(node_id)
-        if info is not None and info.alive and now_ms > info.last_heartbeat_ms:
+        if info is not None and (info.alive or info.syncing) and now_ms > info.last_heartbeat_ms:
             info.last_heartbeat_ms = now_ms
 
     def no_live_node(self, now_ms: int) -> Unavailable:
@@ -303,7 +324,7 @@ class Membership:
         return gone
 
     def _alive_now(self, info: NodeInfo, now_ms: int) -> bool:
-        return info.alive and now_ms - info.last_heartbeat_ms <= self.node_ttl_ms
+        return (info.alive or info.syncing) and now_ms - info.last_heartbeat_ms <= self.node_ttl_ms
 
     @staticmethod
     def check_identity(info: NodeInfo, incarnation: str, owner: str) -> None:

@@ -25,10 +25,12 @@ Thread safety: owned by the master's event loop, like the index.
 from __future__ import annotations
 
 import logging
+from typing import Iterable, Iterator
 
 from kvstore.master.counters import MasterCounter as C
+from kvstore.master.entry import Entry
 from kvstore.master.index import ObjectIndex
-from kvstore.types import CopyOrder, CopyResult
+from kvstore.types import CopyOrder, CopyResult, NodeId, ReplicaState
 
 log = logging.getLogger(__name__)
 
@@ -48,35 +50,79 @@ class RepairPlanner:
         self.max_orders = max_orders
         self._seen: tuple[frozenset, frozenset] | None = None   # (alive, healthy) at the last scan
         self._busy = True            # the last scan found work, or a copy was in flight
+        self.ordered = 0             # copies the last round ordered
 
     def plan(self, now_ms: int) -> int:
-        """Order copies for under-replicated objects; returns the number ordered."""
+        """Order copies for under-replicated objects; returns the number ordered.
+        (All at once; the master's maintenance runs :meth:`plan_steps`.)"""
+        for _ in self.plan_steps(now_ms):
+            pass
+        return self.ordered
+
+    def plan_steps(self, now_ms: int) -> Iterator[None]:
+        """:meth:`plan` a slice of the index at a time (yields between slices); the
+        number ordered is :attr:`ordered` at the end."""
         index, membership = self.index, self.index.membership
+        self.ordered = 0
         seen = (frozenset(n.node_id for n in membership.alive_nodes()),
                 frozenset(n.node_id for n in membership.healthy_nodes(now_ms)))
         if not (self._busy or index.repair_hint or seen != self._seen):
-            return 0
+            return
         self._seen, index.repair_hint = seen, False
-        short = index.under_replicated(now_ms)
-        self._busy = bool(short) or index.repairs_in_flight > 0
-        ordered = 0
-        for entry, live in short:
-            if ordered >= self.max_orders:
-                break
-            held = set(entry.replicas)
-            targets = [n for n in membership.healthy_nodes(now_ms)
-                       if n.node_id not in held and n.max_object_bytes >= entry.size_bytes
-                       and n.free_bytes >= entry.size_bytes]
-            if not targets:
+        found = in_flight = 0
+        for entries in index.table.scan():
+            short, flying = self.under_replicated(now_ms, entries)
+            found += len(short)
+            in_flight += flying
+            for entry, live in short:
+                if self.ordered >= self.max_orders:
+                    break
+                self._order(entry, live, now_ms)
+            if self.ordered >= self.max_orders:
+                break                  # busy: the next round goes on
+            yield
+        self._busy = bool(found) or in_flight > 0
+
+    def under_replicated(self, now_ms: int, entries: Iterable[Entry]
+                         ) -> tuple[list[tuple[Entry, list[NodeId]]], int]:
+        """Of ``entries`` (a slice of the index's scan), the COMPLETE ones with fewer
+        live replicas than wanted and no repair in flight, with their live
+        replicas, and how many have a repair in flight; a repair past its
+        deadline is given up."""
+        index = self.index
+        out = []
+        in_flight = 0
+        for entry in entries:
+            if entry.state is not ReplicaState.COMPLETE:
                 continue
-            target = max(targets, key=lambda n: (n.free_bytes, n.node_id))
-            membership.order_copy(live[0], CopyOrder(entry.key, entry.object_id, target.address))
-            membership.reserve(target.node_id, entry.size_bytes)
-            entry.repair_target = target.node_id
-            entry.repair_deadline_ms = now_ms + self.timeout_ms
-            self.index.counters[C.REPAIRS_ORDERED] += 1
-            ordered += 1
-        return ordered
+            if entry.repair_target is not None:
+                if now_ms <= entry.repair_deadline_ms:
+                    in_flight += 1
+                    continue
+                index.counters[C.REPAIR_TIMEOUTS] += 1
+                entry.repair_target = None
+            live = index._live_replicas(entry)
+            if live and len(live) < entry.replica_num:
+                out.append((entry, live))
+        return out, in_flight
+
+    def _order(self, entry: Entry, live: list[NodeId], now_ms: int) -> None:
+        """Order one copy of ``entry`` from ``live[0]`` to the healthy node with the most
+        free space that holds none (none fits: nothing ordered)."""
+        membership = self.index.membership
+        held = set(entry.replicas)
+        targets = [n for n in membership.healthy_nodes(now_ms)
+                   if n.node_id not in held and n.max_object_bytes >= entry.size_bytes
+                   and n.free_bytes >= entry.size_bytes]
+        if not targets:
+            return
+        target = max(targets, key=lambda n: (n.free_bytes, n.node_id))
+        membership.order_copy(live[0], CopyOrder(entry.key, entry.object_id, target.address))
+        membership.reserve(target.node_id, entry.size_bytes)
+        entry.repair_target = target.node_id
+        entry.repair_deadline_ms = now_ms + self.timeout_ms
+        self.index.counters[C.REPAIRS_ORDERED] += 1
+        self.ordered += 1
 
     def done(self, result: CopyResult) -> None:
         """A node reports a repair copy done (its target's STORED made it a replica) or failed."""

@@ -28,6 +28,7 @@ from kvstore.master import metrics as master_metrics
 from kvstore.master.index import ObjectIndex
 from kvstore.master.limits import DEFAULT_MAX_PENDING_PUTS
 from kvstore.master.membership import Membership
+from kvstore.master.roster import EtcdRoster, FileRoster, Roster
 from kvstore.master.report_port import ReportPort
 from kvstore.master.servicer import METHOD_ROLES, MasterServicer, now_ms
 from kvstore.process import announce_ready, wait_for_stop_signal
@@ -45,7 +46,7 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
                         shard_id: int = 0, election=None,
                         security: ServerSecurity | None = None, advertise_host: str = "",
                         metrics: ProcessMetrics | None = None,
-                        health: Health | None = None,
+                        health: Health | None = None, roster: Roster | None = None,
                         report_port: int = 0) -> tuple[grpc.aio.Server, int, ObjectIndex]:
     """Build and start a master shard on ``host:port`` (0 = a free port).
 
@@ -59,7 +60,9 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
         max_pending_puts: puts in progress the shard holds at once (see
             :mod:`kvstore.master.limits`).
         metrics: count and time every call, and export the shard's figures.
-        health: serve the gRPC health service (SERVING while leading).
+        health: serve the gRPC health service (SERVING while leading with a whole index).
+        roster: where the shard keeps its nodes (:mod:`kvstore.master.roster`; None:
+            nowhere, so each term's warm-up waits the node ttl).
         report_port: the report link's port on ``host`` (0: a free one).
 
     Returns:
@@ -83,7 +86,8 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
                                       forget_ms=node_forget_ms),
                            shard_map, shard_id=shard_id, put_timeout_ms=put_timeout_ms,
                            max_pending_puts=max_pending_puts)
-    servicer = MasterServicer(index, election=election, new_index=new_index, security=security)
+    servicer = MasterServicer(index, election=election, new_index=new_index, roster=roster,
+                              security=security)
     pb_grpc.add_MasterServicer_to_server(servicer, server)
     server.servicer = servicer      # for the maintenance loop and tests
     if health is not None:
@@ -99,12 +103,16 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
 
 async def _maintenance(servicer: MasterServicer, period_s: float,
                        health: Health | None = None) -> None:
-    """Expire dead nodes and stale puts, and plan repair copies, every ``period_s``;
-    keep ``health`` SERVING while leading (past a new term's warm-up, while nodes
-    re-register), STANDBY otherwise."""
+    """Expire dead nodes and stale puts, forget nodes dead for long, and plan repair
+    copies, every ``period_s``; keep ``health`` SERVING while leading with a whole
+    index (:mod:`kvstore.master.warmup`), STANDBY otherwise. The scans of every
+    entry run a slice at a time (:func:`_sliced`): other calls go on meanwhile."""
     while True:
         await asyncio.sleep(period_s)
-        leading, warming = servicer.leading(), servicer.warming_up()
+        leading = servicer.leading()
+        if leading:
+            await servicer.load_roster()
+        warming = servicer.warming_up()
         if health is not None:
             e = servicer.election
             if leading and not warming:
@@ -113,14 +121,25 @@ async def _maintenance(servicer: MasterServicer, period_s: float,
                 health.set(State.STARTING)     # cannot reach etcd: could never take over
             else:
                 health.set(State.STANDBY)
+            health.detail = servicer.warmup.describe(now_ms()) if leading and warming else ""
         if not leading:
             continue
         now = now_ms()
-        servicer.index.membership.expire(now)
-        servicer.index.forget_nodes(now)
-        servicer.index.expire_puts(now)
+        index = servicer.index
+        index.membership.expire(now)
+        servicer.registrations.expire()
+        gone = index.forget_nodes(now)
+        await _sliced(index.forget_steps())
+        await servicer.forget_in_roster(gone)
+        index.expire_puts(now)
         if not warming:
-            servicer.repairs.plan(now)
+            await _sliced(servicer.repairs.plan_steps(now))
+
+
+async def _sliced(steps) -> None:
+    """Run a scan that yields between slices, letting the event loop serve in between."""
+    for _ in steps:
+        await asyncio.sleep(0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +157,7 @@ class MasterConfig:
     etcd: str = ""                     # etcd URL: elect the shard's leader through a lease
     cluster_name: str = "default"      # etcd key name space
     lease_ttl_s: int = 3               # leader lease ttl
+    state_dir: str = ""                # keep the shard's roster here (without etcd)
     security: ServerSecurity = ServerSecurity()   # --auth, --tls-*
     insecure: bool = False             # allow a non-loopback bind without --auth (warned)
     advertise_host: str = ""           # address to give others ("" : see kvstore.binding)
@@ -167,11 +187,19 @@ async def serve(cfg: MasterConfig) -> None:
                                  "with --port")
             port = int(addrs[0].rsplit(":", 1)[1])
     election = None
+    roster = FileRoster(cfg.state_dir) if cfg.state_dir else Roster()
     if cfg.etcd:
         from kvstore.master.election import Election
         election = Election(cfg.etcd, cfg.cluster_name, cfg.shard_id,
                             f"{advertised_host(cfg.host, cfg.advertise_host)}:{port}",
                             ttl_s=cfg.lease_ttl_s)
+        roster = EtcdRoster(election.etcd, cfg.cluster_name, cfg.shard_id)
+    try:
+        roster.load()             # a roster that cannot be read stops the start here
+    except OSError as exc:
+        if not cfg.etcd:
+            raise SystemExit(f"kvstore master: --state-dir {cfg.state_dir}: {exc}") from None
+        log.warning("the shard's roster in etcd cannot be read yet: %s", exc)
     metrics = ProcessMetrics("master")
     health = Health(("kvstore.v1.Master",))
     server, bound, index = await create_server(cfg.host, port, node_ttl_ms=cfg.node_ttl_ms,
@@ -180,7 +208,7 @@ async def serve(cfg: MasterConfig) -> None:
                                                shard_map=cfg.shard_map, shard_id=cfg.shard_id,
                                                election=election, security=cfg.security,
                                                advertise_host=cfg.advertise_host,
-                                               metrics=metrics, health=health,
+                                               metrics=metrics, health=health, roster=roster,
                                                report_port=cfg.report_port)
     host = advertised_host(cfg.host, cfg.advertise_host)
     address = f"{host}:{bound}"
@@ -192,6 +220,7 @@ async def serve(cfg: MasterConfig) -> None:
         await server.stop(None)
         raise
     server.servicer.metrics_address = maddress
+    await server.servicer.load_roster()      # a fresh cluster (empty roster) serves at once
     if election is not None:
         election.address = address
         election.start()

@@ -13,6 +13,7 @@ there, so it needs no lock.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import Counter
@@ -26,9 +27,11 @@ from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.errors import INDEX_INCOMPLETE, OK_STATUS, KVStoreError, status_code, to_status
 from kvstore.master.counters import MasterCounter as C
 from kvstore.master.index import ObjectIndex, PutItem
-from kvstore.master.limits import check_inventory
 from kvstore.master.membership import NodeHeartbeat, NodeRegistration
+from kvstore.master.registration import Registrations
 from kvstore.master.repair import RepairPlanner
+from kvstore.master.roster import Roster
+from kvstore.master.warmup import Warmup
 from kvstore.auth import Role, fingerprint
 from kvstore.rpc import MAX_KEYS_PER_CALL, MAX_REPLICAS, ServerSecurity, bearer, caller_role
 from kvstore.types import NodeId, ObjectId, RemoveReason
@@ -42,7 +45,8 @@ _CLIENT = frozenset({Role.CLIENT})
 #: Which roles may call which method (admin may call all; List and Stat are admin's).
 #: Remove with reason "evict" is admin's too (checked in the handler).
 METHOD_ROLES: dict[str, frozenset[Role]] = {
-    "RegisterNode": _NODE, "Heartbeat": _NODE, "ReportEvents": _NODE, "StreamEvents": _NODE,
+    "RegisterNode": _NODE, "SyncInventory": _NODE, "Heartbeat": _NODE, "ReportEvents": _NODE,
+    "StreamEvents": _NODE,
     "GetShardMap": _CLIENT | _NODE,
     "PutStart": _CLIENT, "PutRevoke": _CLIENT, "GrantPlacement": _CLIENT,
     "Lookup": _CLIENT, "Exists": _CLIENT,
@@ -52,6 +56,10 @@ METHOD_ROLES: dict[str, frozenset[Role]] = {
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _now() -> int:
+    return now_ms()
 
 
 def _status(result) -> pb.Status:
@@ -66,37 +74,96 @@ class MasterServicer(pb_grpc.MasterServicer):
             each time this process becomes leader again).
         election: the shard's leader election (None: always the leader).
         new_index: builds an empty index for a new term.
-        warmup_ms: after starting and after each win, client RPCs answer
-            UNAVAILABLE (:data:`~kvstore.errors.INDEX_INCOMPLETE`) this long while
-            store nodes re-register and rebuild the index from their inventories
-            (node RPCs are served at once). None: the nodes' ttl, since a node
-            that has not reached the master by then counts as dead anyway; so no
-            key a live node holds is reported NotFound, and no existing key is
-            taken for a new one, across a master restart.
+        roster: where the shard's nodes are kept (:mod:`kvstore.master.roster`);
+            the warm-up of each term waits for them. None: no roster.
         security: the server's tokens, for the checks a method's table cannot
             express (an eviction is admin's).
+
+    The warm-up (:mod:`kvstore.master.warmup`): after starting and after each
+    win, client RPCs answer UNAVAILABLE (:data:`~kvstore.errors.INDEX_INCOMPLETE`,
+    saying what is missing) until every node of the roster re-registered and
+    its inventory is applied, or its ttl passed without it; node RPCs are
+    served at once. So no key a live node holds is reported NotFound, and no
+    existing key is taken for a new one, across a master restart.
     """
 
     def __init__(self, index: ObjectIndex, election=None,
                  new_index: Callable[[], ObjectIndex] | None = None,
-                 warmup_ms: int | None = None, security: ServerSecurity | None = None):
+                 roster: Roster | None = None, security: ServerSecurity | None = None):
         self.index = index
         self.security = security
         self.report_port = 0         # the report link's port (kvstore.master.report_port); 0: none
         self.repairs = RepairPlanner(index)
         self.election = election
         self.new_index = new_index
-        self.warmup_ms = index.membership.node_ttl_ms if warmup_ms is None else warmup_ms
+        self.roster = roster or Roster()
         self._term = 0
-        self.term_start_ms = now_ms()       # a term starts with the process (and each win)
         self.past_counters: Counter[C] = Counter()   # of earlier terms' indexes (metrics)
         self.leader_changes = 0        # this process won or lost its shard's lead
         self.metrics_address = ""      # its /metrics, for kvctl top (set by serve)
         self._was_leading = election is None
+        self._new_term()
 
     @property
     def membership(self):
         return self.index.membership
+
+    def _new_term(self) -> None:
+        """Start a term's warm-up: the roster is read off the event loop (it may be in
+        etcd); until it is, the index counts as incomplete."""
+        self.term_start_ms = now_ms()
+        self.warmup = Warmup(None, self.term_start_ms, 2**62)    # until the roster is read
+        self.registrations = Registrations(self.index, self.warmup, self.roster)
+        self._roster_loaded = False
+
+    async def load_roster(self) -> None:
+        """Read the roster for this term's warm-up, once (the maintenance loop calls it).
+
+        A roster that cannot be read (etcd down) is tried again at the next call;
+        meanwhile the index counts as incomplete.
+        """
+        if self._roster_loaded:
+            return
+        term = self._term
+        try:
+            known = await asyncio.get_running_loop().run_in_executor(None, self.roster.load)
+        except OSError as exc:
+            log.warning("the shard's roster could not be read: %s; retrying", exc)
+            return
+        if term != self._term or self._roster_loaded:
+            return                    # a new term began meanwhile: it reads its own
+        self._roster_loaded = True
+        warmup = Warmup(known, self.term_start_ms, self.index.membership.node_ttl_ms)
+        for node_id, applied in self.registrations.in_progress():
+            warmup.registered(node_id)
+            warmup.applied(node_id, applied)
+        for node_id, info in self.index.membership.nodes.items():
+            if not info.syncing and node_id in warmup.nodes:
+                warmup.synced(node_id)
+        self.warmup = self.registrations.warmup = warmup
+        self.registrations.known = set(known) if known is not None else None
+        if known:
+            log.info("shard %d warming up: waiting for %d node(s) of its roster",
+                     self.index.shard_id, len(known))
+
+    async def forget_in_roster(self, gone: list[NodeId]) -> None:
+        """Take forgotten nodes off the roster, and roster nodes that never came back
+        within ``forget_ms`` of this term's start (a restart does not wait for them
+        again). A roster that cannot be written is tried again next time."""
+        now = now_ms()
+        if self._roster_loaded and now - self.term_start_ms > self.membership.forget_ms:
+            gone = [*gone, *(n.node_id for n in self.warmup.nodes.values()
+                             if n.node_id not in self.membership.nodes)]
+        for node_id in dict.fromkeys(gone):
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, self.roster.remove,
+                                                                 node_id)
+            except OSError as exc:
+                log.warning("node %s stays on the shard's roster for now: %s", node_id, exc)
+                continue
+            self.warmup.nodes.pop(node_id, None)
+            if self.registrations.known is not None:
+                self.registrations.known.discard(node_id)
 
     def leading(self) -> bool:
         """Whether this process serves the shard now; starts a new term's index when needed."""
@@ -113,11 +180,11 @@ class MasterServicer(pb_grpc.MasterServicer):
             self.leader_changes += 1
         if e.term != self._term:
             self._term = e.term
-            self.term_start_ms = now_ms()
             if self.new_index is not None:
                 self.past_counters.update(self.index.counters)
                 self.index = self.new_index()
                 self.repairs = RepairPlanner(self.index)
+            self._new_term()
             # Object ids of this term start above every id an earlier leader
             # could have handed out: the etcd revision of the win is larger
             # than at any earlier win.
@@ -127,9 +194,8 @@ class MasterServicer(pb_grpc.MasterServicer):
         return True
 
     def warming_up(self) -> bool:
-        """The first ``warmup_ms`` of a process or a new leader's term: nodes are
-        still re-registering."""
-        return now_ms() - self.term_start_ms < self.warmup_ms
+        """The index is not whole yet (see the class docstring)."""
+        return not self._roster_loaded or not self.warmup.whole(now_ms())
 
     async def _gate(self, context, client_rpc: bool = True) -> None:
         if not self.leading():
@@ -138,10 +204,12 @@ class MasterServicer(pb_grpc.MasterServicer):
                                 f"not the leader of shard {self.index.shard_id}"
                                 + (f" (leader: {hint})" if hint else ""))
         if client_rpc and self.warming_up():
+            now = now_ms()
+            what = (self.warmup.describe(now) if self._roster_loaded
+                    else "reading the roster of its nodes")
             await context.abort(grpc.StatusCode.UNAVAILABLE,
                                 f"{INDEX_INCOMPLETE}: shard {self.index.shard_id}'s master "
-                                f"(re)started {now_ms() - self.term_start_ms} ms ago; store "
-                                f"nodes are re-registering (up to {self.warmup_ms} ms)")
+                                f"(re)started {now - self.term_start_ms} ms ago; {what}")
 
     def _owner(self, context) -> str:
         """The fingerprint of the caller's token ("" without --auth)."""
@@ -171,23 +239,31 @@ class MasterServicer(pb_grpc.MasterServicer):
                                max_object_bytes=request.max_object_bytes,
                                tiers=tuple(wire.tier_stats(t) for t in request.tiers),
                                incarnation=request.incarnation, owner=self._owner(context))
-        # Bad input first: nothing is registered for a request that is refused.
-        inventory = [wire.inventory_item(it) for it in request.inventory]
-        check_inventory(inventory)
         try:
-            _, known = self.membership.register(reg, now_ms())
+            sync_id = await self.registrations.register(reg, now_ms())
         except KVStoreError as err:
             await self._refuse(context, err)
-        # The node's inventory is the truth about it: a restart loses DRAM and
-        # keeps the SSD; objects the index does not know are indexed again.
-        lost, indexed = self.index.sync_node_inventory(reg.address.node_id, inventory, now_ms())
-        if lost or indexed:
-            log.info("node %s registered%s with %d object(s): %d indexed from its inventory, "
-                     "%d lost their last replica", reg.address.node_id, " again" if known else "",
-                     len(inventory), indexed, lost)
         return pb.RegisterNodeResponse(heartbeat_interval_ms=self.membership.heartbeat_interval_ms,
                                        node_ttl_ms=self.membership.node_ttl_ms,
-                                       report_port=self.report_port)
+                                       report_port=self.report_port, sync_id=sync_id)
+
+    async def SyncInventory(self, request, context):
+        await self._gate(context, client_rpc=False)
+        node_id = NodeId(request.node_id)
+        info = self.membership.nodes.get(node_id)
+        if info is None:
+            return pb.SyncInventoryResponse(known=False)
+        try:
+            self.membership.check_identity(info, request.incarnation, self._owner(context))
+            # Bad input first: nothing of a chunk that is refused is applied.
+            items = [wire.inventory_item(it) for it in request.items]
+            applied = await self.registrations.sync_chunk(node_id, request.sync_id, request.seq,
+                                                          items, request.last, _now)
+        except KVStoreError as err:
+            await self._refuse(context, err)
+        if applied is None:
+            return pb.SyncInventoryResponse(known=False)
+        return pb.SyncInventoryResponse(known=True, items_applied=applied)
 
     async def Heartbeat(self, request, context):
         await self._gate(context, client_rpc=False)
@@ -327,7 +403,13 @@ class MasterServicer(pb_grpc.MasterServicer):
         await self._gate(context, client_rpc=False)
         reply = wire.shard_status_pb(self.index.stat())
         reply.metrics_address = self.metrics_address
-        reply.warmup_left_ms = max(0, self.term_start_ms + self.warmup_ms - now_ms())
+        if self.warming_up():
+            now = now_ms()
+            reply.warmup_left_ms = (self.warmup.left_ms(now) if self._roster_loaded
+                                    else self.membership.node_ttl_ms)
+            reply.warmup_nodes.extend(pb.WarmupNode(node_id=n.node_id, state=int(n.state),
+                                                    items_applied=n.items_applied)
+                                      for n in self.warmup.missing())
         return reply
 
     async def ReportFailure(self, request, context):

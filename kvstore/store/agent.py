@@ -50,6 +50,8 @@ from kvstore.types import EventKind, NodeAddress
 
 log = logging.getLogger(__name__)
 LINK_BACKOFF_MAX_S = 300.0    # a failing report link is tried again at most this far apart
+#: Inventory items per SyncInventory chunk (at most kvstore.master.limits.MAX_INVENTORY_CHUNK).
+INVENTORY_CHUNK = 4096
 
 
 class EventRouter:
@@ -149,6 +151,7 @@ class NodeAgent:
         self._queue: list[Ticket] = []        # taken from the router, not yet acknowledged
         self._lock = threading.RLock()        # deliveries and registrations, one at a time
         self._copied: list = []               # repair results not yet reported
+        self.inventory_sent = 0               # items of the last registration's inventory
         self.copier = _LazyCopier(node, creds)
         self._ready = node.events.subscribe()
         self._stop = threading.Event()
@@ -216,52 +219,99 @@ class NodeAgent:
         self._connect()
 
     def register(self, timeout_s: float = 10.0) -> None:
-        """Register with an inventory of everything of this shard the node holds now.
+        """Register, then send everything of this shard the node holds now (its
+        inventory) in chunks; returns once the master applied the last one.
+
+        ``timeout_s`` bounds each call (the registration, each chunk), not the
+        whole inventory, which takes as long as it takes the master to apply
+        (about 10 us per object). A chunk that times out is sent again; a master
+        that lost the registration (restarted, or a newer one replaced it) makes
+        the node register again from the start.
 
         Raises:
             grpc.RpcError: no master of the shard answered within ``timeout_s``.
         """
         with self._lock:
-            inventory = [wire.inventory_item_pb(it) for it in self.node.inventory_items()
-                         if self.owns is None or self.owns(it.key)]
-            stats = self.node.stats()
-            req = pb.RegisterNodeRequest(
-                address=wire.node_address_pb(self.address), tier=pb.DRAM,
-                capacity_bytes=stats.capacity_bytes, max_object_bytes=self.node.max_object_bytes(),
-                tiers=[wire.tier_stats_pb(t) for t in stats.tiers], inventory=inventory,
-                incarnation=self.incarnation)
-            deadline = time.monotonic() + timeout_s
-            while True:
-                single = len(self._addrs) == 1
-                sent = time.monotonic()
+            while not self._register_once(timeout_s):
+                log.info("master %s lost the registration mid-inventory: registering again",
+                         self.master)
+            if self.inventory_sent:
+                log.info("registered with %d object(s) in the inventory", self.inventory_sent)
+
+    def _register_once(self, timeout_s: float) -> bool:
+        """One registration and its inventory; False when the master lost it midway."""
+        stats = self.node.stats()
+        req = pb.RegisterNodeRequest(
+            address=wire.node_address_pb(self.address), tier=pb.DRAM,
+            capacity_bytes=stats.capacity_bytes, max_object_bytes=self.node.max_object_bytes(),
+            tiers=[wire.tier_stats_pb(t) for t in stats.tiers], incarnation=self.incarnation)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            single = len(self._addrs) == 1
+            sent = time.monotonic()
+            try:
+                resp = self.stub.RegisterNode(
+                    req, timeout=max(0.1, deadline - time.monotonic()) if single else 1.0,
+                    wait_for_ready=single)
+                break
+            except grpc.RpcError as exc:
+                if time.monotonic() > deadline:
+                    raise
+                if _id_taken(exc):
+                    # Our previous process (killed) is still alive to the master
+                    # until its registration expires; then this one is accepted.
+                    log.info("master %s: %s; retrying", self.master, exc.details())
+                    time.sleep(0.25)
+                    continue
+                if exc.code() in (grpc.StatusCode.UNAUTHENTICATED,
+                                  grpc.StatusCode.PERMISSION_DENIED,
+                                  grpc.StatusCode.INVALID_ARGUMENT) or single:
+                    raise
+                self.failover()
+                time.sleep(0.05)
+        self.interval_s = resp.heartbeat_interval_ms / 1000.0
+        self.ttl_ms = resp.node_ttl_ms
+        if not self._send_inventory(resp.sync_id, timeout_s):
+            return False
+        self.report_port = resp.report_port
+        self._use_port(resp.report_port, renew=True)
+        if self.lease is not None:
+            self.lease.renew(self.shard, sent, self.ttl_ms)
+        return True
+
+    def _send_inventory(self, sync_id: int, timeout_s: float) -> bool:
+        """Every object of this shard the node holds, in chunks of at most
+        INVENTORY_CHUNK items (:meth:`StoreNode.inventory_chunks` takes the node's
+        lock per chunk); False when the master lost the registration."""
+        self.inventory_sent = 0
+        seq = 0
+        pending: list = []
+
+        def send(items, last: bool) -> bool:
+            nonlocal seq
+            chunk = pb.SyncInventoryRequest(node_id=self.address.node_id,
+                                            incarnation=self.incarnation, sync_id=sync_id,
+                                            seq=seq, items=items, last=last)
+            for attempt in range(3):
                 try:
-                    resp = self.stub.RegisterNode(
-                        req, timeout=max(0.1, deadline - time.monotonic()) if single else 1.0,
-                        wait_for_ready=single)
+                    resp = self.stub.SyncInventory(chunk, timeout=timeout_s)
                     break
                 except grpc.RpcError as exc:
-                    if time.monotonic() > deadline:
+                    if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED or attempt == 2:
                         raise
-                    if _id_taken(exc):
-                        # Our previous process (killed) is still alive to the master
-                        # until its registration expires; then this one is accepted.
-                        log.info("master %s: %s; retrying", self.master, exc.details())
-                        time.sleep(0.25)
-                        continue
-                    if exc.code() in (grpc.StatusCode.UNAUTHENTICATED,
-                                      grpc.StatusCode.PERMISSION_DENIED,
-                                      grpc.StatusCode.INVALID_ARGUMENT) or single:
-                        raise
-                    self.failover()
-                    time.sleep(0.05)
-            self.interval_s = resp.heartbeat_interval_ms / 1000.0
-            self.ttl_ms = resp.node_ttl_ms
-            self.report_port = resp.report_port
-            self._use_port(resp.report_port, renew=True)
-            if self.lease is not None:
-                self.lease.renew(self.shard, sent, self.ttl_ms)
-            if inventory:
-                log.info("registered with %d object(s) in the inventory", len(inventory))
+            if not resp.known:
+                return False
+            seq += 1
+            self.inventory_sent += len(items)
+            return True
+
+        for items in self.node.inventory_chunks(INVENTORY_CHUNK, self.owns):
+            pending.extend(wire.inventory_item_pb(it) for it in items)
+            while len(pending) >= INVENTORY_CHUNK:
+                if not send(pending[:INVENTORY_CHUNK], last=False):
+                    return False
+                del pending[:INVENTORY_CHUNK]
+        return send(pending, last=True)
 
     def deliver(self, timeout_s: float | None = None) -> None:
         """Send this shard's pending events (one ReportEvents) and resolve their tickets.

@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
 
 from kvstore.errors import (ChecksumMismatch, InvalidArgument, KeyConflict, NoSpace, NotFound,
                             TooLarge)
@@ -192,7 +192,7 @@ class StoreNode(NodeStatsView):
                 obj.staged = True
                 self._table.staged[(key, object_id)] = obj
             else:
-                self._table.objects[key] = obj
+                self._table.enter(obj)
             return obj, False
 
     def _present_locked(self, key: str, object_id: int, checksum: int) -> StoredObject | None:
@@ -491,13 +491,36 @@ class StoreNode(NodeStatsView):
                     for o in self._table.objects.values() if o.state is ObjectState.COMPLETE]
 
     def inventory_items(self) -> list[InventoryItem]:
-        """Every complete object in service, for a registration (``pending``: no master
-        applied its STORED event yet, so it is never indexed from here)."""
-        with self._table.cond:
-            return [InventoryItem(o.key, o.object_id, o.size_bytes, o.checksum,
-                                  self.levels[o.best_level()].tier.kind, pending=not o.confirmed,
-                                  replica_num=o.replica_num)
-                    for o in self._table.objects.values() if o.state is ObjectState.COMPLETE]
+        """Every complete object in service (:meth:`inventory_chunks` in one list)."""
+        return [it for chunk in self.inventory_chunks() for it in chunk]
+
+    def inventory_chunks(self, chunk_items: int = 4096,
+                         owns: Callable[[str], bool] | None = None) -> Iterator[list[InventoryItem]]:
+        """Every complete object in service, for a registration, ``chunk_items`` at a time.
+
+        The lock is taken once per chunk, never for the whole table: writes and
+        reads go on between chunks. Each chunk says what its objects are when
+        it is read; whatever changes after that reaches the master as events,
+        which the agent delivers after the last chunk (an object entering
+        service meanwhile may be missed here: its STORED event follows).
+        ``pending``: no master applied its STORED event yet, so it is never
+        indexed from here.
+
+        Args:
+            chunk_items: objects looked at per chunk (a chunk holds at most this many).
+            owns: key -> whether to list it (one shard's keys); None: every key.
+        """
+        table = self._table
+        with table.cond:
+            end = len(table.slots)
+        for start in range(0, end, chunk_items):
+            with table.cond:
+                items = [InventoryItem(o.key, o.object_id, o.size_bytes, o.checksum,
+                                       self.levels[o.best_level()].tier.kind,
+                                       pending=not o.confirmed, replica_num=o.replica_num)
+                         for o in table.slots[start:start + chunk_items]
+                         if o is not None and o.state is ObjectState.COMPLETE]
+            yield items if owns is None else [it for it in items if owns(it.key)]
 
     # ================================================================ stats
     def count(self, counter: NodeCounter, n: int = 1) -> None:
@@ -548,7 +571,7 @@ class StoreNode(NodeStatsView):
                 obj = StoredObject.of(record, [None] * len(self.levels), state=ObjectState.COMPLETE,
                                       confirmed=True)   # only confirmed objects leave DRAM
                 obj.copies[level] = extent
-                self._table.objects[record.key] = obj
+                self._table.enter(obj)
                 lv.policy.on_insert(record.key, extent.reserved_bytes, obj.last_access_s,
                                     record.parent)
                 self.counters[NodeCounter.RECOVERED] += 1

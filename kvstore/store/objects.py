@@ -49,6 +49,7 @@ class StoredObject:
     protect_until_s: float = 0.0   # monotonic; prefetch lookahead: never evicted until then
     last_access_s: float = field(default_factory=time.monotonic)
     replica_num: int = 0           # replicas its put asked for (0: not said), for the inventory
+    slot: int = -1                 # its position in the table's slots while in service
 
     @property
     def alloc(self) -> Extent | None:

@@ -5,6 +5,10 @@ The table is the state the node's parts share: its operations
 (:class:`~kvstore.store.tiering.Tiering`) both work on it::
 
     objects          key -> the version in service (WRITING or COMPLETE)
+    slots            the same objects, each at a fixed position (``obj.slot``), None where
+                     one left service: an inventory reads them a chunk at a time, taking
+                     the lock per chunk, with no copy of the whole table (see
+                     :meth:`~kvstore.store.node.StoreNode.inventory_chunks`)
     staged           (key, object_id) -> a newer version of a key in service, written but
                      not yet confirmed by the master: it replaces the one in service only
                      when the master applies its STORED event (bytes written to the data
@@ -60,12 +64,35 @@ class ObjectTable:
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
         self.objects: dict[str, StoredObject] = {}
+        self.slots: list[StoredObject | None] = []
+        self._free_slots: list[int] = []              # positions of slots that are None
         self.staged: dict[tuple[str, int], StoredObject] = {}
         self.doomed: set[StoredObject] = set()
         self.protected: dict[str, StoredObject] = {}       # prefetch lookahead in force
         self.prefetch_queue: dict[str, StoredObject] = {}  # to promote to DRAM, FIFO
         self.counters: dict[NodeCounter, int] = dict.fromkeys(NodeCounter, 0)
         self.events = EventLog()
+
+    def enter(self, obj: StoredObject) -> None:
+        """Put ``obj`` in service under its key (the caller retired any other version).
+
+        It takes a free slot: an inventory scan already past that position
+        misses it, which is right, as its STORED event (or, for a recovered
+        object, nothing since) is delivered after the inventory.
+        """
+        self.objects[obj.key] = obj
+        if self._free_slots:
+            obj.slot = self._free_slots.pop()
+            self.slots[obj.slot] = obj
+        else:
+            obj.slot = len(self.slots)
+            self.slots.append(obj)
+
+    def _leave(self, obj: StoredObject) -> None:
+        del self.objects[obj.key]
+        self.slots[obj.slot] = None
+        self._free_slots.append(obj.slot)
+        obj.slot = -1
 
     def retire(self, obj: StoredObject) -> None:
         """Take ``obj`` out of service: free now, or at its last release (see the module docstring).
@@ -76,7 +103,7 @@ class ObjectTable:
         if obj.doomed:
             return
         if self.objects.get(obj.key) is obj:
-            del self.objects[obj.key]
+            self._leave(obj)
         obj.doomed = True
         if obj.copies[0] is not None:       # before any reader could see it gone
             self.levels[0].tier.hide(obj.copies[0])
@@ -112,7 +139,7 @@ class ObjectTable:
         old = self.objects.get(key)
         if old is not None:
             self.retire(old)
-        self.objects[key] = obj
+        self.enter(obj)
         return obj
 
     def release(self, obj: StoredObject) -> None:
@@ -173,6 +200,7 @@ class ObjectTable:
                 # A move in flight has reserved its destination but not installed it.
                 assert held == lv.tier.used_bytes if idle else held <= lv.tier.used_bytes, (
                     lv.tier.kind.name, held, lv.tier.used_bytes)
+                assert all(self.slots[o.slot] is o for o in self.objects.values())
                 assert len(lv.policy) == sum(o.copies[level] is not None
                                              and o.state is ObjectState.COMPLETE
                                              for o in self.objects.values()), lv.tier.kind.name

@@ -92,8 +92,8 @@ def test_quiet_rounds_skip_the_scan_and_an_unanswered_copy_is_still_planned_agai
     r = start(idx, "k", replica_num=2)
     stored(idx, "k", r)
     scans = []
-    scan = idx.under_replicated
-    idx.under_replicated = lambda now_ms: scans.append(now_ms) or scan(now_ms)
+    scan = repairs.under_replicated
+    repairs.under_replicated = lambda now_ms, entries: scans.append(now_ms) or scan(now_ms, entries)
     assert repairs.plan(T0) == 0 and repairs.plan(T0) == 0 and repairs.plan(T0) == 0
     assert len(scans) == 1                     # nothing changed after the first round
     holders = [t.node_id for t in r.targets]

@@ -33,9 +33,10 @@ from kvstore.tools.fuzz.mutate import (POOL_KEYS, fuzz_key, fuzz_text, mutate_by
                                        small_or_boundary)
 
 SERVICE = "/kvstore.v1.Master/"
-METHODS = ("RegisterNode", "Heartbeat", "ReportEvents", "GetShardMap", "PutStart", "PutRevoke",
-           "Lookup", "Exists", "Remove", "List", "Stat", "ReportFailure")
-_NODE_METHODS = frozenset({"RegisterNode", "Heartbeat", "ReportEvents"})
+METHODS = ("RegisterNode", "SyncInventory", "Heartbeat", "ReportEvents", "GetShardMap",
+           "PutStart", "PutRevoke", "Lookup", "Exists", "Remove", "List", "Stat",
+           "ReportFailure")
+_NODE_METHODS = frozenset({"RegisterNode", "SyncInventory", "Heartbeat", "ReportEvents"})
 #: The credentials an input carries; the driver maps role names to the run's tokens.
 CREDENTIALS = (("client", 40), ("node", 25), ("admin", 15), ("none", 10), ("bogus", 6),
                ("malformed", 4))
@@ -154,14 +155,20 @@ class GrpcGenerator:
 
     def _r_RegisterNode(self):
         rng = self.rng
-        inventory = [pb.InventoryItem(key=key, object_id=_u64(rng), size_bytes=_u64(rng),
-                                      checksum=rng.getrandbits(64), tier=rng.choice((0, 2, 3, 9)),
-                                      pending=rng.random() < 0.3)
-                     for key in self._keys(self._items() if rng.random() < 0.3 else 0)]
         return pb.RegisterNodeRequest(
             address=self._node_address(), tier=rng.choice((0, 2, 5)), capacity_bytes=_u64(rng),
             max_object_bytes=_u64(rng), tiers=[self._tier_stat() for _ in range(rng.randint(0, 3))],
-            inventory=inventory, incarnation=self._incarnation())
+            incarnation=self._incarnation())
+
+    def _r_SyncInventory(self):
+        rng = self.rng
+        items = [pb.InventoryItem(key=key, object_id=_u64(rng), size_bytes=_u64(rng),
+                                  checksum=rng.getrandbits(64), tier=rng.choice((0, 2, 3, 9)),
+                                  pending=rng.random() < 0.3, replica_num=_u32(rng))
+                 for key in self._keys(self._items() if rng.random() < 0.3 else 0)]
+        return pb.SyncInventoryRequest(
+            node_id=self._node_address().node_id, incarnation=self._incarnation(),
+            sync_id=_u64(rng), seq=_u32(rng), items=items, last=rng.random() < 0.5)
 
     def _r_Heartbeat(self):
         rng = self.rng

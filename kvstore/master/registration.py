@@ -1,0 +1,155 @@
+"""Node registrations of one leader term: each node's inventory, applied as it streams in.
+
+    RegisterNode(address, tiers)      --> membership: SYNCING; roster: kept; a sync id
+    SyncInventory(sync id, seq 0)     --> applied a slice at a time (APPLY_SLICE items,
+    SyncInventory(sync id, seq 1)         then the event loop serves others), one chunk
+    ...                                   of a node at a time
+    SyncInventory(sync id, seq k, last) -> the sweep (a slice at a time); the node is
+                                          alive, the warm-up counts it SYNCED
+
+A chunk sent again (its answer was lost) is acknowledged, not applied twice;
+a chunk out of order, or of a registration that a newer one of the node
+replaced (or that the master never made: it restarted), answers "not
+known" and the node registers again from the start. A registration whose
+chunks stop for a node ttl is given up with the node (membership.expire).
+
+Thread safety: owned by the master's event loop. The coroutines yield
+between slices; a per-node lock keeps one chunk of a node in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+from kvstore.errors import InvalidArgument, Unavailable
+from kvstore.master.inventory import APPLY_SLICE, InventorySync
+from kvstore.master.limits import MAX_INVENTORY_CHUNK, check_inventory
+from kvstore.master.membership import NodeRegistration
+from kvstore.master.roster import Roster
+from kvstore.master.warmup import Warmup
+from kvstore.types import InventoryItem, NodeId
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Sync:
+    sync_id: int
+    inventory: InventorySync
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class Registrations:
+    """The registrations in progress on one leader term's index.
+
+    Args:
+        index: the term's :class:`~kvstore.master.index.ObjectIndex`.
+        warmup: the term's warm-up, told of each node's progress.
+        roster: where the shard's nodes are kept (a new node is added before
+            its registration is answered).
+        known: the roster's nodes as loaded (None: not loaded yet, or no roster).
+    """
+
+    def __init__(self, index, warmup: Warmup, roster: Roster,
+                 known: set[NodeId] | None = None):
+        self.index = index
+        self.warmup = warmup
+        self.roster = roster
+        self.known = set(known) if known is not None else None
+        self._syncs: dict[NodeId, _Sync] = {}
+
+    async def register(self, reg: NodeRegistration, now_ms: int) -> int:
+        """Register a node whose inventory follows; returns the sync id its chunks carry.
+
+        Raises:
+            InvalidArgument, PermissionDenied: as :meth:`Membership.register`.
+            Unavailable: the roster could not keep a new node (the node retries).
+        """
+        membership = self.index.membership
+        node_id = reg.address.node_id
+        _, was_known = membership.register(reg, now_ms, syncing=True)
+        sweep = was_known or node_id in self.index.forgetting
+        sync = _Sync(secrets.randbits(63) or 1, InventorySync(self.index, node_id, sweep=sweep))
+        self._syncs[node_id] = sync
+        self.warmup.registered(node_id)
+        if self.known is None or node_id not in self.known:
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, self.roster.add, node_id)
+            except OSError as exc:
+                raise Unavailable(f"the shard could not keep node {node_id} on its roster "
+                                  f"({exc}); register again") from None
+            if self.known is not None:
+                self.known.add(node_id)
+        return sync.sync_id
+
+    async def sync_chunk(self, node_id: NodeId, sync_id: int, seq: int,
+                         items: Sequence[InventoryItem], last: bool, now_ms) -> int | None:
+        """Apply one chunk of a node's inventory (its identity was checked by the caller).
+
+        Args:
+            now_ms: a callable giving the time (the apply spans many slices).
+
+        Returns:
+            The items of this registration applied so far, or None when the
+            registration is not known (register again).
+
+        Raises:
+            InvalidArgument: more than MAX_INVENTORY_CHUNK items, or an item no
+                node could hold (nothing of the chunk is applied).
+        """
+        if len(items) > MAX_INVENTORY_CHUNK:
+            raise InvalidArgument(f"{len(items)} inventory items in one chunk; at most "
+                                  f"{MAX_INVENTORY_CHUNK}")
+        check_inventory(items)
+        sync = self._syncs.get(node_id)
+        if sync is None or sync.sync_id != sync_id:
+            return None
+        async with sync.lock:
+            if self._syncs.get(node_id) is not sync:
+                return None           # replaced or given up while this chunk waited
+            inv = sync.inventory
+            if seq < inv.next_seq:
+                return inv.items_applied          # a resend: applied already
+            if seq > inv.next_seq:
+                return None                       # a gap: start again
+            membership = self.index.membership
+            for start in range(0, len(items), APPLY_SLICE):
+                if self._syncs.get(node_id) is not sync:
+                    return None
+                part = items[start:start + APPLY_SLICE]
+                inv.apply(part, now_ms())
+                membership.touch(node_id, now_ms())
+                self.warmup.applied(node_id, len(part))
+                await asyncio.sleep(0)
+            inv.next_seq += 1
+            if not last:
+                return inv.items_applied
+            for _ in inv.sweep():
+                if self._syncs.get(node_id) is not sync:
+                    return None
+                membership.touch(node_id, now_ms())
+                await asyncio.sleep(0)
+            del self._syncs[node_id]
+            membership.synced(node_id, now_ms())
+            self.warmup.synced(node_id)
+            log.info("node %s: inventory of %d object(s) applied: %d indexed, %d lost their "
+                     "last replica", node_id, inv.items_applied, inv.indexed, inv.lost)
+            return inv.items_applied
+
+    def expire(self) -> None:
+        """Give up the registrations of nodes membership no longer counts as syncing
+        (no chunk for a node ttl, or re-registered under another process)."""
+        for node_id in list(self._syncs):
+            info = self.index.membership.nodes.get(node_id)
+            if info is None or not info.syncing:
+                del self._syncs[node_id]
+                self.warmup.gave_up(node_id)
+
+    def in_progress(self) -> Iterator[tuple[NodeId, int]]:
+        """(node, items applied) of each registration under way."""
+        for node_id, sync in self._syncs.items():
+            yield node_id, sync.inventory.items_applied
