@@ -11,6 +11,7 @@ segments included.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -64,3 +65,41 @@ def watch_parent(parent_pid: int, check_s: float = 1.0) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+
+
+def memory_limit_bytes() -> int:
+    """The memory this process may use: its cgroup's limit (cgroup v2 ``memory.max``)
+    where one is set, else the machine's (``MemTotal``); 0 when neither can be read."""
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit.isdigit():
+            return int(limit)
+    except OSError:
+        pass
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def freeze_survivors() -> None:
+    """Take the objects that outlived a young collection out of the cyclic GC's scans.
+
+    A master's index and a node's table are millions of long-lived objects;
+    CPython's full collection walks every one of them (about 0.5 s per
+    million index entries), holding the GIL: every call, heartbeat and data
+    transfer of the process waits. Called every fraction of a second by the
+    service's own loop: a collection of the young generations first (cheap,
+    bounded by the GC thresholds), then ``gc.freeze()`` (O(1)) moves what is
+    left to the permanent generation, so a full collection only walks what
+    was created since. Freed objects are still freed by reference counting;
+    only a reference cycle that was alive at a freeze and dies later is never
+    collected (the services make none on their steady paths).
+    """
+    gc.collect(1)
+    gc.freeze()

@@ -161,6 +161,8 @@ class ShardStatus:
     metrics_address: str = ""          # the answering master's /metrics, "" if none
     warmup_left_ms: int = 0            # > 0: index incomplete (nodes re-registering)
     warmup_nodes: tuple[WarmupProgress, ...] = ()   # ... what it waits for
+    loop_stall_max_ms: float = 0.0     # the master's event loop's longest stall since start
+    loop_stalls: int = 0               # ... and its stalls of 50 ms or more
 
 
 @dataclass(frozen=True, slots=True)

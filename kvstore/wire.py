@@ -113,7 +113,8 @@ def shard_status(msg: pb.StatResponse) -> ShardStatus:
                            WarmupProgress(NodeId(w.node_id),
                                           pb.WarmupState.Name(w.state).lower()
                                           if w.state in pb.WarmupState.values() else "unknown",
-                                          w.items_applied) for w in msg.warmup_nodes))
+                                          w.items_applied) for w in msg.warmup_nodes),
+                       loop_stall_max_ms=msg.loop_stall_max_ms, loop_stalls=msg.loop_stalls)
 
 
 def shard_status_pb(s: ShardStatus) -> pb.StatResponse:

@@ -224,6 +224,7 @@ def chaos(
 def _register_tools() -> None:
     """Commands whose code lives in tools/ (imported lazily: they pull heavy modules)."""
     from kvstore.tools.bench.command import bench_command
+    from kvstore.tools.bench.scale import scale_command
     from kvstore.tools.certs import certs_command
     from kvstore.tools.cache_sim import simulate_cache_command
     from kvstore.tools.fuzz.command import fuzz_command
@@ -238,6 +239,9 @@ def _register_tools() -> None:
 
     app.command("bench", help="Data-plane benchmark: kvstore vs memcpy, raw sockets, Redis.")(
         bench_command)
+    app.command("scale", help="Millions of small objects in one master and one node: memory "
+                              "per object, and kill -9 restarts that must lose no key.")(
+        scale_command)
     app.command("simulate-cache", help="Replay trace hash_ids through the nodes' eviction "
                                        "policies (and Belady's optimum).")(simulate_cache_command)
     app.command("simulate", help="Discrete-event simulation of the conductor's scheduling "

@@ -28,6 +28,7 @@ from typing import Annotated, Any, Iterator, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kvstore.errors import KVStoreError, NotFound
@@ -354,6 +355,9 @@ def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
             "shard_map_version": st.shard_map_version, "num_objects": st.num_objects,
             "total_bytes": st.total_bytes, "pending_puts": st.pending_puts,
             "index_complete": st.warmup_left_ms == 0, "warmup_left_ms": st.warmup_left_ms,
+            "loop_stall_max_ms": round(st.loop_stall_max_ms, 1), "loop_stalls": st.loop_stalls,
+            "warmup_waiting": [{"node_id": w.node_id, "state": w.state,
+                                "items_applied": w.items_applied} for w in st.warmup_nodes],
             "nodes": len(st.nodes), "nodes_alive": len(alive),
             "capacity_bytes": sum(n.capacity_bytes for n in alive),
             "used_bytes": sum(n.used_bytes for n in alive),
@@ -382,9 +386,14 @@ def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     console.print(table)
     for s in out:
         if not s["index_complete"]:
-            console.print(f"[yellow]shard {s['shard_id']}: index incomplete for about "
-                          f"{s['warmup_left_ms']} ms more (its master just started; nodes "
-                          f"are re-registering; client calls answer Unavailable)[/]")
+            waiting = ", ".join(
+                f"{w['node_id']} ({w['items_applied']} inventory items applied)"
+                if w["state"] == "syncing" else f"{w['node_id']} (not registered)"
+                for w in s["warmup_waiting"]) or "nodes to register (the shard has no roster)"
+            console.print(f"[yellow]shard {s['shard_id']}: index incomplete (its master just "
+                          f"started; client calls answer Unavailable): waiting for "
+                          f"{escape(waiting)}; at most {s['warmup_left_ms']} ms more for "
+                          f"nodes not registered[/]")
     counters = _table(title="counters")
     counters.add_column("counter")
     counters.add_column("value", justify="right")

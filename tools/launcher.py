@@ -52,13 +52,16 @@ class StoreCluster:
         """Seed address for clients and nodes (shard 0's masters)."""
         return self.shard_map.split(",")[0]
 
-    def start_node(self, node_id: str, dram: str | None = None) -> Child:
-        """Start (or restart, on its SSD path) store node ``node_id``."""
+    def start_node(self, node_id: str, dram: str | None = None,
+                   timeout_s: float = 60.0) -> Child:
+        """Start (or restart, on its SSD path) store node ``node_id``; ``timeout_s``: for
+        its READY (a node with millions of SSD objects takes minutes)."""
         args = ["--master", self.master, "--node-id", node_id, "--dram", dram or self.dram,
                 *self.node_args]
         if self.ssd:
             args += ["--ssd", self.ssd, "--ssd-path", os.path.join(self.ssd_dir, node_id)]
-        child = self.procs.start(node_id, service_args("node", *args), env=self.env)
+        child = self.procs.start(node_id, service_args("node", *args), env=self.env,
+                                 timeout_s=timeout_s)
         self.nodes[node_id] = child
         return child
 
@@ -66,7 +69,7 @@ class StoreCluster:
         """The ``--state-dir`` option of master ``name`` (none with etcd)."""
         return ["--state-dir", os.path.join(self.state_dir, name)] if self.state_dir else []
 
-    def restart_master(self, shard_id: int, which: int = 0) -> Child:
+    def restart_master(self, shard_id: int, which: int = 0, timeout_s: float = 60.0) -> Child:
         """Start a (stopped or killed) master of a shard again on the same port (and
         state folder)."""
         old = self.shards[shard_id][which]
@@ -75,7 +78,7 @@ class StoreCluster:
         child = self.procs.start(name, service_args(
             "master", "--shard-id", str(shard_id), "--shard-map", self.shard_map,
             "--port", str(old.info["port"]), *self.master_state(base), *self.master_args),
-            env=self.env)
+            env=self.env, timeout_s=timeout_s)
         self.shards[shard_id][which] = child
         return child
 

@@ -229,6 +229,10 @@ def master_main(argv: list[str]) -> None:
                         "list the shard's masters as addr|addr in --shard-map")
     p.add_argument("--cluster-name", default="default", help="etcd key name space")
     p.add_argument("--lease-ttl-s", type=int, default=3, help="leader lease ttl")
+    p.add_argument("--max-objects", type=int, default=0,
+                   help="objects the shard indexes at most: a put of a new key beyond is "
+                        "NO_SPACE (0: half this machine's memory at about 850 B each; see the "
+                        "README's limits)")
     p.add_argument("--state-dir", default="",
                    help="keep the shard's roster of store nodes in this folder (with --etcd it "
                         "is kept in etcd): after a restart the master serves once exactly "
@@ -239,6 +243,7 @@ def master_main(argv: list[str]) -> None:
     _require(not a.etcd or a.etcd.startswith(("http://", "https://")),
              f"--etcd {a.etcd!r}: give a URL, http://HOST:PORT")
     _require(a.max_pending_puts >= 1, f"--max-pending-puts must be >= 1, got {a.max_pending_puts}")
+    _require(a.max_objects >= 0, f"--max-objects must be >= 0, got {a.max_objects}")
     _require(a.node_ttl_ms >= 100, f"--node-ttl-ms must be >= 100, got {a.node_ttl_ms}")
     _require(a.node_forget_ms >= a.node_ttl_ms,
              f"--node-forget-ms {a.node_forget_ms} must be >= --node-ttl-ms {a.node_ttl_ms}")
@@ -252,6 +257,7 @@ def master_main(argv: list[str]) -> None:
         shard_id=a.shard_id,
         shard_map=ShardMap.parse(a.shard_map) if a.shard_map else None, etcd=a.etcd,
         cluster_name=a.cluster_name, lease_ttl_s=a.lease_ttl_s, state_dir=a.state_dir,
+        max_objects=a.max_objects,
         **_secured(a))
     if a.check_config:
         _check_shard(cfg)
@@ -301,6 +307,10 @@ def node_main(argv: list[str]) -> None:
                         "(default: the fd limit less 128)")
     p.add_argument("--rdma-gid-index", type=int, default=None,
                    help="GID index (default: the port's first non-zero GID)")
+    p.add_argument("--max-objects", type=int, default=0,
+                   help="objects held at most (every tier): one more evicts the coldest where "
+                        "a policy evicts, else is NO_SPACE (0: half the memory beside --dram at "
+                        "about 1100 B each; see the README's limits)")
     a = p.parse_args(argv)
     setup_logging(a.log_level)
     _check_node(a)
@@ -316,7 +326,7 @@ def node_main(argv: list[str]) -> None:
         ssd_low_watermark=a.ssd_low_watermark, rdma_device=a.rdma_device,
         rdma_port=a.rdma_port, rdma_gid_index=a.rdma_gid_index,
         write_timeout_s=a.write_timeout_s, max_connections=a.max_connections,
-        creds=_creds(a), **_secured(a))
+        max_objects=a.max_objects, creds=_creds(a), **_secured(a))
     if not _checked("node", a, cfg):
         run_node(cfg)
 
@@ -357,6 +367,7 @@ def _check_node(a: argparse.Namespace) -> None:
     _require(bool(a.ssd) == bool(a.ssd_path), "--ssd SIZE and --ssd-path DIR go together")
     _require(a.write_timeout_s > 0, "--write-timeout-s must be > 0")
     _require(a.max_connections is None or a.max_connections >= 1, "--max-connections must be >= 1")
+    _require(a.max_objects >= 0, f"--max-objects must be >= 0, got {a.max_objects}")
 
 
 def _engine_parser(name: str, description: str) -> argparse.ArgumentParser:

@@ -36,3 +36,5 @@ class MasterCounter(str, enum.Enum):
     TRANSFER_FAILURES_REPORTED = "transfer_failures_reported"  # ReportFailure node ids
     QUARANTINED = "quarantined"                  # nodes quarantined by those reports
     FORGOTTEN = "forgotten"                      # objects deleted with the last node holding them
+    PUTS_OVER_LIMIT = "puts_over_limit"          # new keys refused NO_SPACE at --max-objects
+    INVENTORY_OVER_LIMIT = "inventory_over_limit"   # objects indexed from inventories past it

@@ -37,7 +37,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
-from kvstore.errors import (AlreadyPresent, KeyConflict, KVStoreError, NotFound,
+from kvstore.errors import (AlreadyPresent, KeyConflict, KVStoreError, NoSpace, NotFound,
                             PutInProgress, TooLarge, Unavailable, WrongShard)
 from kvstore.keys import key_slot, validate_key
 from kvstore.master.counters import MasterCounter as C
@@ -46,7 +46,7 @@ from kvstore.master.entry import Entry
 from kvstore.master.grants import MAX_IDS_PER_GRANT, Grant, Grants
 from kvstore.master.inventory import sync_node_inventory
 from kvstore.master.key_order import KeyOrder
-from kvstore.master.limits import DEFAULT_MAX_PENDING_PUTS
+from kvstore.master.limits import DEFAULT_MAX_PENDING_PUTS, MASTER_BYTES_PER_OBJECT
 from kvstore.master.membership import Membership, NodeInfo
 from kvstore.shardmap import ShardMap
 from kvstore.types import (EventKind, InventoryItem, NodeAddress, NodeEvent, NodeId, ObjectId,
@@ -89,15 +89,18 @@ class ObjectIndex:
         shard_id: this shard's id in the map.
         put_timeout_ms: a PENDING put older than this is revoked.
         max_pending_puts: PENDING puts held at once, at most (:mod:`.limits`).
+        max_objects: objects indexed at most; a new key beyond is NoSpace (:mod:`.limits`).
     """
 
     def __init__(self, membership: Membership, shard_map: ShardMap, shard_id: int = 0,
-                 put_timeout_ms: int = 30_000, max_pending_puts: int = DEFAULT_MAX_PENDING_PUTS):
+                 put_timeout_ms: int = 30_000, max_pending_puts: int = DEFAULT_MAX_PENDING_PUTS,
+                 max_objects: int = 2**63 - 1):
         self.membership = membership
         self.shard_map = shard_map
         self.shard_id = shard_id
         self.put_timeout_ms = put_timeout_ms
         self.max_pending_puts = max_pending_puts
+        self.max_objects = max_objects
         self.num_pending = 0           # PENDING entries (kept with every state change)
         self.complete_bytes = 0        # ... and the bytes of the COMPLETE ones (stat is O(1))
         self.table = EntryTable()      # the entries, by key and by position (scans)
@@ -124,6 +127,16 @@ class ObjectIndex:
             raise WrongShard(f"slot owned by shard {shard.shard_id}", key=key,
                              redirect=str(shard))
         return ObjectKey(key)
+
+    def _check_room(self, key: str) -> None:
+        """Raises NoSpace when a new key would pass ``max_objects``."""
+        if len(self.entries) >= self.max_objects:
+            self.counters[C.PUTS_OVER_LIMIT] += 1
+            raise NoSpace(f"shard {self.shard_id} indexes {len(self.entries)} objects, its limit "
+                          f"(--max-objects {self.max_objects}: about "
+                          f"{self.max_objects * MASTER_BYTES_PER_OBJECT >> 20} MiB of the "
+                          f"master's memory at {MASTER_BYTES_PER_OBJECT} B each); remove "
+                          f"objects or add shards", key=key)
 
     def _new_id(self) -> ObjectId:
         oid = self._next_id
@@ -262,6 +275,7 @@ class ObjectIndex:
             self.counters[C.PUTS_BUSY] += 1
             raise Unavailable(f"{self.num_pending} puts in progress on this shard, the most it "
                               f"holds (--max-pending-puts); retry once some complete")
+        self._check_room(key)
         nodes = self._place(item.size_bytes, replica_num, preferred, now_ms)
         entry = Entry(key=key, size_bytes=item.size_bytes, checksum=item.checksum,
                       object_id=self._new_id(), state=ReplicaState.PENDING,
@@ -374,6 +388,7 @@ class ObjectIndex:
                 raise AlreadyPresent("equal bytes are stored", key=event.key)
             raise KeyConflict(f"key holds different bytes ({entry.size_bytes} B, checksum "
                               f"{entry.checksum:#x}); objects are immutable", key=event.key)
+        self._check_room(event.key)
         self.table.add(Entry(
             key=event.key, size_bytes=event.size_bytes, checksum=event.checksum,
             object_id=event.object_id, state=ReplicaState.COMPLETE, targets=[],

@@ -101,6 +101,8 @@ class InventorySync:
                               object_id=it.object_id, state=ReplicaState.COMPLETE, targets=[],
                               replicas=[node_id], created_ms=now_ms, tiers={node_id: it.tier},
                               replica_num=max(1, it.replica_num))
+                if len(index.entries) >= index.max_objects:
+                    index.counters[C.INVENTORY_OVER_LIMIT] += 1    # indexed all the same
                 index.table.add(entry)
                 index.key_order.add(it.key)
                 index.complete_bytes += it.size_bytes

@@ -15,6 +15,12 @@
     inventory replicas an item's ``replica_num`` is at most :data:`kvstore.rpc.MAX_REPLICAS`,
                        as a put's: a larger one would have the master copy an object
                        to every node.
+    objects            at most ``max_objects`` objects indexed (``--max-objects``; default
+                       :func:`default_max_objects`: half the memory at
+                       :data:`MASTER_BYTES_PER_OBJECT` each); a put of a new key beyond
+                       it is NO_SPACE, saying so, before the master runs out of memory.
+                       An inventory is indexed whole, beyond it too: those objects exist
+                       on a node already, and it is counted (``inventory_over_limit``).
     inventory chunks   a SyncInventory chunk holds at most :data:`MAX_INVENTORY_CHUNK`
                        items (a few hundred KiB); a node's inventory is any number of
                        them.
@@ -31,8 +37,17 @@ from kvstore.rpc import MAX_REPLICAS
 from kvstore.types import InventoryItem
 
 DEFAULT_MAX_PENDING_PUTS = 65_536
+#: What one indexed object costs a master process (B), measured by ``kvstore scale``
+#: (64-byte values, 32-character keys, one replica): see the README's limits.
+MASTER_BYTES_PER_OBJECT = 850
 MAX_INVENTORY_CHUNK = 8192
 MAX_INVENTORY_OBJECT_ID = 2**63 - 1
+
+
+def default_max_objects(memory_bytes: int) -> int:
+    """Objects a master indexes by default: half of ``memory_bytes`` (the process's
+    memory limit) at :data:`MASTER_BYTES_PER_OBJECT` each; no limit when unknown (0)."""
+    return memory_bytes // 2 // MASTER_BYTES_PER_OBJECT if memory_bytes else 2**63 - 1
 
 
 def check_inventory(items: Sequence[InventoryItem]) -> None:

@@ -9,6 +9,8 @@
     kvstore_repairs_total                 repair copies that added a replica
     kvstore_lookup_keys_total{result}     keys looked up: hit, miss (the shard's hit rate)
     kvstore_master_events_total{event}    every counter of kvstore.master.counters
+    kvstore_event_loop_stall_max_seconds  the event loop's longest stall (kvstore.master.stall)
+    kvstore_event_loop_stalls_total       ... and its stalls of 50 ms or more
 
 Counters add the earlier terms' counts (a new term starts a fresh index), so
 they never go down while the process lives. The figures are read on the
@@ -62,6 +64,11 @@ def snapshot(servicer: MasterServicer) -> list:
                          ({"result": "miss"}, counts[C.LOOKUP_MISSES])]),
         counter("kvstore_master_events", "The shard's counters (kvctl stats), all terms.",
                 samples=[({"event": c.value}, counts[c]) for c in C]),
+        gauge("kvstore_event_loop_stall_max_seconds",
+              "The longest time the master's event loop was kept from serving (s).",
+              servicer.loop_watch.max_ms / 1000),
+        counter("kvstore_event_loop_stalls", "Stalls of the master's event loop of 50 ms "
+                "or more.", servicer.loop_watch.stalls),
     ]
     return out
 

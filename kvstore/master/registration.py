@@ -23,7 +23,7 @@ import asyncio
 import logging
 import secrets
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from kvstore.errors import InvalidArgument, Unavailable
 from kvstore.master.inventory import APPLY_SLICE, InventorySync
@@ -86,12 +86,15 @@ class Registrations:
                 self.known.add(node_id)
         return sync.sync_id
 
-    async def sync_chunk(self, node_id: NodeId, sync_id: int, seq: int,
-                         items: Sequence[InventoryItem], last: bool, now_ms) -> int | None:
+    async def sync_chunk(self, node_id: NodeId, sync_id: int, seq: int, raw_items: Sequence,
+                         last: bool, now_ms, read: Callable[[Any], InventoryItem]) -> int | None:
         """Apply one chunk of a node's inventory (its identity was checked by the caller).
 
         Args:
+            raw_items: the chunk's items as they came (read with ``read``, a slice
+                at a time: every item is read and checked before any is applied).
             now_ms: a callable giving the time (the apply spans many slices).
+            read: one raw item as an :class:`InventoryItem` (raises InvalidArgument).
 
         Returns:
             The items of this registration applied so far, or None when the
@@ -101,13 +104,18 @@ class Registrations:
             InvalidArgument: more than MAX_INVENTORY_CHUNK items, or an item no
                 node could hold (nothing of the chunk is applied).
         """
-        if len(items) > MAX_INVENTORY_CHUNK:
-            raise InvalidArgument(f"{len(items)} inventory items in one chunk; at most "
+        if len(raw_items) > MAX_INVENTORY_CHUNK:
+            raise InvalidArgument(f"{len(raw_items)} inventory items in one chunk; at most "
                                   f"{MAX_INVENTORY_CHUNK}")
-        check_inventory(items)
         sync = self._syncs.get(node_id)
         if sync is None or sync.sync_id != sync_id:
             return None
+        items: list[InventoryItem] = []
+        for start in range(0, len(raw_items), APPLY_SLICE):
+            part = [read(it) for it in raw_items[start:start + APPLY_SLICE]]
+            check_inventory(part)
+            items.extend(part)
+            await asyncio.sleep(0)
         async with sync.lock:
             if self._syncs.get(node_id) is not sync:
                 return None           # replaced or given up while this chunk waited

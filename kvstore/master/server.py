@@ -26,12 +26,13 @@ from kvstore.rpc import ServerSecurity
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.master import metrics as master_metrics
 from kvstore.master.index import ObjectIndex
-from kvstore.master.limits import DEFAULT_MAX_PENDING_PUTS
+from kvstore.master.limits import DEFAULT_MAX_PENDING_PUTS, default_max_objects
 from kvstore.master.membership import Membership
 from kvstore.master.roster import EtcdRoster, FileRoster, Roster
 from kvstore.master.report_port import ReportPort
 from kvstore.master.servicer import METHOD_ROLES, MasterServicer, now_ms
-from kvstore.process import announce_ready, wait_for_stop_signal
+from kvstore.process import (announce_ready, freeze_survivors, memory_limit_bytes,
+                             wait_for_stop_signal)
 from kvstore.shardmap import ShardMap
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
                         node_forget_ms: int = 600_000,
                         put_timeout_ms: int = 30_000,
                         max_pending_puts: int = DEFAULT_MAX_PENDING_PUTS,
+                        max_objects: int = 2**63 - 1,
                         shard_map: ShardMap | None = None,
                         shard_id: int = 0, election=None,
                         security: ServerSecurity | None = None, advertise_host: str = "",
@@ -59,6 +61,7 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
         advertise_host: the address clients reach it by (see kvstore.binding).
         max_pending_puts: puts in progress the shard holds at once (see
             :mod:`kvstore.master.limits`).
+        max_objects: objects the shard indexes at most (a new key beyond: NoSpace).
         metrics: count and time every call, and export the shard's figures.
         health: serve the gRPC health service (SERVING while leading with a whole index).
         roster: where the shard keeps its nodes (:mod:`kvstore.master.roster`; None:
@@ -78,14 +81,14 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
     if shard_map is None:
         shard_map = ShardMap.single(f"{advertised_host(host, advertise_host)}:{bound}")
     index = ObjectIndex(membership, shard_map, shard_id=shard_id, put_timeout_ms=put_timeout_ms,
-                        max_pending_puts=max_pending_puts)
+                        max_pending_puts=max_pending_puts, max_objects=max_objects)
 
     def new_index() -> ObjectIndex:
         return ObjectIndex(Membership(node_ttl_ms=node_ttl_ms,
                                       heartbeat_interval_ms=heartbeat_interval_ms,
                                       forget_ms=node_forget_ms),
                            shard_map, shard_id=shard_id, put_timeout_ms=put_timeout_ms,
-                           max_pending_puts=max_pending_puts)
+                           max_pending_puts=max_pending_puts, max_objects=max_objects)
     servicer = MasterServicer(index, election=election, new_index=new_index, roster=roster,
                               security=security)
     pb_grpc.add_MasterServicer_to_server(servicer, server)
@@ -109,6 +112,7 @@ async def _maintenance(servicer: MasterServicer, period_s: float,
     entry run a slice at a time (:func:`_sliced`): other calls go on meanwhile."""
     while True:
         await asyncio.sleep(period_s)
+        freeze_survivors()        # the index's entries out of the cyclic GC's full scans
         leading = servicer.leading()
         if leading:
             await servicer.load_roster()
@@ -158,6 +162,7 @@ class MasterConfig:
     cluster_name: str = "default"      # etcd key name space
     lease_ttl_s: int = 3               # leader lease ttl
     state_dir: str = ""                # keep the shard's roster here (without etcd)
+    max_objects: int = 0               # objects indexed at most (0: limits.default_max_objects)
     security: ServerSecurity = ServerSecurity()   # --auth, --tls-*
     insecure: bool = False             # allow a non-loopback bind without --auth (warned)
     advertise_host: str = ""           # address to give others ("" : see kvstore.binding)
@@ -205,6 +210,8 @@ async def serve(cfg: MasterConfig) -> None:
     server, bound, index = await create_server(cfg.host, port, node_ttl_ms=cfg.node_ttl_ms,
                                                node_forget_ms=cfg.node_forget_ms,
                                                max_pending_puts=cfg.max_pending_puts,
+                                               max_objects=cfg.max_objects or
+                                               default_max_objects(memory_limit_bytes()),
                                                shard_map=cfg.shard_map, shard_id=cfg.shard_id,
                                                election=election, security=cfg.security,
                                                advertise_host=cfg.advertise_host,
@@ -225,6 +232,7 @@ async def serve(cfg: MasterConfig) -> None:
         election.address = address
         election.start()
     task = asyncio.create_task(_maintenance(server.servicer, 0.2, health))
+    watch = asyncio.create_task(server.servicer.loop_watch.run())
     if cfg.security.tokens is not None:
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, cfg.security.tokens.reload)
     info = {"role": "master", "address": address, "port": bound, "shard_id": cfg.shard_id,
@@ -238,6 +246,7 @@ async def serve(cfg: MasterConfig) -> None:
     await drain(health, server, cfg.drain_s)
     server.report_port.close()
     task.cancel()
+    watch.cancel()
     if election is not None:
         election.stop()
     if mserver is not None:

@@ -31,6 +31,7 @@ from kvstore.master.membership import NodeHeartbeat, NodeRegistration
 from kvstore.master.registration import Registrations
 from kvstore.master.repair import RepairPlanner
 from kvstore.master.roster import Roster
+from kvstore.master.stall import LoopWatch
 from kvstore.master.warmup import Warmup
 from kvstore.auth import Role, fingerprint
 from kvstore.rpc import MAX_KEYS_PER_CALL, MAX_REPLICAS, ServerSecurity, bearer, caller_role
@@ -102,6 +103,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         self.leader_changes = 0        # this process won or lost its shard's lead
         self.metrics_address = ""      # its /metrics, for kvctl top (set by serve)
         self._was_leading = election is None
+        self.loop_watch = LoopWatch()  # run by serve()
         self._new_term()
 
     @property
@@ -256,9 +258,9 @@ class MasterServicer(pb_grpc.MasterServicer):
         try:
             self.membership.check_identity(info, request.incarnation, self._owner(context))
             # Bad input first: nothing of a chunk that is refused is applied.
-            items = [wire.inventory_item(it) for it in request.items]
             applied = await self.registrations.sync_chunk(node_id, request.sync_id, request.seq,
-                                                          items, request.last, _now)
+                                                          request.items, request.last, _now,
+                                                          wire.inventory_item)
         except KVStoreError as err:
             await self._refuse(context, err)
         if applied is None:
@@ -403,6 +405,8 @@ class MasterServicer(pb_grpc.MasterServicer):
         await self._gate(context, client_rpc=False)
         reply = wire.shard_status_pb(self.index.stat())
         reply.metrics_address = self.metrics_address
+        reply.loop_stall_max_ms = self.loop_watch.max_ms
+        reply.loop_stalls = self.loop_watch.stalls
         if self.warming_up():
             now = now_ms()
             reply.warmup_left_ms = (self.warmup.left_ms(now) if self._roster_loaded

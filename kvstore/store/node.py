@@ -70,6 +70,7 @@ from kvstore.errors import (ChecksumMismatch, InvalidArgument, KeyConflict, NoSp
                             TooLarge)
 from kvstore.keys import value_checksum
 from kvstore.store.levels import DEFAULT_WATERMARKS, TierLevel, build_levels
+from kvstore.store.limits import NODE_BYTES_PER_OBJECT, UNLIMITED
 from kvstore.store.events import EventLog, Ticket
 from kvstore.store.mover import TierMover
 from kvstore.store.objects import ObjectState, StoredObject
@@ -103,6 +104,7 @@ class StoreNode(NodeStatsView):
         room_wait_s: how long a write or a promotion waits for the mover to
             make room before NoSpace.
         start_mover: start the mover thread now (nodes with slower tiers).
+        max_objects: objects held at most (:mod:`kvstore.store.limits`).
 
     Attributes:
         levels: the tier chain, fastest first, one :class:`TierLevel` each.
@@ -121,10 +123,12 @@ class StoreNode(NodeStatsView):
     def __init__(self, tiers: Tier | Sequence[Tier], policy: str = "default",
                  high_watermark: float = 0.95, low_watermark: float = 0.85, *,
                  ssd_watermarks: tuple[float, float] = DEFAULT_WATERMARKS[TierKind.SSD],
-                 room_wait_s: float = 5.0, start_mover: bool = True):
+                 room_wait_s: float = 5.0, start_mover: bool = True,
+                 max_objects: int = UNLIMITED):
         chain = [tiers] if isinstance(tiers, Tier) else list(tiers)
         self._table = ObjectTable(build_levels(chain, policy, high_watermark, low_watermark,
                                                ssd_watermarks))
+        self.max_objects = max_objects
         self._tiering = Tiering(self._table, room_wait_s)
         self.levels: list[TierLevel] = self._table.levels
         self.tier: Tier = chain[0]
@@ -165,6 +169,7 @@ class StoreNode(NodeStatsView):
             present = self._present_locked(key, object_id, checksum)
             if present is not None:
                 return present, True
+            self._check_count_locked(key)
             alloc = self._tiering.allocate_locked(0, record)
             if alloc is None and not self._tiering.could_fit_locked(0, size_bytes):
                 self.counters[NodeCounter.NO_FIT] += 1
@@ -194,6 +199,18 @@ class StoreNode(NodeStatsView):
             else:
                 self._table.enter(obj)
             return obj, False
+
+    def _check_count_locked(self, key: str) -> None:
+        """Make room for one more object under ``max_objects`` (evicting one where a
+        policy evicts); raises NoSpace when none may go."""
+        held = len(self._table.objects) + len(self._table.staged)
+        if held < self.max_objects or self._tiering.evict_one_locked():
+            return
+        self.counters[NodeCounter.OVER_OBJECT_LIMIT] += 1
+        raise NoSpace(f"this node holds {held} objects, its limit (--max-objects "
+                      f"{self.max_objects}: about {self.max_objects * NODE_BYTES_PER_OBJECT >> 20}"
+                      f" MiB of its memory at {NODE_BYTES_PER_OBJECT} B each, beside the "
+                      f"values), and none may be evicted", key=key)
 
     def _present_locked(self, key: str, object_id: int, checksum: int) -> StoredObject | None:
         """This exact version, complete (None: not here).

@@ -34,13 +34,14 @@ from kvstore.binding import advertised_host, check_binding
 from kvstore.errors import Unavailable
 from kvstore.health import Health, State
 from kvstore.metrics import MetricsConfig, ProcessMetrics, check_metrics_binding, start_metrics
-from kvstore.process import announce_ready
+from kvstore.process import announce_ready, freeze_survivors, memory_limit_bytes
 from kvstore.rpc import ClientCredentials, ServerSecurity
 from kvstore.store.agent import make_agent, no_master_yet
 from kvstore.store.lease import MasterLease
 from kvstore.store import metrics as node_metrics
 from kvstore.store.data_server import DataServer
 from kvstore.store.levels import DEFAULT_WATERMARKS
+from kvstore.store.limits import default_max_objects
 from kvstore.store.node import StoreNode
 from kvstore.store.tiers.base import Tier
 from kvstore.types import TierKind
@@ -84,6 +85,7 @@ class NodeConfig:
     advertise_host: str = ""           # the data address clients get ("" : see kvstore.binding)
     metrics: MetricsConfig = MetricsConfig()   # --metrics-port, --metrics-host
     drain_s: float = 0.0               # SIGTERM: NOT_SERVING this long before stopping
+    max_objects: int = 0               # objects held at most (0: limits.default_max_objects)
 
 
 def build_tiers(cfg: NodeConfig) -> list[Tier]:
@@ -180,7 +182,9 @@ def run_node(cfg: NodeConfig) -> None:
         node_id = resolve_node_id(cfg.node_id, tiers)
         t0 = time.monotonic()
         node = StoreNode(tiers, cfg.eviction_policy, cfg.high_watermark, cfg.low_watermark,
-                         ssd_watermarks=(cfg.ssd_high_watermark, cfg.ssd_low_watermark))
+                         ssd_watermarks=(cfg.ssd_high_watermark, cfg.ssd_low_watermark),
+                         max_objects=cfg.max_objects or default_max_objects(
+                             memory_limit_bytes(), cfg.dram_bytes))
     except BaseException:
         for t in tiers:
             t.close()
@@ -250,6 +254,7 @@ def run_node(cfg: NodeConfig) -> None:
         # Degraded (the data port cannot accept: out of fds), or fenced (no master
         # acknowledged the node lately): /health 503 until it can serve again.
         while not stop.wait(0.25):
+            freeze_survivors()    # the table's objects out of the cyclic GC's full scans
             health.set(State.STANDBY if server.degraded or not lease.held_all()
                        else State.SERVING)
         health.set(State.DRAINING)      # probes see it first; then the port closes

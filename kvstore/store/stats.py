@@ -72,6 +72,8 @@ class NodeCounter(str, enum.Enum):
     ACCEPT_ERRORS = "accept_errors"
     CONNECTIONS_REFUSED = "connections_refused"
     NO_FIT = "no_fit"
+    OVER_OBJECT_LIMIT = "over_object_limit"     # writes refused at --max-objects
+    EVICTED_FOR_COUNT = "evicted_for_count"     # objects evicted to stay under it
     FENCED = "fenced"
 
 

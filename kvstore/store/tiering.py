@@ -200,6 +200,24 @@ class Tiering:
             gen.close()
         return None
 
+    def evict_one_locked(self) -> bool:
+        """Evict one object, the first victim of the slowest tier whose policy evicts
+        (the node's object limit: :mod:`kvstore.store.limits`). Returns False when
+        no object may go."""
+        now = time.monotonic()
+        for level in reversed(range(len(self._levels))):
+            if not self._levels[level].policy.evicts:
+                continue
+            gen = self._victims(level, now)
+            try:
+                for obj in gen:
+                    self._evict_locked(obj, level)
+                    self._table.counters[NodeCounter.EVICTED_FOR_COUNT] += 1
+                    return True
+            finally:
+                gen.close()
+        return False
+
     #: Objects under this fraction of a tier skip :meth:`could_fit_locked`'s count:
     #: a few victims make room for them, and the count is O(objects).
     FIT_CHECK_FRACTION = 1 / 64

@@ -5,7 +5,7 @@
     unknown enum value           INVALID_ARGUMENT, nothing applied (was UNKNOWN: a
                                  ValueError deep in the wire conversions); a copy
                                  result's unknown status code is a failed copy
-    inventory object id 2^64-1   INVALID_ARGUMENT, nothing registered (it used up the ids:
+    inventory object id 2^64-1   INVALID_ARGUMENT, nothing indexed (it used up the ids:
                                  every later put and every heartbeat carrying a drop
                                  order failed, so live nodes fell dead)
     sizes past 2^64 in Stat      answered, saturated (Stat failed UNKNOWN for everyone once
@@ -48,6 +48,15 @@ def _raw(channel: grpc.Channel, method: str, body: bytes, metadata=()) -> grpc.S
         return grpc.StatusCode.OK
     except grpc.RpcError as exc:
         return exc.code()
+
+
+def _register(stub, address: pb.NodeAddress, items=(), capacity_bytes: int = 1 << 20) -> None:
+    """Register a made-up node under incarnation "i" with an inventory of ``items``."""
+    reply = stub.RegisterNode(pb.RegisterNodeRequest(address=address, incarnation="i",
+                                                     capacity_bytes=capacity_bytes), timeout=10)
+    stub.SyncInventory(pb.SyncInventoryRequest(node_id=address.node_id, incarnation="i",
+                                               sync_id=reply.sync_id, items=items, last=True),
+                       timeout=10)
 
 
 @pytest.fixture()
@@ -109,9 +118,7 @@ def test_unknown_enum_values_are_invalid_argument_and_change_nothing(procs):
         # All or none: the valid STORED before the bad event was not applied either.
         assert stub.Stat(pb.StatRequest(), timeout=10).counters["stored_refused"] == 0
         with pytest.raises(grpc.RpcError) as err:
-            stub.RegisterNode(pb.RegisterNodeRequest(
-                address=address, capacity_bytes=1 << 20, incarnation="i",
-                inventory=[pb.InventoryItem(key="k", object_id=1, tier=9)]), timeout=10)
+            _register(stub, address, [pb.InventoryItem(key="k", object_id=1, tier=9)])
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
@@ -122,14 +129,11 @@ def test_an_inventory_cannot_use_up_the_object_ids(procs):
         stub = pb_grpc.MasterStub(ch)
         for object_id in (2**64 - 1, 2**63, 0):
             with pytest.raises(grpc.RpcError) as err:
-                stub.RegisterNode(pb.RegisterNodeRequest(
-                    address=address, capacity_bytes=1 << 20, incarnation="i",
-                    inventory=[pb.InventoryItem(key="k", object_id=object_id)]), timeout=10)
+                _register(stub, address, [pb.InventoryItem(key="k", object_id=object_id)])
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert not stub.Stat(pb.StatRequest(), timeout=10).nodes      # nothing registered
-        stub.RegisterNode(pb.RegisterNodeRequest(
-            address=address, capacity_bytes=1 << 20, incarnation="i",
-            inventory=[pb.InventoryItem(key="k", object_id=2**63 - 1)]), timeout=10)
+        st = stub.Stat(pb.StatRequest(), timeout=10)
+        assert st.num_objects == 0 and not any(n.alive for n in st.nodes)   # nothing applied
+        _register(stub, address, [pb.InventoryItem(key="k", object_id=2**63 - 1)])
         time.sleep(3.2)                   # past the warm-up; keep the node alive meanwhile
         stub.Heartbeat(pb.HeartbeatRequest(node_id="fz", incarnation="i"), timeout=10)
         # Ids continue above the largest announced one and still fit the wire.
@@ -145,11 +149,9 @@ def test_stat_answers_when_reported_sizes_add_up_past_2_64(procs):
     with grpc.insecure_channel(master.address) as ch:
         stub = pb_grpc.MasterStub(ch)
         for i in range(2):
-            stub.RegisterNode(pb.RegisterNodeRequest(
-                address=pb.NodeAddress(node_id=f"fz{i}", host="127.0.0.1", data_port=9),
-                capacity_bytes=2**64 - 1, incarnation="i",
-                inventory=[pb.InventoryItem(key=f"big{i}", object_id=1 + i,
-                                            size_bytes=2**64 - 1)]), timeout=10)
+            _register(stub, pb.NodeAddress(node_id=f"fz{i}", host="127.0.0.1", data_port=9),
+                      [pb.InventoryItem(key=f"big{i}", object_id=1 + i, size_bytes=2**64 - 1)],
+                      capacity_bytes=2**64 - 1)
         st = stub.Stat(pb.StatRequest(), timeout=10)
         assert st.num_objects == 2 and st.total_bytes == 2**64 - 1     # saturated
 
