@@ -116,16 +116,7 @@ async def _maintenance(servicer: MasterServicer, period_s: float,
         leading = servicer.leading()
         if leading:
             await servicer.load_roster()
-        warming = servicer.warming_up()
-        if health is not None:
-            e = servicer.election
-            if leading and not warming:
-                health.set(State.SERVING)
-            elif e is not None and not leading and not e.etcd_reachable():
-                health.set(State.STARTING)     # cannot reach etcd: could never take over
-            else:
-                health.set(State.STANDBY)
-            health.detail = servicer.warmup.describe(now_ms()) if leading and warming else ""
+        warming = _show_health(servicer, health, leading)
         if not leading:
             continue
         now = now_ms()
@@ -138,6 +129,22 @@ async def _maintenance(servicer: MasterServicer, period_s: float,
         index.expire_puts(now)
         if not warming:
             await _sliced(servicer.repairs.plan_steps(now))
+
+
+def _show_health(servicer: MasterServicer, health: Health | None, leading: bool) -> bool:
+    """SERVING while leading with a whole index, STANDBY (saying why) otherwise;
+    returns whether the index is warming up."""
+    warming = servicer.warming_up()
+    if health is not None:
+        e = servicer.election
+        if leading and not warming:
+            health.set(State.SERVING)
+        elif e is not None and not leading and not e.etcd_reachable():
+            health.set(State.STARTING)     # cannot reach etcd: could never take over
+        else:
+            health.set(State.STANDBY)
+        health.detail = servicer.warmup.describe(now_ms()) if leading and warming else ""
+    return warming
 
 
 async def _sliced(steps) -> None:
@@ -228,6 +235,7 @@ async def serve(cfg: MasterConfig) -> None:
         raise
     server.servicer.metrics_address = maddress
     await server.servicer.load_roster()      # a fresh cluster (empty roster) serves at once
+    _show_health(server.servicer, health, server.servicer.leading())
     if election is not None:
         election.address = address
         election.start()

@@ -187,8 +187,7 @@ def test_a_master_holds_a_bounded_number_of_puts_in_progress(procs):
     fake = pb.NodeAddress(node_id="fz", host="127.0.0.1", data_port=9)
     with grpc.insecure_channel(master.address) as ch:
         stub = pb_grpc.MasterStub(ch)
-        stub.RegisterNode(pb.RegisterNodeRequest(address=fake, capacity_bytes=1 << 30,
-                                                 incarnation="i"), timeout=10)
+        _register(stub, fake, capacity_bytes=1 << 30)
         reply = stub.PutStart(pb.PutStartRequest(items=[
             pb.PutStartItem(key=f"k{i}", size_bytes=0) for i in range(150)]), timeout=10)
         codes = [r.status.code for r in reply.results]
