@@ -6,7 +6,8 @@ forgetting dead nodes, the repair planner's look for short replicas) can run
 a slice at a time on the master's event loop, with other calls served in
 between, instead of stalling the loop for seconds at millions of entries::
 
-    entries   key -> Entry                      lookups
+    entries   key -> Entry                      lookups (a BigMap: its growth never
+                                                copies every entry at once)
     slots     [Entry | None, ...]               each entry at a fixed position
               (entry.slot); a deleted entry's position goes on a free list and
               is reused by the next entry: no compaction, no copy of the table
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from kvstore.bigmap import BigMap
 from kvstore.master.entry import Entry
 from kvstore.types import ObjectKey
 
@@ -34,7 +36,7 @@ class EntryTable:
     """The entries of one shard, by key and by position."""
 
     def __init__(self):
-        self.entries: dict[ObjectKey, Entry] = {}
+        self.entries: BigMap[ObjectKey, Entry] = BigMap()
         self._slots: list[Entry | None] = []
         self._free: list[int] = []
 

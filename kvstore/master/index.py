@@ -41,6 +41,7 @@ from kvstore.errors import (AlreadyPresent, KeyConflict, KVStoreError, NoSpace, 
                             PutInProgress, TooLarge, Unavailable, WrongShard)
 from kvstore.keys import key_slot, validate_key
 from kvstore.master.counters import MasterCounter as C
+from kvstore.bigmap import BigMap
 from kvstore.master.entries import EntryTable
 from kvstore.master.entry import Entry
 from kvstore.master.grants import MAX_IDS_PER_GRANT, Grant, Grants
@@ -104,7 +105,7 @@ class ObjectIndex:
         self.num_pending = 0           # PENDING entries (kept with every state change)
         self.complete_bytes = 0        # ... and the bytes of the COMPLETE ones (stat is O(1))
         self.table = EntryTable()      # the entries, by key and by position (scans)
-        self.entries: dict[ObjectKey, Entry] = self.table.entries
+        self.entries: BigMap[ObjectKey, Entry] = self.table.entries
         self.key_order = KeyOrder()    # COMPLETE keys in order, for list
         self._next_id = 1              # object ids; above every id seen in an inventory
         self.counters: Counter[C] = Counter()

@@ -248,7 +248,6 @@ class NodeAgent:
         deadline = time.monotonic() + timeout_s
         while True:
             single = len(self._addrs) == 1
-            sent = time.monotonic()
             try:
                 resp = self.stub.RegisterNode(
                     req, timeout=max(0.1, deadline - time.monotonic()) if single else 1.0,
@@ -271,7 +270,8 @@ class NodeAgent:
                 time.sleep(0.05)
         self.interval_s = resp.heartbeat_interval_ms / 1000.0
         self.ttl_ms = resp.node_ttl_ms
-        if not self._send_inventory(resp.sync_id, timeout_s):
+        sent = self._send_inventory(resp.sync_id, timeout_s)
+        if sent is None:
             return False
         self.report_port = resp.report_port
         self._use_port(resp.report_port, renew=True)
@@ -279,20 +279,24 @@ class NodeAgent:
             self.lease.renew(self.shard, sent, self.ttl_ms)
         return True
 
-    def _send_inventory(self, sync_id: int, timeout_s: float) -> bool:
+    def _send_inventory(self, sync_id: int, timeout_s: float) -> float | None:
         """Every object of this shard the node holds, in chunks of at most
         INVENTORY_CHUNK items (:meth:`StoreNode.inventory_chunks` takes the node's
-        lock per chunk); False when the master lost the registration."""
+        lock per chunk). Returns when the last chunk was sent (monotonic s: the
+        master counts the node alive from its answer on), or None when the master
+        lost the registration."""
         self.inventory_sent = 0
         seq = 0
         pending: list = []
+        sent = 0.0
 
         def send(items, last: bool) -> bool:
-            nonlocal seq
+            nonlocal seq, sent
             chunk = pb.SyncInventoryRequest(node_id=self.address.node_id,
                                             incarnation=self.incarnation, sync_id=sync_id,
                                             seq=seq, items=items, last=last)
             for attempt in range(3):
+                sent = time.monotonic()
                 try:
                     resp = self.stub.SyncInventory(chunk, timeout=timeout_s)
                     break
@@ -309,9 +313,9 @@ class NodeAgent:
             pending.extend(wire.inventory_item_pb(it) for it in items)
             while len(pending) >= INVENTORY_CHUNK:
                 if not send(pending[:INVENTORY_CHUNK], last=False):
-                    return False
+                    return None
                 del pending[:INVENTORY_CHUNK]
-        return send(pending, last=True)
+        return sent if send(pending, last=True) else None
 
     def deliver(self, timeout_s: float | None = None) -> None:
         """Send this shard's pending events (one ReportEvents) and resolve their tickets.

@@ -19,6 +19,10 @@ from kvstore.store.stats import (NodeCounter, NodeStats, TierUse, count_objects,
                                  counters_by_name)
 
 
+#: Objects copied per hold of the node's lock by :meth:`NodeStatsView.stats` (about 1 ms).
+SNAPSHOT_CHUNK = 65536
+
+
 class NodeStatsView:
     """Statistics of a StoreNode (which sets ``_table``, ``_tiering``, ``levels``,
     ``tier``, ``counters``; ``_counted``, the last full count, None at first, and
@@ -26,11 +30,17 @@ class NodeStatsView:
 
     def stats(self) -> NodeStats:
         """Everything, counted now: O(objects), outside the lock but for a copy of the
-        table (160 ms of a core for 200k objects, 3 ms of it locked; see
-        :meth:`full_stats`, :meth:`refresh_usage`)."""
-        with self._table.cond:
+        table, taken a chunk of SNAPSHOT_CHUNK at a time (160 ms of a core for 200k
+        objects, 3 ms of it locked; see :meth:`full_stats`, :meth:`refresh_usage`)."""
+        table = self._table
+        with table.cond:
+            end = len(table.slots)
+        objs = []
+        for start in range(0, end, SNAPSHOT_CHUNK):
+            with table.cond:
+                objs += [o for o in table.slots[start:start + SNAPSHOT_CHUNK] if o is not None]
+        with table.cond:
             now = time.monotonic()
-            objs = list(self._table.objects.values())
             uses = [TierUse.of(lv, level) for level, lv in enumerate(self.levels)]
             head = dict(capacity_bytes=self.tier.capacity_bytes,
                         used_bytes=self.tier.used_bytes, free_bytes=self.tier.free_bytes,

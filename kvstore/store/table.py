@@ -43,6 +43,7 @@ import contextlib
 import threading
 from typing import Iterator
 
+from kvstore.bigmap import BigMap
 from kvstore.store.events import EventLog, Ticket
 from kvstore.store.levels import TierLevel
 from kvstore.store.objects import ObjectState, StoredObject
@@ -63,7 +64,7 @@ class ObjectTable:
         self.levels = levels
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
-        self.objects: dict[str, StoredObject] = {}
+        self.objects: BigMap[str, StoredObject] = BigMap()   # its growth copies a 256th
         self.slots: list[StoredObject | None] = []
         self._free_slots: list[int] = []              # positions of slots that are None
         self.staged: dict[tuple[str, int], StoredObject] = {}

@@ -172,9 +172,9 @@ def _restart(cluster, what: str, sample: list[str], cfg: ScaleConfig) -> Restart
     old.proc.wait()
     t0 = time.monotonic()
     if what == "master":
-        child = cluster.restart_master(0, timeout_s=cfg.start_timeout_s)
+        cluster.restart_master(0, timeout_s=cfg.start_timeout_s)
     else:
-        child = cluster.start_node("n0", timeout_s=cfg.start_timeout_s)
+        cluster.start_node("n0", timeout_s=cfg.start_timeout_s)
     ready = time.monotonic()
     _say(f"{what}: READY after {ready - t0:.1f} s; polling {len(sample)} old keys")
     out = RestartResult(what, ready - t0, 0.0, 0, 0, 0)
