@@ -160,12 +160,14 @@ class KVClient:
                   replica_num: int | None = None) -> PartsWriter:
         """Start values that are written part by part, in order, before they are
         complete (a layer-wise KV save); see :class:`kvstore.client.parts.PartsWriter`.
+        Placed like every put (a placement grant: no master call while it is fresh);
+        a value that cannot be placed or reserved has its error in ``results`` at once.
 
         Raises:
-            InvalidArgument: lengths differ, or a size is negative.
-            Unavailable: no master.
+            InvalidArgument: lengths differ, a key appears twice, or ``replica_num``
+                is outside [1, MAX_REPLICAS].
         """
-        return PartsWriter(self._puts, self.lookup, keys, sizes_bytes, parents,
+        return PartsWriter(self._puts, keys, sizes_bytes, parents,
                            replica_num or self._puts.replica_num)
 
     # ---- get ----

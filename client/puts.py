@@ -1,7 +1,9 @@
-"""The put protocol: one client round trip per put; the first protocol for parts.
+"""The put protocol: one client round trip per put, the one protocol of every put.
 
 Whole values (:meth:`PutProtocol.put_many`, behind ``put`` / ``batch_put`` /
-``put_tensor``) go straight to nodes picked from a placement grant
+``put_tensor``) and values written part by part
+(:class:`kvstore.client.parts.PartsWriter`, through :meth:`PutProtocol.place`
+and :meth:`PutProtocol.stored`) go straight to nodes picked from a placement grant
 (:mod:`kvstore.client.placement`; the protocol and its ordering argument
 are in :mod:`kvstore.master.grants`)::
 
@@ -24,11 +26,6 @@ targets acknowledged succeeds (the shard repairs the missing replicas); one
 that none acknowledged left nothing behind (a node drops what its shard
 refused, and never reports what it did not receive whole).
 
-Values written part by part (:class:`kvstore.client.parts.PartsWriter`, through
-:meth:`start`, :meth:`stored` and :meth:`revoke`) still use the first protocol:
-PutStart (an object id and targets from the master), the writes, PutRevoke of
-targets that failed.
-
 A key repeated in one batch is put in waves, one occurrence per wave; a key
 another client is putting (PUT_IN_PROGRESS) is retried with backoff for up to
 ``put_wait_s``. A value this client stored goes into its metadata cache.
@@ -44,15 +41,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from kvstore import wire
-from kvstore._proto import kvstore_pb2 as pb
 from kvstore.client.connections import Connections
 from kvstore.client.control import Control
 from kvstore.client.meta_cache import MetaCache
 from kvstore.client.placement import Placements
 from kvstore.errors import (NO_LIVE_NODE, AlreadyPresent, InvalidArgument, KeyConflict,
                             KVStoreError, NotFound, PutInProgress, TooLarge, Unavailable,
-                            WrongShard, error_for_code)
+                            WrongShard)
 from kvstore.keys import validate_key
 from kvstore.rpc import MAX_REPLICAS
 from kvstore.transfer.base import WriteItem
@@ -61,7 +56,7 @@ from kvstore.types import (NodeAddress, NodeId, ObjectId, ObjectKey, ObjectMeta,
                            TierKind)
 
 #: A value is tried on at most this many nodes (targets that failed it replaced) ...
-_MAX_NODES_TRIED = 6
+MAX_NODES_TRIED = 6
 #: ... in at most this many rounds (PUT_IN_PROGRESS waits count too, up to put_wait_s).
 _MAX_ROUNDS = 64
 _REGRANTED = NodeId("")          # in a value's failed set: it was given a new grant once
@@ -77,16 +72,6 @@ class _Tries:
     map_refreshed: bool = False
     #: Indices the shard itself refused to place ("no live store node"): final.
     refused: set[int] = field(default_factory=set)
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """PutStart's answer for one key: write the value under ``object_id`` to
-    ``targets``, or nothing at all when equal bytes are ``already_present``."""
-
-    object_id: ObjectId
-    targets: tuple[NodeAddress, ...]
-    already_present: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,7 +280,7 @@ class PutProtocol:
             if then:
                 bad = frozenset(n.node_id for n, e in outcomes[i] if not isinstance(e, NotFound))
                 failed[i] = failed.get(i, frozenset()) | bad
-                if len(failed[i]) < _MAX_NODES_TRIED:
+                if len(failed[i]) < MAX_NODES_TRIED:
                     retry.append(i)
         if wrong:
             # A grant asked of a shard that does not own the key (as for every
@@ -307,42 +292,26 @@ class PutProtocol:
             retry += wrong
         return retry
 
-    # ---- the master's side of a put ----
-    def start(self, keys: Sequence[str], sizes_bytes: Sequence[int], replica_num: int,
-              checksums: Sequence[int] | None = None) -> list[Placement | KVStoreError]:
-        """PutStart of distinct ``str`` keys.
-
-        Args:
-            checksums: per key the value's xxh3-64; None: the values are written
-                part by part, and the nodes' STORED reports bring the checksum
-                (``checksum_at_end``).
-
-        Returns:
-            Per key its placement or the error (KeyConflict, PutInProgress, NoSpace, ...).
+    # ---- one value at a time (PartsWriter) ----
+    def place(self, key: str, size_bytes: int, replica_num: int,
+              exclude: frozenset[NodeId] = frozenset()) -> tuple[ObjectId, list[NodeAddress]]:
+        """An object id and up to ``replica_num`` target nodes for one value, from its
+        shard's placement grant (no master call while the grant is fresh); a stale
+        shard map is refreshed once.
 
         Raises:
-            InvalidArgument: ``replica_num`` outside [1, MAX_REPLICAS].
+            TooLarge: no granted node could ever hold ``size_bytes``.
+            Unavailable: no node left that ``exclude`` does not name, or no grant.
+            WrongShard: the key's shard moved, even after a refresh of the map.
         """
-        if not 1 <= replica_num <= MAX_REPLICAS:
-            raise InvalidArgument(f"replica_num must be in [1, {MAX_REPLICAS}], got {replica_num}")
-        at = {k: j for j, k in enumerate(keys)}
-        config = pb.PutConfig(replica_num=replica_num)
-
-        def call(addresses: tuple[str, ...], ks: list[str]) -> list[Placement | KVStoreError]:
-            if checksums is None:
-                items = [pb.PutStartItem(key=k, size_bytes=sizes_bytes[at[k]],
-                                         checksum_at_end=True) for k in ks]
-            else:
-                items = [pb.PutStartItem(key=k, size_bytes=sizes_bytes[at[k]],
-                                         checksum=checksums[at[k]]) for k in ks]
-            resp = self._control.call(addresses, "PutStart",
-                                      pb.PutStartRequest(items=items, config=config))
-            return [error_for_code(r.status.code, r.status.message, key=k,
-                                   redirect=r.status.redirect) if r.status.code != pb.OK else
-                    Placement(ObjectId(r.object_id),
-                              tuple(wire.node_address(t) for t in r.targets), r.already_present)
-                    for k, r in zip(ks, resp.results)]
-        return self._control.routed(keys, call)
+        addresses = self._control.shard_for_key(key).addresses
+        try:
+            return self._placements.place(addresses, key, size_bytes, replica_num, exclude)
+        except WrongShard:
+            self._control.refresh_shard_map()
+            self._placements.invalidate(addresses)
+        return self._placements.place(self._control.shard_for_key(key).addresses, key,
+                                      size_bytes, replica_num, exclude)
 
     def stored(self, items: Sequence[Written]) -> None:
         """Values some targets acknowledged: visible now; their metadata goes into the
@@ -350,23 +319,3 @@ class PutProtocol:
         for it in items:
             self._meta.put(ObjectMeta(it.key, it.size_bytes, it.checksum, it.object_id,
                                       tuple(Replica(n, TierKind.DRAM) for n in it.nodes)))
-
-    def revoke(self, items: Sequence[tuple[str, int]]) -> None:
-        """PutRevoke of ``(key, object_id)`` items: some or all of their targets failed.
-
-        A shard that cannot be told revokes its pending puts and releases silent
-        targets at their deadline (30 s by default) instead.
-        """
-        if not items:
-            return
-        oids = dict(items)
-
-        def call(addresses: tuple[str, ...], ks: list[str]) -> list[KVStoreError | None]:
-            req = pb.PutRevokeRequest(items=[pb.PutRevokeItem(key=k, object_id=oids[k])
-                                             for k in ks])
-            resp = self._control.call(addresses, "PutRevoke", req)
-            return [None if st.code == pb.OK else
-                    error_for_code(st.code, st.message, key=k, redirect=st.redirect)
-                    for k, st in zip(ks, resp.statuses)]
-
-        self._control.routed(list(oids), call)
