@@ -175,7 +175,7 @@ class PutProtocol:
             raise InvalidArgument(f"replica_num must be in [1, {MAX_REPLICAS}], got {replicas}")
         # A key repeated in one batch is put in waves, one occurrence per wave:
         # the first wins, later ones are "already present" or KeyConflict, as
-        # for any second put (one PutStart request never names a key twice).
+        # for any second put (a wave never places a key twice).
         waves: list[list[int]] = []
         seen: dict[str, int] = {}
         for i in todo:

@@ -13,8 +13,8 @@ class Entry:
     size_bytes: int
     checksum: int                  # xxh3-64 of the value
     object_id: ObjectId            # names this version on the nodes
-    state: ReplicaState
-    targets: list[NodeId]          # nodes chosen at put_start that have not reported it yet
+    state: ReplicaState = ReplicaState.COMPLETE
+    targets: list[NodeId] = field(default_factory=list)   # (unused: goes in the next commits)
     replicas: list[NodeId] = field(default_factory=list)   # nodes holding it (COMPLETE)
     created_ms: int = 0
     deadline_ms: int = 0           # while targets are outstanding: revoked / released after this

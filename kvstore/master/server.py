@@ -26,7 +26,6 @@ from kvstore.rpc import ServerSecurity
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.master import metrics as master_metrics
 from kvstore.master.index import ObjectIndex
-from kvstore.master.limits import DEFAULT_MAX_PENDING_PUTS
 from kvstore.master.membership import Membership
 from kvstore.master.report_port import ReportPort
 from kvstore.master.servicer import METHOD_ROLES, MasterServicer, now_ms
@@ -40,7 +39,6 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
                         node_ttl_ms: int = 3000, heartbeat_interval_ms: int = 500,
                         node_forget_ms: int = 600_000,
                         put_timeout_ms: int = 30_000,
-                        max_pending_puts: int = DEFAULT_MAX_PENDING_PUTS,
                         shard_map: ShardMap | None = None,
                         shard_id: int = 0, election=None,
                         security: ServerSecurity | None = None, advertise_host: str = "",
@@ -56,8 +54,8 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
     Args:
         security: tokens (every call checked against :data:`METHOD_ROLES`) and TLS.
         advertise_host: the address clients reach it by (see kvstore.binding).
-        max_pending_puts: puts in progress the shard holds at once (see
-            :mod:`kvstore.master.limits`).
+        put_timeout_ms: how long past a placement grant's validity a put of its
+            ids may still report STORED (:mod:`kvstore.master.grants`).
         metrics: count and time every call, and export the shard's figures.
         health: serve the gRPC health service (SERVING while leading).
         report_port: the report link's port on ``host`` (0: a free one).
@@ -74,15 +72,13 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
                             forget_ms=node_forget_ms)
     if shard_map is None:
         shard_map = ShardMap.single(f"{advertised_host(host, advertise_host)}:{bound}")
-    index = ObjectIndex(membership, shard_map, shard_id=shard_id, put_timeout_ms=put_timeout_ms,
-                        max_pending_puts=max_pending_puts)
+    index = ObjectIndex(membership, shard_map, shard_id=shard_id, put_timeout_ms=put_timeout_ms)
 
     def new_index() -> ObjectIndex:
         return ObjectIndex(Membership(node_ttl_ms=node_ttl_ms,
                                       heartbeat_interval_ms=heartbeat_interval_ms,
                                       forget_ms=node_forget_ms),
-                           shard_map, shard_id=shard_id, put_timeout_ms=put_timeout_ms,
-                           max_pending_puts=max_pending_puts)
+                           shard_map, shard_id=shard_id, put_timeout_ms=put_timeout_ms)
     servicer = MasterServicer(index, election=election, new_index=new_index, security=security)
     pb_grpc.add_MasterServicer_to_server(servicer, server)
     server.servicer = servicer      # for the maintenance loop and tests
@@ -99,7 +95,7 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
 
 async def _maintenance(servicer: MasterServicer, period_s: float,
                        health: Health | None = None) -> None:
-    """Expire dead nodes and stale puts, and plan repair copies, every ``period_s``;
+    """Expire dead nodes and old placement grants, and plan repair copies, every ``period_s``;
     keep ``health`` SERVING while leading (past a new term's warm-up, while nodes
     re-register), STANDBY otherwise."""
     while True:
@@ -118,7 +114,7 @@ async def _maintenance(servicer: MasterServicer, period_s: float,
         now = now_ms()
         servicer.index.membership.expire(now)
         servicer.index.forget_nodes(now)
-        servicer.index.expire_puts(now)
+        servicer.index.expire_grants(now)
         if not warming:
             servicer.repairs.plan(now)
 
@@ -132,7 +128,6 @@ class MasterConfig:
     report_port: int = 0               # the report link's port (report_port.py); 0: a free one
     node_ttl_ms: int = 3000            # a node without heartbeats this long is dead
     node_forget_ms: int = 600_000      # ... this long: removed, with its replicas
-    max_pending_puts: int = DEFAULT_MAX_PENDING_PUTS   # puts in progress held at once
     shard_map: ShardMap | None = None  # None: the only shard, owning every slot
     shard_id: int = 0                  # this master's shard in shard_map
     etcd: str = ""                     # etcd URL: elect the shard's leader through a lease
@@ -176,7 +171,6 @@ async def serve(cfg: MasterConfig) -> None:
     health = Health(("kvstore.v1.Master",))
     server, bound, index = await create_server(cfg.host, port, node_ttl_ms=cfg.node_ttl_ms,
                                                node_forget_ms=cfg.node_forget_ms,
-                                               max_pending_puts=cfg.max_pending_puts,
                                                shard_map=cfg.shard_map, shard_id=cfg.shard_id,
                                                election=election, security=cfg.security,
                                                advertise_host=cfg.advertise_host,
