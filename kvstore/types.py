@@ -146,7 +146,6 @@ class ShardStatus:
     nodes: tuple[NodeStatus, ...]
     num_objects: int
     total_bytes: int
-    pending_puts: int
     counters: dict[str, int] = field(default_factory=dict)   # puts, lookups, removes, ...
     metrics_address: str = ""          # the answering master's /metrics, "" if none
     warmup_left_ms: int = 0            # > 0: index incomplete (nodes re-registering)

@@ -324,7 +324,7 @@ def remove(ctx: typer.Context, key: Annotated[str, typer.Argument(help="The obje
 
 @app.command()
 def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Per-shard object counts, bytes, pending puts, counters, node totals and per-tier use.
+    """Per-shard object counts, bytes, counters, node totals and per-tier use.
 
     Every shard knows every node: a shard's row sums the nodes as that shard
     sees them, and the totals, the tier table and the node counters count
@@ -352,7 +352,7 @@ def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         out.append({
             "shard_id": st.shard_id, "address": addresses.get(st.shard_id, ""),
             "shard_map_version": st.shard_map_version, "num_objects": st.num_objects,
-            "total_bytes": st.total_bytes, "pending_puts": st.pending_puts,
+            "total_bytes": st.total_bytes,
             "index_complete": st.warmup_left_ms == 0, "warmup_left_ms": st.warmup_left_ms,
             "nodes": len(st.nodes), "nodes_alive": len(alive),
             "capacity_bytes": sum(n.capacity_bytes for n in alive),
@@ -362,22 +362,19 @@ def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
             "node_counters": dict(sorted(node_counters.items())),
         })
     if as_json:
-        totals = {k: sum(s[k] for s in out) for k in ("num_objects", "total_bytes",
-                                                       "pending_puts")}
+        totals = {k: sum(s[k] for s in out) for k in ("num_objects", "total_bytes")}
         totals.update(capacity_bytes=sum(n.capacity_bytes for n in live),
                       used_bytes=sum(n.used_bytes for n in live), nodes_alive=len(live))
         _emit_json({"shards": out, "totals": totals})
         return
     console = _console()
     table = _table(title="shards")
-    for col in ("shard", "address", "objects", "bytes", "pending", "nodes alive", "used",
-                "capacity"):
+    for col in ("shard", "address", "objects", "bytes", "nodes alive", "used", "capacity"):
         table.add_column(col, justify="left" if col in ("shard", "address") else "right",
                          overflow="fold" if col == "address" else "ellipsis")
     for s in out:
         table.add_row(str(s["shard_id"]), s["address"], str(s["num_objects"]),
-                      format_size(s["total_bytes"]), str(s["pending_puts"]),
-                      f"{s['nodes_alive']}/{s['nodes']}", format_size(s["used_bytes"]),
+                      format_size(s["total_bytes"]), f"{s['nodes_alive']}/{s['nodes']}", format_size(s["used_bytes"]),
                       format_size(s["capacity_bytes"]))
     console.print(table)
     for s in out:

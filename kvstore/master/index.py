@@ -360,7 +360,7 @@ class ObjectIndex:
                       for info in self.membership.nodes.values())
         return ShardStatus(shard_id=self.shard_id, shard_map_version=self.shard_map.version,
                            nodes=nodes, num_objects=len(self.entries),
-                           total_bytes=self.complete_bytes, pending_puts=0,
+                           total_bytes=self.complete_bytes,
                            counters={c.value: v for c, v in self.counters.items()})
 
     # ---- what the nodes report: events and inventories ----
