@@ -12,7 +12,7 @@ from typing import Sequence
 
 from kvstore.errors import KVStoreError
 from kvstore.master.counters import MasterCounter as C
-from kvstore.types import EventKind, InventoryItem, NodeEvent, NodeId, ReplicaState
+from kvstore.types import InventoryItem, NodeId
 from kvstore.master.entry import Entry
 
 
@@ -27,9 +27,9 @@ def sync_node_inventory(index, node_id: NodeId, items: Sequence[InventoryItem],
     keeps the SSD; a new master learns the cluster this way), wanting the
     largest ``replica_num`` any holder announces (what the put asked for). Only objects
     a master confirmed are indexed so: a ``pending`` item (stored, its
-    STORED event not yet applied) only keeps its place as a target, and
-    its replayed event decides, so bytes written straight to a node never
-    become visible through an inventory. A listed
+    STORED event not yet applied) is not, and its replayed event decides,
+    so bytes written straight to a node never become visible through an
+    inventory. A listed
     version that the index has replaced is ordered dropped; one it already
     ordered dropped (removed while the node was away) is not indexed again.
 
@@ -43,17 +43,10 @@ def sync_node_inventory(index, node_id: NodeId, items: Sequence[InventoryItem],
     for entry in list(index.entries.values()):
         it = held.get(entry.key)
         same = it is not None and it.object_id == entry.object_id
-        if node_id in entry.targets and not same:
-            # A target that does not hold the version will never report it.
-            entry.targets.remove(node_id)
-            index.membership.unreserve(node_id, entry.size_bytes)
-            if entry.state is ReplicaState.PENDING and not entry.targets:
-                index._delete(entry, [])
-            continue
         if node_id in entry.replicas and not same:
             entry.replicas.remove(node_id)
             entry.tiers.pop(node_id, None)
-            if entry.state is ReplicaState.COMPLETE and not entry.replicas:
+            if not entry.replicas:
                 index._delete(entry, [])
                 lost += 1
     indexed = 0
@@ -75,18 +68,13 @@ def sync_node_inventory(index, node_id: NodeId, items: Sequence[InventoryItem],
         if entry is None:
             index.entries[it.key] = Entry(
                 key=it.key, size_bytes=it.size_bytes, checksum=it.checksum,
-                object_id=it.object_id, state=ReplicaState.COMPLETE, targets=[],
-                replicas=[node_id], created_ms=now_ms, tiers={node_id: it.tier},
-                replica_num=max(1, it.replica_num))
+                object_id=it.object_id, replicas=[node_id], created_ms=now_ms,
+                tiers={node_id: it.tier}, replica_num=max(1, it.replica_num))
             index.key_order.add(it.key)
             index.complete_bytes += it.size_bytes
             indexed += 1
         elif entry.object_id == it.object_id:
-            if entry.state is ReplicaState.PENDING or node_id in entry.targets:
-                # Its STORED report went with the events the inventory replaces.
-                index.node_event(node_id, NodeEvent(EventKind.STORED, it.key, it.object_id,
-                                                   it.tier, it.size_bytes, it.checksum))
-            elif node_id not in entry.replicas:
+            if node_id not in entry.replicas:
                 entry.replicas.append(node_id)
             # A rebuilt index learns how many replicas were wanted from what the
             # nodes say their puts asked for, and at least as many as it finds.
