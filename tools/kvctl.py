@@ -34,7 +34,7 @@ from kvstore.errors import KVStoreError, NotFound
 from kvstore.keys import key_slot, validate_key
 from kvstore.sizes import format_size
 from kvstore.tools import top as top_view
-from kvstore.types import NodeStatus, ObjectMeta, ReplicaState, TierKind, TierStats
+from kvstore.types import NodeStatus, ObjectMeta, TierKind, TierStats
 
 EXIT_ERROR = 1
 EXIT_NOT_FOUND = 2
@@ -176,7 +176,7 @@ def meta_json(m: ObjectMeta) -> dict:
             "replicas": [{"node_id": r.node.node_id, "host": r.node.host,
                           "data_port": r.node.data_port, "tier": r.tier.name,
                           # the master only ever returns complete replicas
-                          "state": ReplicaState.COMPLETE.name} for r in m.replicas]}
+                          "state": "COMPLETE"} for r in m.replicas]}
 
 
 def _nodes(kv) -> list[NodeStatus]:

@@ -48,8 +48,8 @@ from kvstore.master.key_order import KeyOrder
 from kvstore.master.membership import Membership, NodeInfo
 from kvstore.shardmap import ShardMap
 from kvstore.types import (EventKind, InventoryItem, NodeEvent, NodeId, ObjectId, ObjectKey,
-                           ObjectMeta, RemoveReason, Replica, ReplicaState, ShardStatus,
-                           NodeStatus, TierKind)
+                           ObjectMeta, RemoveReason, Replica, ShardStatus, NodeStatus,
+                           TierKind)
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +107,7 @@ class ObjectIndex:
         return [n for n in entry.replicas if self.membership.is_alive(n)]
 
     def _visible(self, entry: Entry | None) -> bool:
-        return (entry is not None and entry.state is ReplicaState.COMPLETE
-                and bool(self._live_replicas(entry)))
+        return entry is not None and bool(self._live_replicas(entry))
 
     def _delete(self, entry: Entry, drop_on: list[NodeId]) -> None:
         del self.entries[entry.key]
@@ -203,8 +202,8 @@ class ObjectIndex:
                               f"{entry.checksum:#x}); objects are immutable", key=event.key)
         self.entries[event.key] = Entry(
             key=event.key, size_bytes=event.size_bytes, checksum=event.checksum,
-            object_id=event.object_id, replicas=[node_id], created_ms=now_ms, replica_num=grant.replica_num,
-            tiers={node_id: event.tier or TierKind.DRAM})
+            object_id=event.object_id, replicas=[node_id], created_ms=now_ms,
+            replica_num=grant.replica_num, tiers={node_id: event.tier or TierKind.DRAM})
         grant.decided_ids.add(event.object_id)
         self.key_order.add(event.key)
         self.complete_bytes += event.size_bytes
@@ -410,13 +409,11 @@ class ObjectIndex:
 
     # ---- re-replication (kvstore/master/repair.py plans it; the copy arrives as STORED) ----
     def under_replicated(self, now_ms: int) -> list[tuple[Entry, list[NodeId]]]:
-        """COMPLETE entries with fewer live replicas than wanted and no repair in
+        """Entries with fewer live replicas than wanted and no repair in
         flight, with their live replicas; a repair past its deadline is given up."""
         out = []
         self.repairs_in_flight = 0
         for entry in self.entries.values():
-            if entry.state is not ReplicaState.COMPLETE:
-                continue
             if entry.repair_target is not None:
                 if now_ms <= entry.repair_deadline_ms:
                     self.repairs_in_flight += 1
