@@ -13,7 +13,7 @@ are in :mod:`kvstore.master.grants`)::
                   reports them STORED to its master shard and acknowledges once
                   the shard applied the report, which decides the put there:
                   visible (OK), ALREADY_PRESENT (equal bytes stored: the put
-                  answers False), KEY_CONFLICT, PUT_IN_PROGRESS (retried)
+                  answers False), KEY_CONFLICT
     retry         a target that could not take the bytes (down, fenced, full) is
                   replaced by the next node of the grant, for a few rounds; an id
                   the shard does not know (a new leader) gets a new grant
@@ -26,9 +26,10 @@ targets acknowledged succeeds (the shard repairs the missing replicas); one
 that none acknowledged left nothing behind (a node drops what its shard
 refused, and never reports what it did not receive whole).
 
-A key repeated in one batch is put in waves, one occurrence per wave; a key
-another client is putting (PUT_IN_PROGRESS) is retried with backoff for up to
-``put_wait_s``. A value this client stored goes into its metadata cache.
+A key repeated in one batch is put in waves, one occurrence per wave. No put
+waits for another: the shard holds nothing while a put's bytes move, and
+decides between two writers of a key when their STORED reports arrive. A
+value this client stored goes into its metadata cache.
 
 Thread safety: a PutProtocol may be shared by threads (its writes go through
 the calling thread's transports).
@@ -46,7 +47,7 @@ from kvstore.client.control import Control
 from kvstore.client.meta_cache import MetaCache
 from kvstore.client.placement import Placements
 from kvstore.errors import (NO_LIVE_NODE, AlreadyPresent, InvalidArgument, KeyConflict,
-                            KVStoreError, NotFound, PutInProgress, TooLarge, Unavailable,
+                            KVStoreError, NotFound, TooLarge, Unavailable,
                             WrongShard)
 from kvstore.keys import validate_key
 from kvstore.rpc import MAX_REPLICAS
@@ -57,7 +58,7 @@ from kvstore.types import (NodeAddress, NodeId, ObjectId, ObjectKey, ObjectMeta,
 
 #: A value is tried on at most this many nodes (targets that failed it replaced) ...
 MAX_NODES_TRIED = 6
-#: ... in at most this many rounds (PUT_IN_PROGRESS waits count too, up to put_wait_s).
+#: ... in at most this many rounds.
 _MAX_ROUNDS = 64
 _REGRANTED = NodeId("")          # in a value's failed set: it was given a new grant once
 
@@ -92,8 +93,7 @@ def settle(key: str, written: Sequence[NodeAddress],
 
     Returns:
         (True: some target acknowledged; False: already present; or the error),
-        and "" (done), "wait" (another put of the key is in progress: again later),
-        "regrant" (the shard knows no grant of the id: a new grant, again) or
+        and "" (done), "regrant" (the shard knows no grant of the id: a new grant, again) or
         "elsewhere" (the targets could not take it: other nodes).
     """
     if written:
@@ -106,8 +106,6 @@ def settle(key: str, written: Sequence[NodeAddress],
     if decided is not None:
         return decided, ""
     err = errs[0] if errs else Unavailable("no target node accepted the value", key=key)
-    if any(isinstance(e, PutInProgress) for e in errs):
-        return err, "wait"
     if any(isinstance(e, NotFound) for e in errs):
         return err, "regrant"
     return err, "elsewhere"
@@ -121,8 +119,6 @@ class PutProtocol:
         connections: the data connections the values are written through.
         meta: the metadata cache that learns each stored value.
         replica_num: default number of replicas per put.
-        put_wait_s: how long a put waits for another in-flight put of the same
-            key to finish before failing with PutInProgress.
         prefer_local: a value's first replica goes to a node on this host when
             it has room (shared memory).
 
@@ -131,13 +127,12 @@ class PutProtocol:
     """
 
     def __init__(self, control: Control, connections: Connections, meta: MetaCache, *,
-                 replica_num: int, put_wait_s: float, prefer_local: bool = True):
+                 replica_num: int, prefer_local: bool = True):
         self._control = control
         self.connections = connections
         self._placements = Placements(control, connections.host_id, prefer_local)
         self._meta = meta
         self.replica_num = replica_num
-        self.put_wait_s = put_wait_s
 
     # ---- whole values ----
     def put_many(self, keys: Sequence[str], values: Sequence[Any], replica_num: int | None,
@@ -184,14 +179,12 @@ class PutProtocol:
                 waves.append([])
             waves[w].append(i)
         for wave in waves:
-            deadline = time.monotonic() + self.put_wait_s
             unavailable_until = time.monotonic() + self._control.failover_wait_s
-            backoff = 0.005
             tries = _Tries()
             failed = tries.failed
             for _ in range(_MAX_ROUNDS):
                 retry = self._round(keys, views, checksums, parents, wave, replicas, results,
-                                    time.monotonic() < deadline, tries)
+                                    tries)
                 if not retry:
                     # Every node failed a value (a node died, a partition, a leader
                     # failover): ask the shard again, with a fresh grant, until its
@@ -207,14 +200,11 @@ class PutProtocol:
                     for shard in {self._control.shard_for_key(keys[i]).addresses for i in retry}:
                         self._placements.invalidate(shard)
                     time.sleep(0.1)
-                if any(i not in failed for i in retry):   # waiting for another writer
-                    time.sleep(backoff)
-                    backoff = min(backoff * 2, 0.2)
                 wave = retry
         return results
 
     def _round(self, keys, views, checksums, parents, todo: list[int], replica_num: int,
-               results: list, may_wait: bool, tries: _Tries) -> list[int]:
+               results: list, tries: _Tries) -> list[int]:
         """One place -> write round; returns the indices to try again.
 
         ``tries.failed`` (per index, the nodes that could not take it) grows here;
@@ -268,10 +258,6 @@ class PutProtocol:
                      for i in oids if written[i]])
         for i in oids:
             results[i], then = settle(keys[i], written[i], outcomes[i])
-            if then == "wait":
-                if may_wait:
-                    retry.append(i)
-                continue
             if then == "regrant":
                 if _REGRANTED in failed.get(i, frozenset()):
                     continue                 # refused twice: the error stands
