@@ -11,8 +11,8 @@ What the SDK returns about the store are kvstore's own records
 
 from kvstore.client.client import KVClient
 from kvstore.errors import (ChecksumMismatch, InvalidArgument, KeyConflict, KVStoreError,
-                            NoSpace, NotFound, PermissionDenied, PutInProgress, TooLarge,
-                            Unauthenticated, Unavailable)
+                            NoSpace, NotFound, PermissionDenied, TooLarge, Unauthenticated,
+                            Unavailable)
 from kvstore.tls import TlsFiles
 from kvstore.keys import BlockHash, Namespace, ObjectKey, prefix_hashes, prefix_keys
 from kvstore.types import (NodeAddress, NodeStatus, ObjectMeta, RemoveReason, Replica, ShardStatus,
@@ -20,6 +20,6 @@ from kvstore.types import (NodeAddress, NodeStatus, ObjectMeta, RemoveReason, Re
 
 __all__ = ["KVClient", "Namespace", "prefix_keys", "prefix_hashes", "BlockHash", "ObjectKey",
            "KVStoreError", "NotFound", "TooLarge", "NoSpace", "Unavailable", "InvalidArgument",
-           "KeyConflict", "PutInProgress", "ChecksumMismatch",
+           "KeyConflict", "ChecksumMismatch",
            "ObjectMeta", "Replica", "NodeAddress", "ShardStatus", "NodeStatus", "TierStats",
            "TierKind", "RemoveReason", "Unauthenticated", "PermissionDenied", "TlsFiles"]

@@ -58,19 +58,17 @@ class AsyncKVClient:
         replica_num: replicas per put by default.
         timeout_s: deadline of each master call and of each data answer.
         failover_wait_s: how long a call keeps trying a shard's masters (an election).
-        put_wait_s: how long a put waits for another put of the same key.
         meta_cache_entries: the metadata cache (as the sync SDK's; 0: off).
         token, tls: credentials (default: ``$KVSTORE_TOKEN``, ``$KVSTORE_TLS_*``).
     """
 
     def __init__(self, master: str, *, replica_num: int = 1, timeout_s: float = 10.0,
-                 failover_wait_s: float = 15.0, put_wait_s: float = 5.0,
+                 failover_wait_s: float = 15.0,
                  meta_cache_entries: int = 65536, token: str | None = None, tls=None):
         self.seeds = tuple(master.split("|"))
         self.replica_num = replica_num
         self.timeout_s = timeout_s
         self.failover_wait_s = failover_wait_s
-        self.put_wait_s = put_wait_s
         self.creds = ClientCredentials.resolve(token, tls=tls)
         self._tls = client_context(self.creds.tls) if self.creds.tls is not None else None
         self._stubs: dict[str, pb_grpc.MasterStub] = {}
@@ -319,8 +317,8 @@ class AsyncKVClient:
             True if written, False if equal bytes were already stored.
 
         Raises:
-            KeyConflict (other bytes stored), TooLarge, NoSpace, PutInProgress,
-            Unavailable, InvalidArgument.
+            KeyConflict (other bytes stored), TooLarge, NoSpace, Unavailable,
+            InvalidArgument.
         """
         replicas = replica_num or self.replica_num
         if not 1 <= replicas <= MAX_REPLICAS:
@@ -357,7 +355,6 @@ class AsyncKVClient:
         checksum = value_checksum(view)
         shard = (self.shard_map.shard_for_key(key).addresses, replica_num)
         failed: set[NodeId] = set()
-        deadline = time.monotonic() + self.put_wait_s
         unavailable_until = time.monotonic() + self.failover_wait_s
         regranted = False
         result: bool | KVStoreError = Unavailable("no target node accepted the value", key=key)
@@ -411,11 +408,6 @@ class AsyncKVClient:
                                           tuple(Replica(n, TierKind.DRAM) for n in written)))
             if not then:
                 return result
-            if then == "wait":
-                if time.monotonic() > deadline:
-                    return result
-                await asyncio.sleep(0.01)
-                continue
             if then == "regrant":
                 if regranted:
                     return result

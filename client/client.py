@@ -61,8 +61,6 @@ class KVClient:
         read_timeout_s: data-plane socket timeout (connect and each operation;
             default ``timeout_s``). Short (e.g. 2 s) bounds how long a read
             waits on a hung node (SIGSTOP) before it tries the next replica.
-        put_wait_s: how long a put waits for another in-flight put of the same
-            key to finish before failing with PutInProgress.
         meta_cache_entries: size of the client's metadata cache (0 = off); see
             :mod:`kvstore.client.meta_cache` for what it trades.
         rdma_device: move values with one-sided RDMA through this local device
@@ -83,7 +81,7 @@ class KVClient:
     """
 
     def __init__(self, master: str, *, prefer_shm: bool = True, verify_checksum: bool | None = None,
-                 replica_num: int = 1, timeout_s: float = 10.0, put_wait_s: float = 5.0,
+                 replica_num: int = 1, timeout_s: float = 10.0,
                  meta_cache_entries: int = 65536, read_timeout_s: float | None = None,
                  failover_wait_s: float = 15.0, rdma_device: str | None = None,
                  rdma_port: int = 1, rdma_gid_index: int | None = None,
@@ -96,8 +94,7 @@ class KVClient:
             rdma=(rdma_device, rdma_port, rdma_gid_index) if rdma_device else None, creds=creds)
         meta = MetaCache(meta_cache_entries)
         self._puts = PutProtocol(self._control, self._connections, meta,
-                                 replica_num=replica_num, put_wait_s=put_wait_s,
-                                 prefer_local=prefer_shm)
+                                 replica_num=replica_num, prefer_local=prefer_shm)
         self._reads = Reads(self._control, self._connections, meta, verify_checksum)
         self._meta = meta
 
@@ -131,7 +128,6 @@ class KVClient:
             KeyConflict: the key holds different bytes.
             TooLarge: no node could ever hold the value.
             NoSpace: the store is full.
-            PutInProgress: another put of the key did not finish within put_wait_s.
             InvalidArgument, Unavailable.
         """
         (res,) = self._puts.put_many([key], [value], replica_num, [parent or ""])
@@ -160,12 +156,14 @@ class KVClient:
                   replica_num: int | None = None) -> PartsWriter:
         """Start values that are written part by part, in order, before they are
         complete (a layer-wise KV save); see :class:`kvstore.client.parts.PartsWriter`.
+        Placed like every put (a placement grant: no master call while it is fresh);
+        a value that cannot be placed or reserved has its error in ``results`` at once.
 
         Raises:
-            InvalidArgument: lengths differ, or a size is negative.
-            Unavailable: no master.
+            InvalidArgument: lengths differ, a key appears twice, or ``replica_num``
+                is outside [1, MAX_REPLICAS].
         """
-        return PartsWriter(self._puts, self.lookup, keys, sizes_bytes, parents,
+        return PartsWriter(self._puts, keys, sizes_bytes, parents,
                            replica_num or self._puts.replica_num)
 
     # ---- get ----

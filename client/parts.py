@@ -8,26 +8,31 @@ each layer in as soon as it is computed, and publishes the values when the
 last part is in: the transfer overlaps the rest of the computation instead
 of following it.
 
-Protocol (one round trip per phase, batched over the writer's keys)::
+Protocol (the SDK's one put protocol, :mod:`kvstore.client.puts`: placement
+grants, no master call of its own)::
 
-    PutStart(checksum_at_end)  master: object id and targets
+    place                      an object id and target nodes per value from the
+                               shard's placement grant (kvstore.client.placement)
     SHM_ALLOC(checksum 0)      each same-host target reserves space; offset back
+                               (one that cannot, e.g. NO_SPACE, is replaced by the
+                               grant's next node)
     write(i, offset, part)*    copies into every target's segment, in order,
                                hashing as it goes (xxh3-64, streamed)
     SHM_COMMIT(checksum)       node verifies the bytes against it, reports them
                                STORED (with the checksum) to its master shard and
-                               acknowledges once the key is visible
+                               acknowledges once the shard applied the report
 
-The value is never visible before its commit, so readers see it whole or
-not at all, and immutability holds: a key that exists with another size is
-KeyConflict at once; one of equal size takes no bytes, but its parts are
-still hashed and compared with the stored checksum at commit: "already
-present" (False) when equal, KeyConflict when not. A
-target the client cannot map (another host) gets the value over TCP at
+The shard decides the put when it applies the STORED report, as for every
+put (:mod:`kvstore.master.grants`): a new key becomes visible; a key that
+holds equal bytes answers ALREADY_PRESENT (the value's result is False), one
+that holds other bytes (or another size) KEY_CONFLICT, and the node drops
+its copy. So the value is never visible before its commit (readers see it
+whole or not at all), immutability holds, and nothing is held at the master
+while the parts come: a writer that dies mid-value blocks no other writer of
+its key, and its node gives the reservation back when the writer's
+connection drops (or sends nothing for the node's ``--write-timeout-s``).
+A target the client cannot map (another host) gets the value over TCP at
 commit, from a local buffer: correct, without the overlap.
-
-The master's side of it is the SDK's one put protocol
-(:class:`kvstore.client.puts.PutProtocol`: ``start``, ``stored``, ``revoke``).
 
 Thread safety: a writer belongs to the thread that made it (it uses that
 thread's data connections).
@@ -36,23 +41,21 @@ thread's data connections).
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import xxhash
 
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.client.puts import PutProtocol, Written
-from kvstore.errors import (InvalidArgument, KeyConflict, KVStoreError, Unavailable,
+from kvstore.client.puts import MAX_NODES_TRIED, PutProtocol, Written, settle
+from kvstore.errors import (InvalidArgument, KVStoreError, NotFound, Unavailable,
                             error_for_code)
 from kvstore.keys import validate_key
+from kvstore.rpc import MAX_REPLICAS
 from kvstore.transfer.base import Transport, WriteItem
 from kvstore.transfer.buffers import readable_view
 from kvstore.transfer.protocol import Op
 from kvstore.transfer.shm import ShmTransport
-from kvstore.types import NodeAddress, NodeId, ObjectId, ObjectMeta
-
-#: Metadata per key from the master, or the error: :meth:`kvstore.client.KVClient.lookup`.
-Lookup = Callable[[Sequence[str]], list[ObjectMeta | KVStoreError]]
+from kvstore.types import NodeAddress, NodeId, ObjectId
 
 
 class _Target:
@@ -79,19 +82,23 @@ class PartsWriter:
 
     Attributes:
         results: per key, None while open; after :meth:`commit`: True
-            (stored), False (already present) or the error.
+            (stored), False (equal bytes already stored) or the error.
+
+    Raises (at construction):
+        InvalidArgument: lengths differ, a key appears twice, or ``replica_num``
+            is outside [1, MAX_REPLICAS].
     """
 
-    def __init__(self, puts: PutProtocol, lookup: Lookup, keys: Sequence[str],
-                 sizes_bytes: Sequence[int], parents: Sequence[str | None] | None,
-                 replica_num: int):
+    def __init__(self, puts: PutProtocol, keys: Sequence[str], sizes_bytes: Sequence[int],
+                 parents: Sequence[str | None] | None, replica_num: int):
         if len(keys) != len(sizes_bytes) or (parents is not None and len(parents) != len(keys)):
             raise InvalidArgument(f"{len(keys)} keys, {len(sizes_bytes)} sizes, "
                                   f"{len(parents) if parents is not None else '-'} parents")
+        if not 1 <= replica_num <= MAX_REPLICAS:
+            raise InvalidArgument(f"replica_num must be in [1, {MAX_REPLICAS}], got {replica_num}")
         self._puts = puts
         self._replica_num = replica_num
         self._connections = puts.connections
-        self._lookup = lookup
         self.keys = list(keys)
         self.sizes = [int(s) for s in sizes_bytes]
         self.parents = [p or "" for p in parents] if parents is not None else [""] * len(keys)
@@ -101,8 +108,7 @@ class PartsWriter:
         self._targets: list[list[_Target]] = [[] for _ in range(n)]
         self._written = [0] * n
         self._hash = [xxhash.xxh3_64() for _ in range(n)]
-        self._open = [False] * n      # reserved: parts are stored
-        self._present = [False] * n   # exists with this size: parts are only hashed
+        self._open = [False] * n      # placed and reserved: parts are stored
         for i, (k, size) in enumerate(zip(self.keys, self.sizes)):
             try:
                 validate_key(k)
@@ -110,38 +116,54 @@ class PartsWriter:
                     raise InvalidArgument(f"size_bytes must be >= 0, got {size}", key=k)
             except KVStoreError as err:
                 self.results[i] = err
-        self._start(replica_num)
+        self._start()
 
-    # ---- open: PutStart, then reserve on every target ----
-    def _start(self, replica_num: int) -> None:
+    # ---- open: place from the grant, reserve on every target ----
+    def _start(self) -> None:
         todo = [i for i in range(len(self.keys)) if self.results[i] is None]
         if len(set(self.keys[i] for i in todo)) != len(todo):
             raise InvalidArgument("a key appears twice in one put_parts")
-        placements = self._puts.start([self.keys[i] for i in todo], [self.sizes[i] for i in todo],
-                                      replica_num)
-        by_node: dict[NodeId, list[tuple[int, NodeAddress]]] = defaultdict(list)
-        for i, p in zip(todo, placements):
-            if isinstance(p, KVStoreError):
-                self.results[i] = p
-            elif p.already_present:
-                self._present[i] = True
-            else:
-                self._oid[i] = p.object_id
-                self._open[i] = True
-                for t in p.targets:
+        failed: dict[int, set[NodeId]] = defaultdict(set)   # nodes that could not reserve it
+        errors: dict[int, KVStoreError] = {}                 # ... and the first one's answer
+        while todo:
+            by_node: dict[NodeId, list[tuple[int, NodeAddress]]] = defaultdict(list)
+            for i in todo:
+                try:
+                    self._oid[i], targets = self._puts.place(
+                        self.keys[i], self.sizes[i], self._replica_num, frozenset(failed[i]))
+                except KVStoreError as err:
+                    self.results[i] = errors.get(i, err)    # no node left: why the first failed
+                    continue
+                for t in targets:
                     by_node[t.node_id].append((i, t))
-        for lst in by_node.values():
-            self._reserve(lst)
-        for i in todo:
-            if self._open[i] and not self._targets[i]:
-                self._fail(i, Unavailable("no target node could reserve the value",
-                                          key=self.keys[i]))
+            for lst in by_node.values():
+                self._reserve(lst, failed, errors)
+            # A value no target could reserve goes to other nodes of the grant.
+            todo = [i for i in todo if self.results[i] is None and not self._targets[i]
+                    and len(failed[i]) < MAX_NODES_TRIED]
+        for i in range(len(self.keys)):
+            if self.results[i] is None:
+                if self._targets[i]:
+                    self._open[i] = True
+                else:
+                    self.results[i] = errors.get(i) or Unavailable(
+                        "no target node could reserve the value", key=self.keys[i])
 
-    def _reserve(self, lst: list[tuple[int, NodeAddress]]) -> None:
+    def _reserve(self, lst: list[tuple[int, NodeAddress]], failed: dict[int, set[NodeId]],
+                 errors: dict[int, KVStoreError]) -> None:
+        """Reserve the values of ``lst`` (all on one node); a value the node could
+        not take gets the node in ``failed`` and its answer in ``errors``."""
         node = lst[0][1]
+
+        def refused(i: int, err: KVStoreError) -> None:
+            failed[i].add(node.node_id)
+            errors.setdefault(i, err)
+
         try:
             tr = self._connections.transport(node)
-        except Unavailable:
+        except Unavailable as err:
+            for i, _ in lst:
+                refused(i, err)
             return
         if not isinstance(tr, ShmTransport):
             for i, _ in lst:
@@ -153,25 +175,30 @@ class PartsWriter:
                                                    for i, _ in lst],
                                      [self.parents[i] for i, _ in lst],
                                      [self._replica_num] * len(lst))
-                for (i, _), (code, _oid, size, _ck, offset, _msg) in zip(lst, replies):
+                for (i, _), (code, _oid, _size, _ck, offset, msg) in zip(lst, replies):
                     if code == pb.OK:
                         self._targets[i].append(_Target(node, tr,
                                                         seg[offset:offset + self.sizes[i]]))
-        except Unavailable:
+                    else:
+                        refused(i, error_for_code(code, msg, key=self.keys[i]))
+        except Unavailable as err:
             self._connections.drop(node.node_id)
-            return
+            for i, _ in lst:
+                refused(i, err)
 
     # ---- fill ----
     def write(self, i: int, offset: int, part: Any) -> None:
         """Copy ``part`` (bytes-like, numpy array or CPU tensor) to bytes
         ``[offset, offset + len)`` of value ``i``; parts come in order.
 
-        A key that failed ignores its parts; one already present only hashes them.
+        A key that failed ignores its parts.
 
         Raises:
             InvalidArgument: out of order, or past the value's size.
+            Unavailable: the connection that holds the value's reservation
+                closed (the value fails).
         """
-        if not (self._open[i] or self._present[i]):
+        if not self._open[i]:
             return
         view = readable_view(part)
         n = len(view)
@@ -188,7 +215,7 @@ class PartsWriter:
                               key=self.keys[i])
             self._fail(i, err)
             raise err
-        for t in self._targets[i]:    # none when already present
+        for t in self._targets[i]:
             if t.view is not None:
                 t.view[offset:offset + n] = view
             else:
@@ -206,10 +233,10 @@ class PartsWriter:
 
         Values may be committed in several calls (each as soon as it is
         complete). A value with bytes missing fails with InvalidArgument (and
-        is not stored).
+        is not stored). Per value: True (stored, visible now), False (the key
+        holds equal bytes), KeyConflict (it holds other bytes), or the error.
         """
         chosen = set(range(len(self.keys)) if only is None else only)
-        self._check_present(chosen)
         open_ = [i for i, o in enumerate(self._open) if o and i in chosen]
         for i in open_:
             if self._written[i] != self.sizes[i]:
@@ -217,7 +244,7 @@ class PartsWriter:
                                               key=self.keys[i]))
         checksum = {i: self._hash[i].intdigest() for i in open_ if self._open[i]}
         written: dict[int, list[NodeAddress]] = defaultdict(list)
-        errors: dict[int, KVStoreError] = {}
+        failures: dict[int, list[tuple[NodeAddress, KVStoreError]]] = defaultdict(list)
         by_node: dict[NodeId, list[tuple[int, _Target]]] = defaultdict(list)
         for i in checksum:
             for t in self._targets[i]:
@@ -243,55 +270,31 @@ class PartsWriter:
                 if err is None:
                     written[i].append(t.node)
                 else:
-                    errors.setdefault(i, err)
+                    failures[i].append((t.node, err))
         # Each commit is acknowledged once the node's STORED report (with the
         # checksum hashed here) is applied by the master: the value is visible.
-        ends = [i for i in checksum if written[i]]
         self._puts.stored([Written(self.keys[i], self._oid[i], self.sizes[i], checksum[i],
-                                   tuple(written[i])) for i in ends])
-        partial = []
-        for i in ends:
-            self._open[i] = False
-            self.results[i] = True
-            if len(written[i]) < len(self._targets[i]):
-                partial.append((self.keys[i], self._oid[i]))
+                                   tuple(written[i])) for i in checksum if written[i]])
         for i in checksum:
-            if self._open[i]:
-                self._fail(i, errors.get(i) or Unavailable("no target node accepted the value",
-                                                           key=self.keys[i]))
-        if partial:
-            self._puts.revoke(partial)      # give back the targets that failed
+            self._open[i] = False
+            self._targets[i] = []
+            result, _then = settle(self.keys[i], written[i], failures[i])
+            if isinstance(result, NotFound):
+                # The shard did not know the value's placement (a new leader, or a
+                # value held open past its grant): the node dropped the bytes.
+                result = Unavailable(f"the shard refused the value's placement ({result.message})"
+                                     "; put it again", key=self.keys[i])
+            self.results[i] = result
         return self.results
 
-    def _check_present(self, chosen: set[int]) -> None:
-        """Already-present keys: compare the parts' checksum with the stored one."""
-        idx = [i for i, p in enumerate(self._present) if p and i in chosen]
-        if not idx:
-            return
-        for i, meta in zip(idx, self._lookup([self.keys[i] for i in idx])):
-            self._present[i] = False
-            if self._written[i] != self.sizes[i]:
-                self.results[i] = InvalidArgument(f"{self._written[i]} of {self.sizes[i]} B "
-                                                  "written", key=self.keys[i])
-            elif isinstance(meta, KVStoreError):
-                self.results[i] = meta   # removed meanwhile: nothing was written
-            elif meta.checksum == self._hash[i].intdigest():
-                self.results[i] = False
-            else:
-                self.results[i] = KeyConflict(
-                    f"key holds different bytes (checksum {meta.checksum:#x}); objects are "
-                    "immutable", key=self.keys[i])
-
     def abort(self) -> None:
-        """Give every open value up: reservations back, puts revoked."""
+        """Give every open value up: its reservations go back at once."""
         for i in [i for i, o in enumerate(self._open) if o]:
             self._fail(i, InvalidArgument("aborted", key=self.keys[i]))
-        for i in [i for i, p in enumerate(self._present) if p]:
-            self._present[i] = False
-            self.results[i] = InvalidArgument("aborted", key=self.keys[i])
 
     def _fail(self, i: int, err: KVStoreError) -> None:
-        """Close value ``i`` with ``err``: abort its reservations, revoke its put."""
+        """Close value ``i`` with ``err`` and abort its reservations (nothing of it
+        was reported to the master, so nothing is left there)."""
         self._open[i] = False
         self.results[i] = err
         for t in self._targets[i]:
@@ -302,10 +305,6 @@ class PartsWriter:
                 except Unavailable:
                     pass   # the node drops a closed connection's reservations itself
         self._targets[i] = []
-        try:
-            self._puts.revoke([(self.keys[i], self._oid[i])])
-        except KVStoreError:
-            pass   # the master revokes pending puts at their deadline
 
     def __enter__(self) -> "PartsWriter":
         return self

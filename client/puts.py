@@ -1,7 +1,9 @@
-"""The put protocol: one client round trip per put; the first protocol for parts.
+"""The put protocol: one client round trip per put, the one protocol of every put.
 
 Whole values (:meth:`PutProtocol.put_many`, behind ``put`` / ``batch_put`` /
-``put_tensor``) go straight to nodes picked from a placement grant
+``put_tensor``) and values written part by part
+(:class:`kvstore.client.parts.PartsWriter`, through :meth:`PutProtocol.place`
+and :meth:`PutProtocol.stored`) go straight to nodes picked from a placement grant
 (:mod:`kvstore.client.placement`; the protocol and its ordering argument
 are in :mod:`kvstore.master.grants`)::
 
@@ -11,7 +13,7 @@ are in :mod:`kvstore.master.grants`)::
                   reports them STORED to its master shard and acknowledges once
                   the shard applied the report, which decides the put there:
                   visible (OK), ALREADY_PRESENT (equal bytes stored: the put
-                  answers False), KEY_CONFLICT, PUT_IN_PROGRESS (retried)
+                  answers False), KEY_CONFLICT
     retry         a target that could not take the bytes (down, fenced, full) is
                   replaced by the next node of the grant, for a few rounds; an id
                   the shard does not know (a new leader) gets a new grant
@@ -24,14 +26,10 @@ targets acknowledged succeeds (the shard repairs the missing replicas); one
 that none acknowledged left nothing behind (a node drops what its shard
 refused, and never reports what it did not receive whole).
 
-Values written part by part (:class:`kvstore.client.parts.PartsWriter`, through
-:meth:`start`, :meth:`stored` and :meth:`revoke`) still use the first protocol:
-PutStart (an object id and targets from the master), the writes, PutRevoke of
-targets that failed.
-
-A key repeated in one batch is put in waves, one occurrence per wave; a key
-another client is putting (PUT_IN_PROGRESS) is retried with backoff for up to
-``put_wait_s``. A value this client stored goes into its metadata cache.
+A key repeated in one batch is put in waves, one occurrence per wave. No put
+waits for another: the shard holds nothing while a put's bytes move, and
+decides between two writers of a key when their STORED reports arrive. A
+value this client stored goes into its metadata cache.
 
 Thread safety: a PutProtocol may be shared by threads (its writes go through
 the calling thread's transports).
@@ -44,15 +42,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from kvstore import wire
-from kvstore._proto import kvstore_pb2 as pb
 from kvstore.client.connections import Connections
 from kvstore.client.control import Control
 from kvstore.client.meta_cache import MetaCache
 from kvstore.client.placement import Placements
 from kvstore.errors import (NO_LIVE_NODE, AlreadyPresent, InvalidArgument, KeyConflict,
-                            KVStoreError, NotFound, PutInProgress, TooLarge, Unavailable,
-                            WrongShard, error_for_code)
+                            KVStoreError, NotFound, TooLarge, Unavailable,
+                            WrongShard)
 from kvstore.keys import validate_key
 from kvstore.rpc import MAX_REPLICAS
 from kvstore.transfer.base import WriteItem
@@ -61,8 +57,8 @@ from kvstore.types import (NodeAddress, NodeId, ObjectId, ObjectKey, ObjectMeta,
                            TierKind)
 
 #: A value is tried on at most this many nodes (targets that failed it replaced) ...
-_MAX_NODES_TRIED = 6
-#: ... in at most this many rounds (PUT_IN_PROGRESS waits count too, up to put_wait_s).
+MAX_NODES_TRIED = 6
+#: ... in at most this many rounds.
 _MAX_ROUNDS = 64
 _REGRANTED = NodeId("")          # in a value's failed set: it was given a new grant once
 
@@ -77,16 +73,6 @@ class _Tries:
     map_refreshed: bool = False
     #: Indices the shard itself refused to place ("no live store node"): final.
     refused: set[int] = field(default_factory=set)
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """PutStart's answer for one key: write the value under ``object_id`` to
-    ``targets``, or nothing at all when equal bytes are ``already_present``."""
-
-    object_id: ObjectId
-    targets: tuple[NodeAddress, ...]
-    already_present: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,8 +93,7 @@ def settle(key: str, written: Sequence[NodeAddress],
 
     Returns:
         (True: some target acknowledged; False: already present; or the error),
-        and "" (done), "wait" (another put of the key is in progress: again later),
-        "regrant" (the shard knows no grant of the id: a new grant, again) or
+        and "" (done), "regrant" (the shard knows no grant of the id: a new grant, again) or
         "elsewhere" (the targets could not take it: other nodes).
     """
     if written:
@@ -121,8 +106,6 @@ def settle(key: str, written: Sequence[NodeAddress],
     if decided is not None:
         return decided, ""
     err = errs[0] if errs else Unavailable("no target node accepted the value", key=key)
-    if any(isinstance(e, PutInProgress) for e in errs):
-        return err, "wait"
     if any(isinstance(e, NotFound) for e in errs):
         return err, "regrant"
     return err, "elsewhere"
@@ -136,8 +119,6 @@ class PutProtocol:
         connections: the data connections the values are written through.
         meta: the metadata cache that learns each stored value.
         replica_num: default number of replicas per put.
-        put_wait_s: how long a put waits for another in-flight put of the same
-            key to finish before failing with PutInProgress.
         prefer_local: a value's first replica goes to a node on this host when
             it has room (shared memory).
 
@@ -146,13 +127,12 @@ class PutProtocol:
     """
 
     def __init__(self, control: Control, connections: Connections, meta: MetaCache, *,
-                 replica_num: int, put_wait_s: float, prefer_local: bool = True):
+                 replica_num: int, prefer_local: bool = True):
         self._control = control
         self.connections = connections
         self._placements = Placements(control, connections.host_id, prefer_local)
         self._meta = meta
         self.replica_num = replica_num
-        self.put_wait_s = put_wait_s
 
     # ---- whole values ----
     def put_many(self, keys: Sequence[str], values: Sequence[Any], replica_num: int | None,
@@ -190,7 +170,7 @@ class PutProtocol:
             raise InvalidArgument(f"replica_num must be in [1, {MAX_REPLICAS}], got {replicas}")
         # A key repeated in one batch is put in waves, one occurrence per wave:
         # the first wins, later ones are "already present" or KeyConflict, as
-        # for any second put (one PutStart request never names a key twice).
+        # for any second put (a wave never places a key twice).
         waves: list[list[int]] = []
         seen: dict[str, int] = {}
         for i in todo:
@@ -199,14 +179,12 @@ class PutProtocol:
                 waves.append([])
             waves[w].append(i)
         for wave in waves:
-            deadline = time.monotonic() + self.put_wait_s
             unavailable_until = time.monotonic() + self._control.failover_wait_s
-            backoff = 0.005
             tries = _Tries()
             failed = tries.failed
             for _ in range(_MAX_ROUNDS):
                 retry = self._round(keys, views, checksums, parents, wave, replicas, results,
-                                    time.monotonic() < deadline, tries)
+                                    tries)
                 if not retry:
                     # Every node failed a value (a node died, a partition, a leader
                     # failover): ask the shard again, with a fresh grant, until its
@@ -222,14 +200,11 @@ class PutProtocol:
                     for shard in {self._control.shard_for_key(keys[i]).addresses for i in retry}:
                         self._placements.invalidate(shard)
                     time.sleep(0.1)
-                if any(i not in failed for i in retry):   # waiting for another writer
-                    time.sleep(backoff)
-                    backoff = min(backoff * 2, 0.2)
                 wave = retry
         return results
 
     def _round(self, keys, views, checksums, parents, todo: list[int], replica_num: int,
-               results: list, may_wait: bool, tries: _Tries) -> list[int]:
+               results: list, tries: _Tries) -> list[int]:
         """One place -> write round; returns the indices to try again.
 
         ``tries.failed`` (per index, the nodes that could not take it) grows here;
@@ -283,10 +258,6 @@ class PutProtocol:
                      for i in oids if written[i]])
         for i in oids:
             results[i], then = settle(keys[i], written[i], outcomes[i])
-            if then == "wait":
-                if may_wait:
-                    retry.append(i)
-                continue
             if then == "regrant":
                 if _REGRANTED in failed.get(i, frozenset()):
                     continue                 # refused twice: the error stands
@@ -295,7 +266,7 @@ class PutProtocol:
             if then:
                 bad = frozenset(n.node_id for n, e in outcomes[i] if not isinstance(e, NotFound))
                 failed[i] = failed.get(i, frozenset()) | bad
-                if len(failed[i]) < _MAX_NODES_TRIED:
+                if len(failed[i]) < MAX_NODES_TRIED:
                     retry.append(i)
         if wrong:
             # A grant asked of a shard that does not own the key (as for every
@@ -307,42 +278,26 @@ class PutProtocol:
             retry += wrong
         return retry
 
-    # ---- the master's side of a put ----
-    def start(self, keys: Sequence[str], sizes_bytes: Sequence[int], replica_num: int,
-              checksums: Sequence[int] | None = None) -> list[Placement | KVStoreError]:
-        """PutStart of distinct ``str`` keys.
-
-        Args:
-            checksums: per key the value's xxh3-64; None: the values are written
-                part by part, and the nodes' STORED reports bring the checksum
-                (``checksum_at_end``).
-
-        Returns:
-            Per key its placement or the error (KeyConflict, PutInProgress, NoSpace, ...).
+    # ---- one value at a time (PartsWriter) ----
+    def place(self, key: str, size_bytes: int, replica_num: int,
+              exclude: frozenset[NodeId] = frozenset()) -> tuple[ObjectId, list[NodeAddress]]:
+        """An object id and up to ``replica_num`` target nodes for one value, from its
+        shard's placement grant (no master call while the grant is fresh); a stale
+        shard map is refreshed once.
 
         Raises:
-            InvalidArgument: ``replica_num`` outside [1, MAX_REPLICAS].
+            TooLarge: no granted node could ever hold ``size_bytes``.
+            Unavailable: no node left that ``exclude`` does not name, or no grant.
+            WrongShard: the key's shard moved, even after a refresh of the map.
         """
-        if not 1 <= replica_num <= MAX_REPLICAS:
-            raise InvalidArgument(f"replica_num must be in [1, {MAX_REPLICAS}], got {replica_num}")
-        at = {k: j for j, k in enumerate(keys)}
-        config = pb.PutConfig(replica_num=replica_num)
-
-        def call(addresses: tuple[str, ...], ks: list[str]) -> list[Placement | KVStoreError]:
-            if checksums is None:
-                items = [pb.PutStartItem(key=k, size_bytes=sizes_bytes[at[k]],
-                                         checksum_at_end=True) for k in ks]
-            else:
-                items = [pb.PutStartItem(key=k, size_bytes=sizes_bytes[at[k]],
-                                         checksum=checksums[at[k]]) for k in ks]
-            resp = self._control.call(addresses, "PutStart",
-                                      pb.PutStartRequest(items=items, config=config))
-            return [error_for_code(r.status.code, r.status.message, key=k,
-                                   redirect=r.status.redirect) if r.status.code != pb.OK else
-                    Placement(ObjectId(r.object_id),
-                              tuple(wire.node_address(t) for t in r.targets), r.already_present)
-                    for k, r in zip(ks, resp.results)]
-        return self._control.routed(keys, call)
+        addresses = self._control.shard_for_key(key).addresses
+        try:
+            return self._placements.place(addresses, key, size_bytes, replica_num, exclude)
+        except WrongShard:
+            self._control.refresh_shard_map()
+            self._placements.invalidate(addresses)
+        return self._placements.place(self._control.shard_for_key(key).addresses, key,
+                                      size_bytes, replica_num, exclude)
 
     def stored(self, items: Sequence[Written]) -> None:
         """Values some targets acknowledged: visible now; their metadata goes into the
@@ -350,23 +305,3 @@ class PutProtocol:
         for it in items:
             self._meta.put(ObjectMeta(it.key, it.size_bytes, it.checksum, it.object_id,
                                       tuple(Replica(n, TierKind.DRAM) for n in it.nodes)))
-
-    def revoke(self, items: Sequence[tuple[str, int]]) -> None:
-        """PutRevoke of ``(key, object_id)`` items: some or all of their targets failed.
-
-        A shard that cannot be told revokes its pending puts and releases silent
-        targets at their deadline (30 s by default) instead.
-        """
-        if not items:
-            return
-        oids = dict(items)
-
-        def call(addresses: tuple[str, ...], ks: list[str]) -> list[KVStoreError | None]:
-            req = pb.PutRevokeRequest(items=[pb.PutRevokeItem(key=k, object_id=oids[k])
-                                             for k in ks])
-            resp = self._control.call(addresses, "PutRevoke", req)
-            return [None if st.code == pb.OK else
-                    error_for_code(st.code, st.message, key=k, redirect=st.redirect)
-                    for k, st in zip(ks, resp.statuses)]
-
-        self._control.routed(list(oids), call)

@@ -14,8 +14,8 @@ them to the store. Modes, chosen by name from :data:`SAVE_MODES`:
   chunks, and the rest (with the partial tail block) when compute ends.
   Blocks that complete while a put is in flight join the next put.
 * ``layerwise`` -- **layer-wise**: the blocks a prefill will compute are
-  reserved in the store before it starts (one PutStart, one batch of
-  shared-memory reservations: :meth:`kvstore.client.KVClient.put_parts`); as the
+  reserved in the store before it starts (placed from a placement grant, one
+  batch of shared-memory reservations: :meth:`kvstore.client.KVClient.put_parts`); as the
   model writes each layer's K/V of a block (its ``on_layer`` callback,
   before that layer's attention), a background thread copies that layer
   into the block's reservation and hashes it; blocks whose last layer is in
@@ -406,8 +406,8 @@ class LayerwiseSaver(_ThreadedSaver):
 
     Per request: :meth:`SaveSession.expect` names the blocks the prefill will
     compute, and the thread opens one :class:`kvstore.client.parts.PartsWriter` for
-    all of them (one PutStart, one batch of reservations on the target
-    nodes). Each layer the model reports is copied into its block's
+    all of them (placed from a placement grant, one batch of reservations on
+    the target nodes). Each layer the model reports is copied into its block's
     reservation at once; blocks whose last layer is in are committed
     together whenever the thread runs out of work (so commits batch up
     while the model is busy), the rest when the session finishes. A block

@@ -60,11 +60,6 @@ class KeyConflict(KVStoreError):
     code = pb.KEY_CONFLICT
 
 
-class PutInProgress(KVStoreError):
-    """Another put of the same key is in progress (placed, not yet stored)."""
-    code = pb.PUT_IN_PROGRESS
-
-
 class AlreadyPresent(KVStoreError):
     """Not a failure: a placed put found the key stored with equal bytes (under
     another version), so nothing was added. The SDK's put answers False for it."""
@@ -105,7 +100,6 @@ ERRORS: dict[type[KVStoreError], grpc.StatusCode] = {
     Unavailable: grpc.StatusCode.UNAVAILABLE,
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     KeyConflict: grpc.StatusCode.ALREADY_EXISTS,
-    PutInProgress: grpc.StatusCode.ABORTED,
     AlreadyPresent: grpc.StatusCode.ALREADY_EXISTS,
     WrongShard: grpc.StatusCode.FAILED_PRECONDITION,
     ChecksumMismatch: grpc.StatusCode.DATA_LOSS,

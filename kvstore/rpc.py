@@ -43,13 +43,13 @@ from kvstore.tls import TlsFiles, grpc_channel_credentials, grpc_server_credenti
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
-#: Keys in one Lookup, Exists, Remove, PutStart or PutRevoke call, at most. A
+#: Keys in one Lookup, Exists or Remove call, at most. A
 #: larger call is INVALID_ARGUMENT (the limit in the message): one call of a
 #: million keys held a master's event loop for 2 s. The SDK splits larger
 #: batches into calls of this many keys by itself.
 MAX_KEYS_PER_CALL = 10_000
 
-#: Most replicas one put may ask for (PutStart, GrantPlacement).
+#: Most replicas one put may ask for (GrantPlacement, a node's write frame).
 MAX_REPLICAS = 16
 
 _MESSAGE_SIZES = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

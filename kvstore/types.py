@@ -37,14 +37,6 @@ class TierKind(enum.IntEnum):
 TIER_READ_RANK: dict[TierKind, int] = {TierKind.DRAM: 0, TierKind.GPU: 1, TierKind.SSD: 2}
 
 
-class ReplicaState(enum.IntEnum):
-    """Where an object stands in the master's index (never on the wire: lookups only
-    ever return complete objects)."""
-
-    PENDING = 1     # placed, bytes being written; invisible
-    COMPLETE = 2    # a node reported it stored: readable
-
-
 class EventKind(enum.IntEnum):
     """A change to what a node holds, valued as the wire ``kvstore.v1.ReplicaEventKind``."""
 
@@ -156,7 +148,6 @@ class ShardStatus:
     nodes: tuple[NodeStatus, ...]
     num_objects: int
     total_bytes: int
-    pending_puts: int
     counters: dict[str, int] = field(default_factory=dict)   # puts, lookups, removes, ...
     metrics_address: str = ""          # the answering master's /metrics, "" if none
     warmup_left_ms: int = 0            # > 0: index incomplete (nodes re-registering)

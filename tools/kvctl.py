@@ -35,7 +35,7 @@ from kvstore.errors import KVStoreError, NotFound
 from kvstore.keys import key_slot, validate_key
 from kvstore.sizes import format_size
 from kvstore.tools import top as top_view
-from kvstore.types import NodeStatus, ObjectMeta, ReplicaState, TierKind, TierStats
+from kvstore.types import NodeStatus, ObjectMeta, TierKind, TierStats
 
 EXIT_ERROR = 1
 EXIT_NOT_FOUND = 2
@@ -177,7 +177,7 @@ def meta_json(m: ObjectMeta) -> dict:
             "replicas": [{"node_id": r.node.node_id, "host": r.node.host,
                           "data_port": r.node.data_port, "tier": r.tier.name,
                           # the master only ever returns complete replicas
-                          "state": ReplicaState.COMPLETE.name} for r in m.replicas]}
+                          "state": "COMPLETE"} for r in m.replicas]}
 
 
 def _nodes(kv) -> list[NodeStatus]:
@@ -325,7 +325,7 @@ def remove(ctx: typer.Context, key: Annotated[str, typer.Argument(help="The obje
 
 @app.command()
 def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Per-shard object counts, bytes, pending puts, counters, node totals and per-tier use.
+    """Per-shard object counts, bytes, counters, node totals and per-tier use.
 
     Every shard knows every node: a shard's row sums the nodes as that shard
     sees them, and the totals, the tier table and the node counters count
@@ -353,7 +353,7 @@ def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         out.append({
             "shard_id": st.shard_id, "address": addresses.get(st.shard_id, ""),
             "shard_map_version": st.shard_map_version, "num_objects": st.num_objects,
-            "total_bytes": st.total_bytes, "pending_puts": st.pending_puts,
+            "total_bytes": st.total_bytes,
             "index_complete": st.warmup_left_ms == 0, "warmup_left_ms": st.warmup_left_ms,
             "loop_stall_max_ms": round(st.loop_stall_max_ms, 1), "loop_stalls": st.loop_stalls,
             "warmup_waiting": [{"node_id": w.node_id, "state": w.state,
@@ -366,22 +366,19 @@ def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
             "node_counters": dict(sorted(node_counters.items())),
         })
     if as_json:
-        totals = {k: sum(s[k] for s in out) for k in ("num_objects", "total_bytes",
-                                                       "pending_puts")}
+        totals = {k: sum(s[k] for s in out) for k in ("num_objects", "total_bytes")}
         totals.update(capacity_bytes=sum(n.capacity_bytes for n in live),
                       used_bytes=sum(n.used_bytes for n in live), nodes_alive=len(live))
         _emit_json({"shards": out, "totals": totals})
         return
     console = _console()
     table = _table(title="shards")
-    for col in ("shard", "address", "objects", "bytes", "pending", "nodes alive", "used",
-                "capacity"):
+    for col in ("shard", "address", "objects", "bytes", "nodes alive", "used", "capacity"):
         table.add_column(col, justify="left" if col in ("shard", "address") else "right",
                          overflow="fold" if col == "address" else "ellipsis")
     for s in out:
         table.add_row(str(s["shard_id"]), s["address"], str(s["num_objects"]),
-                      format_size(s["total_bytes"]), str(s["pending_puts"]),
-                      f"{s['nodes_alive']}/{s['nodes']}", format_size(s["used_bytes"]),
+                      format_size(s["total_bytes"]), f"{s['nodes_alive']}/{s['nodes']}", format_size(s["used_bytes"]),
                       format_size(s["capacity_bytes"]))
     console.print(table)
     for s in out:

@@ -201,7 +201,6 @@ def _check_shard(cfg) -> None:
 
 
 def master_main(argv: list[str]) -> None:
-    from kvstore.master.limits import DEFAULT_MAX_PENDING_PUTS
     from kvstore.master.server import MasterConfig, serve
     from kvstore.shardmap import ShardMap
 
@@ -217,9 +216,6 @@ def master_main(argv: list[str]) -> None:
                    help="a node without a heartbeat this long is removed, with its replicas "
                         "(an object on no other node is forgotten; the node re-announces "
                         "what it kept if it returns)")
-    p.add_argument("--max-pending-puts", type=int, default=DEFAULT_MAX_PENDING_PUTS,
-                   help="puts in progress (placed, not yet stored) held at once; more are "
-                        "answered UNAVAILABLE until some complete")
     p.add_argument("--shard-id", type=int, default=0, help="this master's shard in --shard-map")
     p.add_argument("--shard-map", default="",
                    help='static shard map: "addr0,addr1,..." (slots split evenly) or a JSON '
@@ -242,7 +238,6 @@ def master_main(argv: list[str]) -> None:
     setup_logging(a.log_level)
     _require(not a.etcd or a.etcd.startswith(("http://", "https://")),
              f"--etcd {a.etcd!r}: give a URL, http://HOST:PORT")
-    _require(a.max_pending_puts >= 1, f"--max-pending-puts must be >= 1, got {a.max_pending_puts}")
     _require(a.max_objects >= 0, f"--max-objects must be >= 0, got {a.max_objects}")
     _require(a.node_ttl_ms >= 100, f"--node-ttl-ms must be >= 100, got {a.node_ttl_ms}")
     _require(a.node_forget_ms >= a.node_ttl_ms,
@@ -253,7 +248,6 @@ def master_main(argv: list[str]) -> None:
     cfg = MasterConfig(
         host=a.host, port=a.port, report_port=a.report_port,
         node_ttl_ms=a.node_ttl_ms, node_forget_ms=a.node_forget_ms,
-        max_pending_puts=a.max_pending_puts,
         shard_id=a.shard_id,
         shard_map=ShardMap.parse(a.shard_map) if a.shard_map else None, etcd=a.etcd,
         cluster_name=a.cluster_name, lease_ttl_s=a.lease_ttl_s, state_dir=a.state_dir,

@@ -356,7 +356,6 @@ def _shard(before: ShardStatus | None, st: ShardStatus, leader: str, seconds: fl
     return {
         "shard_id": st.shard_id, "leader": leader, "metrics_address": st.metrics_address,
         "num_objects": st.num_objects, "total_bytes": st.total_bytes,
-        "pending_puts": st.pending_puts,
         "nodes": len(st.nodes), "nodes_alive": sum(1 for n in st.nodes if n.alive),
         "puts_per_s": _counter_rate(prev, st.counters, ("puts",), seconds),
         "lookups_per_s": round((hits + misses) / seconds, 3) if seconds > 0 else 0.0,
@@ -421,15 +420,13 @@ def render(summary: dict, make_table: Callable[..., Table], title: str = "") -> 
     makes an empty rich Table in kvctl's style."""
     parts: list = [title] if title else []
     shards = make_table(title="shards")
-    for col in ("shard", "leader", "objects", "bytes", "pending", "puts/s", "lookups/s",
-                "hit %"):
+    for col in ("shard", "leader", "objects", "bytes", "puts/s", "lookups/s", "hit %"):
         shards.add_column(col, justify="left" if col in ("shard", "leader") else "right",
                           overflow="fold" if col == "leader" else "ellipsis")
     for s in summary["shards"]:
         hit = None if s["hit_rate"] is None else 100.0 * s["hit_rate"]
         shards.add_row(str(s["shard_id"]), s["leader"], str(s["num_objects"]),
-                       format_size(s["total_bytes"]), str(s["pending_puts"]),
-                       _num(s["puts_per_s"]),
+                       format_size(s["total_bytes"]), _num(s["puts_per_s"]),
                        _num(s["lookups_per_s"]), _num(hit))
     parts.append(shards)
 

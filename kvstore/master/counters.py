@@ -8,14 +8,9 @@ import enum
 class MasterCounter(str, enum.Enum):
     """One shard's counters, since its term began; valued as their names on the wire."""
 
-    PUT_STARTS = "put_starts"                    # puts placed (PENDING entries made)
-    PUTS = "puts"                                # ... made visible
     GRANTS = "grants"                            # placement grants issued (GrantPlacement)
-    PUTS_PLACED = "puts_placed"                  # puts made visible through a grant
+    PUTS = "puts"                                # puts made visible (their first STORED)
     PUTS_ALREADY_PRESENT = "puts_already_present"   # second puts of equal bytes
-    PUTS_REVOKED = "puts_revoked"                # ... undone by their writer
-    PUTS_EXPIRED = "puts_expired"                # ... revoked at their deadline
-    PUTS_BUSY = "puts_busy"                      # refused: max_pending_puts in progress
     STORED_REFUSED = "stored_refused"            # STORED reports of no known put (dropped)
     LINK_REPORTS = "link_reports"                # node reports on the report link
     LINKS_REFUSED = "links_refused"              # report links closed on a bad frame or proof

@@ -1,10 +1,14 @@
-"""One key's entry in a master shard's index (:mod:`kvstore.master.index`)."""
+"""One key's entry in a master shard's index (:mod:`kvstore.master.index`).
+
+An entry exists only for a version some node reported STORED and the shard
+accepted (:mod:`kvstore.master.grants`): there is no half-created entry.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvstore.types import NodeId, ObjectId, ObjectKey, ReplicaState, TierKind
+from kvstore.types import NodeId, ObjectId, ObjectKey, TierKind
 
 
 @dataclass(slots=True)
@@ -13,17 +17,13 @@ class Entry:
     size_bytes: int
     checksum: int                  # xxh3-64 of the value
     object_id: ObjectId            # names this version on the nodes
-    state: ReplicaState
-    targets: list[NodeId]          # nodes chosen at put_start that have not reported it yet
-    replicas: list[NodeId] = field(default_factory=list)   # nodes holding it (COMPLETE)
+    replicas: list[NodeId] = field(default_factory=list)   # nodes holding it (some maybe dead)
     created_ms: int = 0
-    deadline_ms: int = 0           # while targets are outstanding: revoked / released after this
     access_count: int = 0
     last_access_ms: int = 0
     tiers: dict[NodeId, TierKind] = field(default_factory=dict)  # node -> tier serving it there
                                                                  # (from events; absent: DRAM)
     replica_num: int = 1           # replicas wanted; repair copies up to it
-    repair_target: NodeId | None = None   # COMPLETE: node a repair copy is going to
+    repair_target: NodeId | None = None   # node a repair copy is going to
     repair_deadline_ms: int = 0    # ... given up after this
-    checksum_at_end: bool = False  # PENDING: the checksum comes with the first STORED report
     slot: int = -1                 # its position in the EntryTable while held

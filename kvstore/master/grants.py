@@ -1,8 +1,11 @@
-"""Placement grants: what lets a put cost the client one round trip.
+"""Placement grants: the one put protocol, one client round trip per put.
 
-The first put protocol asked the shard for every put (PutStart: an object id
-and target nodes) before the first byte moved. A grant hands a client that
-authority for a while instead::
+A put needs an object id and target nodes before its first byte moves.
+Rather than ask the shard for them per put, a client holds a grant, the
+shard's authority to place for a while, and the shard decides each put
+when the node that stored it reports it (whole values and values written
+part by part alike; nothing is held here while the bytes move, so a writer
+that dies mid-put leaves nothing behind and blocks no other writer)::
 
     client ──GrantPlacement──> shard: ids [first, first + n), the nodes that may
        │                      take new bytes (alive, not quarantined) and their
@@ -16,12 +19,14 @@ authority for a while instead::
 
 The shard decides each STORED of a granted id when it applies it, one event
 at a time on its event loop (:meth:`ObjectIndex._stored`): the key is new
-(or its every replica died) → the object is COMPLETE and visible, with this
+(or its every replica died) → the object is indexed and visible, with this
 node as its replica and the grant's ``replica_num``; the key is visible with
 this very version → one more replica; with another version of equal bytes
 (size and xxh3-64) → ALREADY_PRESENT, the node drops its copy; of other bytes
-→ KEY_CONFLICT, the node drops it; a put of the first protocol is in flight
-→ PUT_IN_PROGRESS. So immutability holds when two writers race through two
+→ KEY_CONFLICT, the node drops it. A value written part by part
+(:mod:`kvstore.client.parts`) has its checksum known only at its end: the
+node verifies it at the commit and the STORED report carries it, which is
+all this decision needs. So immutability holds when two writers race through two
 different nodes: the first STORED applied wins, the other is refused, and
 since a node acknowledges only after its shard applied the report, a put
 that returned is visible to every reader.
@@ -38,8 +43,9 @@ place on itself, with their free space; the client picks ``replica_num``
 distinct nodes from it (:mod:`kvstore.client.placement`), and a node that
 cannot take the bytes refuses them (NO_SPACE, fenced, gone) so the client
 tries the next. An id no live grant covers (a grant of a previous leader,
-expired long ago, or invented) is refused UNAVAILABLE ("placement grant
-unknown"): the client asks for a new grant and tries again. A new leader's
+expired long ago, or invented) is refused NOT_FOUND ("placement grant is
+unknown here"; the node drops the bytes): the client asks for a new grant
+and tries again. A new leader's
 ids start above every previous term's (``start_term``), so no two grants
 ever share an id.
 

@@ -11,15 +11,14 @@ each chunk a slice at a time on its event loop::
                       loses DRAM); then it is alive and its events are delivered
 
 The rules of what an inventory may and may not make visible: listed objects
-the index does not know are indexed as COMPLETE (a restart keeps the SSD; a
-new master learns the cluster this way), wanting the largest
-``replica_num`` any holder announces (what the put asked for). Only objects
-a master confirmed are indexed so: a ``pending`` item (stored, its STORED
-event not yet applied) only keeps its place as a target, and its replayed
-event decides, so bytes written straight to a node never become visible
-through an inventory. A listed version that the index has replaced is
-ordered dropped; one it already ordered dropped (removed while the node was
-away) is not indexed again.
+the index does not know are indexed (a restart keeps the SSD; a new master
+learns the cluster this way), wanting the largest ``replica_num`` any holder
+announces (what the put asked for). Only objects a master confirmed are
+indexed so: a ``pending`` item (stored, its STORED event not yet applied) is
+not, and its replayed event decides, so bytes written straight to a node
+never become visible through an inventory. A listed version that the index
+has replaced is ordered dropped; one it already ordered dropped (removed
+while the node was away) is not indexed again.
 
 Split from :mod:`kvstore.master.index` (its one caller): the rules live here,
 next to nothing else.
@@ -35,7 +34,7 @@ from typing import Iterator, Sequence
 from kvstore.errors import KVStoreError
 from kvstore.master.counters import MasterCounter as C
 from kvstore.master.entry import Entry
-from kvstore.types import EventKind, InventoryItem, NodeEvent, NodeId, ReplicaState
+from kvstore.types import InventoryItem, NodeId
 
 #: Inventory items applied per slice of the event loop (about 2-5 ms).
 APPLY_SLICE = 512
@@ -93,14 +92,13 @@ class InventorySync:
                     index.membership.order_drop(node_id, it.key, it.object_id)
                     index.counters[C.STALE_REPLICAS_DROPPED] += 1
                 elif entry is not None:
-                    self._mark(entry)     # still a target: its event comes
+                    self._mark(entry)     # applied here, its answer lost: kept
                 continue
             index._next_id = max(index._next_id, it.object_id + 1)
             if entry is None:
                 entry = Entry(key=it.key, size_bytes=it.size_bytes, checksum=it.checksum,
-                              object_id=it.object_id, state=ReplicaState.COMPLETE, targets=[],
-                              replicas=[node_id], created_ms=now_ms, tiers={node_id: it.tier},
-                              replica_num=max(1, it.replica_num))
+                              object_id=it.object_id, replicas=[node_id], created_ms=now_ms,
+                              tiers={node_id: it.tier}, replica_num=max(1, it.replica_num))
                 if len(index.entries) >= index.max_objects:
                     index.counters[C.INVENTORY_OVER_LIMIT] += 1    # indexed all the same
                 index.table.add(entry)
@@ -108,11 +106,7 @@ class InventorySync:
                 index.complete_bytes += it.size_bytes
                 self.indexed += 1
             elif entry.object_id == it.object_id:
-                if entry.state is ReplicaState.PENDING or node_id in entry.targets:
-                    # Its STORED report went with the events the inventory replaces.
-                    index.node_event(node_id, NodeEvent(EventKind.STORED, it.key, it.object_id,
-                                                       it.tier, it.size_bytes, it.checksum))
-                elif node_id not in entry.replicas:
+                if node_id not in entry.replicas:
                     entry.replicas.append(node_id)
                 # A rebuilt index learns how many replicas were wanted from what the
                 # nodes say their puts asked for, and at least as many as it finds.
@@ -125,25 +119,19 @@ class InventorySync:
             self._mark(entry)
 
     def _forget(self, entry: Entry) -> None:
-        """This node does not hold ``entry``'s version: it is no longer a target or a
-        replica of it (an entry left with no replica is deleted)."""
+        """This node does not hold ``entry``'s version: it is no longer a replica of it
+        (an entry left with no replica is deleted)."""
         index, node_id = self.index, self.node_id
-        if node_id in entry.targets:
-            # A target that does not hold the version will never report it.
-            entry.targets.remove(node_id)
-            index.membership.unreserve(node_id, entry.size_bytes)
-            if entry.state is ReplicaState.PENDING and not entry.targets:
-                index._delete(entry, [])
-        elif node_id in entry.replicas:
+        if node_id in entry.replicas:
             entry.replicas.remove(node_id)
             entry.tiers.pop(node_id, None)
-            if entry.state is ReplicaState.COMPLETE and not entry.replicas:
+            if not entry.replicas:
                 index._delete(entry, [])
                 self.lost += 1
 
     def sweep(self) -> Iterator[None]:
-        """After the last chunk: forget this node's replicas and targets that no chunk
-        listed, a slice of the index at a time (yields between slices)."""
+        """After the last chunk: forget this node's replicas that no chunk listed, a
+        slice of the index at a time (yields between slices)."""
         index = self.index
         index.repair_hint = True
         index.counters[C.REINDEXED] += self.indexed
@@ -154,7 +142,7 @@ class InventorySync:
             for entry in entries:
                 if entry.slot < 0 or (entry.slot < len(listed) and listed[entry.slot]):
                     continue          # deleted meanwhile, or listed
-                if node_id in entry.targets or node_id in entry.replicas:
+                if node_id in entry.replicas:
                     self._forget(entry)
             yield
 

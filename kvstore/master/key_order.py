@@ -1,6 +1,6 @@
 """A shard's visible keys in order (List, the RESP front's SCAN and KEYS), kept cheaply.
 
-The index used to sort every COMPLETE key again at the first List after any
+The index used to sort every visible key again at the first List after any
 put or removal: a full SCAN of a shard that is being written paid one sort
 per page (a million keys: about a second of the master's event loop each).
 :class:`KeyOrder` keeps a sorted list, rebuilt rarely, and the keys added

@@ -1,11 +1,5 @@
 """A master shard's limits: what it holds at most, and what it refuses to be told.
 
-    puts in progress   at most ``max_pending_puts`` PENDING puts (default
-                       :data:`DEFAULT_MAX_PENDING_PUTS`); one more is UNAVAILABLE, which
-                       the SDK retries, until some complete or expire. Each costs the
-                       master about 1 KiB for up to the put timeout (30 s), and a PutStart
-                       of zero-byte values reserves no space on any node, so without a
-                       cap a client could make the master hold any number of them.
     inventory ids      a node announces object ids in [1, :data:`MAX_INVENTORY_OBJECT_ID`]
                        (:func:`check_inventory`). New ids continue above every id seen,
                        and a leader's begin at its etcd revision << 32 (< 2^63), so 2^63
@@ -36,7 +30,6 @@ from kvstore.errors import InvalidArgument
 from kvstore.rpc import MAX_REPLICAS
 from kvstore.types import InventoryItem
 
-DEFAULT_MAX_PENDING_PUTS = 65_536
 #: What one indexed object costs a master process (B), measured by ``kvstore scale``
 #: (64-byte values, 32-character keys, one replica): see the README's limits.
 MASTER_BYTES_PER_OBJECT = 850

@@ -59,7 +59,7 @@ class NodeInfo:
     capacity_bytes: int
     max_object_bytes: int         # largest object the node could ever hold
     used_bytes: int = 0           # from the last heartbeat (+ objects stored since)
-    reserved_bytes: int = 0       # pending puts placed here, not yet stored
+    reserved_bytes: int = 0       # repair copies ordered here, not yet stored
     num_objects: int = 0
     last_heartbeat_ms: int = 0
     alive: bool = True
@@ -203,7 +203,8 @@ class Membership:
 
     # ---- space: what placement sees between heartbeats ----
     def reserve(self, node_id: NodeId, size_bytes: int) -> None:
-        """A put was placed on the node: its bytes are spoken for until stored or revoked."""
+        """A repair copy was ordered to the node: its bytes are spoken for until it lands
+        or fails."""
         info = self.nodes.get(node_id)
         if info is not None:
             info.reserved_bytes += size_bytes

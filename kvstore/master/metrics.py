@@ -4,7 +4,6 @@
     kvstore_master_is_leader              1 while this process serves its shard
     kvstore_leader_changes_total          times this process won or lost its shard's lead
     kvstore_objects, kvstore_object_bytes complete objects indexed, and their bytes
-    kvstore_pending_puts                  puts placed and not yet stored
     kvstore_nodes{state}                  registered nodes: alive, quarantined, dead
     kvstore_repairs_total                 repair copies that added a replica
     kvstore_lookup_keys_total{result}     keys looked up: hit, miss (the shard's hit rate)
@@ -54,8 +53,6 @@ def snapshot(servicer: MasterServicer) -> list:
               st.num_objects if st else 0),
         gauge("kvstore_object_bytes", "Bytes of the complete objects indexed (B).",
               st.total_bytes if st else 0),
-        gauge("kvstore_pending_puts", "Puts placed and not yet stored.",
-              st.pending_puts if st else 0),
         gauge("kvstore_nodes", "Registered store nodes by state.",
               samples=[({"state": s}, states[s]) for s in ("alive", "quarantined", "dead")]),
         counter("kvstore_repairs", "Repair copies that added a replica.", counts[C.REPAIRS]),

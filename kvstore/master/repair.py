@@ -30,7 +30,7 @@ from typing import Iterable, Iterator
 from kvstore.master.counters import MasterCounter as C
 from kvstore.master.entry import Entry
 from kvstore.master.index import ObjectIndex
-from kvstore.types import CopyOrder, CopyResult, NodeId, ReplicaState
+from kvstore.types import CopyOrder, CopyResult, NodeId
 
 log = logging.getLogger(__name__)
 
@@ -85,16 +85,13 @@ class RepairPlanner:
 
     def under_replicated(self, now_ms: int, entries: Iterable[Entry]
                          ) -> tuple[list[tuple[Entry, list[NodeId]]], int]:
-        """Of ``entries`` (a slice of the index's scan), the COMPLETE ones with fewer
-        live replicas than wanted and no repair in flight, with their live
-        replicas, and how many have a repair in flight; a repair past its
-        deadline is given up."""
+        """Of ``entries`` (a slice of the index's scan), those with fewer live replicas
+        than wanted and no repair in flight, with their live replicas, and how many
+        have a repair in flight; a repair past its deadline is given up."""
         index = self.index
         out = []
         in_flight = 0
         for entry in entries:
-            if entry.state is not ReplicaState.COMPLETE:
-                continue
             if entry.repair_target is not None:
                 if now_ms <= entry.repair_deadline_ms:
                     in_flight += 1

@@ -26,7 +26,7 @@ from kvstore.rpc import ServerSecurity
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.master import metrics as master_metrics
 from kvstore.master.index import ObjectIndex
-from kvstore.master.limits import DEFAULT_MAX_PENDING_PUTS, default_max_objects
+from kvstore.master.limits import default_max_objects
 from kvstore.master.membership import Membership
 from kvstore.master.roster import EtcdRoster, FileRoster, Roster
 from kvstore.master.report_port import ReportPort
@@ -42,7 +42,6 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
                         node_ttl_ms: int = 3000, heartbeat_interval_ms: int = 500,
                         node_forget_ms: int = 600_000,
                         put_timeout_ms: int = 30_000,
-                        max_pending_puts: int = DEFAULT_MAX_PENDING_PUTS,
                         max_objects: int = 2**63 - 1,
                         shard_map: ShardMap | None = None,
                         shard_id: int = 0, election=None,
@@ -59,9 +58,10 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
     Args:
         security: tokens (every call checked against :data:`METHOD_ROLES`) and TLS.
         advertise_host: the address clients reach it by (see kvstore.binding).
-        max_pending_puts: puts in progress the shard holds at once (see
-            :mod:`kvstore.master.limits`).
-        max_objects: objects the shard indexes at most (a new key beyond: NoSpace).
+        put_timeout_ms: how long past a placement grant's validity a put of its
+            ids may still report STORED (:mod:`kvstore.master.grants`).
+        max_objects: objects the shard indexes at most (a new key beyond: NoSpace;
+            see :mod:`kvstore.master.limits`).
         metrics: count and time every call, and export the shard's figures.
         health: serve the gRPC health service (SERVING while leading with a whole index).
         roster: where the shard keeps its nodes (:mod:`kvstore.master.roster`; None:
@@ -81,14 +81,14 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
     if shard_map is None:
         shard_map = ShardMap.single(f"{advertised_host(host, advertise_host)}:{bound}")
     index = ObjectIndex(membership, shard_map, shard_id=shard_id, put_timeout_ms=put_timeout_ms,
-                        max_pending_puts=max_pending_puts, max_objects=max_objects)
+                        max_objects=max_objects)
 
     def new_index() -> ObjectIndex:
         return ObjectIndex(Membership(node_ttl_ms=node_ttl_ms,
                                       heartbeat_interval_ms=heartbeat_interval_ms,
                                       forget_ms=node_forget_ms),
                            shard_map, shard_id=shard_id, put_timeout_ms=put_timeout_ms,
-                           max_pending_puts=max_pending_puts, max_objects=max_objects)
+                           max_objects=max_objects)
     servicer = MasterServicer(index, election=election, new_index=new_index, roster=roster,
                               security=security)
     pb_grpc.add_MasterServicer_to_server(servicer, server)
@@ -106,10 +106,10 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
 
 async def _maintenance(servicer: MasterServicer, period_s: float,
                        health: Health | None = None) -> None:
-    """Expire dead nodes and stale puts, forget nodes dead for long, and plan repair
-    copies, every ``period_s``; keep ``health`` SERVING while leading with a whole
-    index (:mod:`kvstore.master.warmup`), STANDBY otherwise. The scans of every
-    entry run a slice at a time (:func:`_sliced`): other calls go on meanwhile."""
+    """Expire dead nodes and old placement grants, forget nodes dead for long, and plan
+    repair copies, every ``period_s``; keep ``health`` SERVING while leading with a
+    whole index (:mod:`kvstore.master.warmup`), STANDBY otherwise. The scans of
+    every entry run a slice at a time (:func:`_sliced`): other calls go on meanwhile."""
     while True:
         await asyncio.sleep(period_s)
         freeze_survivors()        # the index's entries out of the cyclic GC's full scans
@@ -126,7 +126,7 @@ async def _maintenance(servicer: MasterServicer, period_s: float,
         gone = index.forget_nodes(now)
         await _sliced(index.forget_steps())
         await servicer.forget_in_roster(gone)
-        index.expire_puts(now)
+        index.expire_grants(now)
         if not warming:
             await _sliced(servicer.repairs.plan_steps(now))
 
@@ -162,7 +162,6 @@ class MasterConfig:
     report_port: int = 0               # the report link's port (report_port.py); 0: a free one
     node_ttl_ms: int = 3000            # a node without heartbeats this long is dead
     node_forget_ms: int = 600_000      # ... this long: removed, with its replicas
-    max_pending_puts: int = DEFAULT_MAX_PENDING_PUTS   # puts in progress held at once
     shard_map: ShardMap | None = None  # None: the only shard, owning every slot
     shard_id: int = 0                  # this master's shard in shard_map
     etcd: str = ""                     # etcd URL: elect the shard's leader through a lease
@@ -216,7 +215,6 @@ async def serve(cfg: MasterConfig) -> None:
     health = Health(("kvstore.v1.Master",))
     server, bound, index = await create_server(cfg.host, port, node_ttl_ms=cfg.node_ttl_ms,
                                                node_forget_ms=cfg.node_forget_ms,
-                                               max_pending_puts=cfg.max_pending_puts,
                                                max_objects=cfg.max_objects or
                                                default_max_objects(memory_limit_bytes()),
                                                shard_map=cfg.shard_map, shard_id=cfg.shard_id,

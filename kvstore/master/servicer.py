@@ -26,7 +26,7 @@ from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.errors import INDEX_INCOMPLETE, OK_STATUS, KVStoreError, status_code, to_status
 from kvstore.master.counters import MasterCounter as C
-from kvstore.master.index import ObjectIndex, PutItem
+from kvstore.master.index import ObjectIndex
 from kvstore.master.membership import NodeHeartbeat, NodeRegistration
 from kvstore.master.registration import Registrations
 from kvstore.master.repair import RepairPlanner
@@ -35,7 +35,7 @@ from kvstore.master.stall import LoopWatch
 from kvstore.master.warmup import Warmup
 from kvstore.auth import Role, fingerprint
 from kvstore.rpc import MAX_KEYS_PER_CALL, MAX_REPLICAS, ServerSecurity, bearer, caller_role
-from kvstore.types import NodeId, ObjectId, RemoveReason
+from kvstore.types import NodeId, RemoveReason
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ METHOD_ROLES: dict[str, frozenset[Role]] = {
     "RegisterNode": _NODE, "SyncInventory": _NODE, "Heartbeat": _NODE, "ReportEvents": _NODE,
     "StreamEvents": _NODE,
     "GetShardMap": _CLIENT | _NODE,
-    "PutStart": _CLIENT, "PutRevoke": _CLIENT, "GrantPlacement": _CLIENT,
+    "GrantPlacement": _CLIENT,
     "Lookup": _CLIENT, "Exists": _CLIENT,
     "Remove": _CLIENT, "ReportFailure": _CLIENT,
 }
@@ -327,20 +327,6 @@ class MasterServicer(pb_grpc.MasterServicer):
         return wire.shard_map_pb(self.index.shard_map)
 
     # ---- client RPCs ----
-    async def PutStart(self, request, context):
-        await self._bounded(context, len(request.items))      # bad input first
-        await self._gate(context)
-        items = [PutItem(it.key, it.size_bytes, it.checksum, it.checksum_at_end)
-                 for it in request.items]
-        results = self.index.put_start(items, now_ms(), request.config.replica_num or 1,
-                                       request.config.preferred_node)
-        return pb.PutStartResponse(results=[
-            pb.PutStartResult(status=to_status(r)) if isinstance(r, KVStoreError) else
-            pb.PutStartResult(status=OK_STATUS, already_present=r.already_present,
-                              object_id=r.object_id,
-                              targets=[wire.node_address_pb(t) for t in r.targets])
-            for r in results])
-
     async def GrantPlacement(self, request, context):
         await self._gate(context)
         if request.replica_num > MAX_REPLICAS:
@@ -359,12 +345,6 @@ class MasterServicer(pb_grpc.MasterServicer):
             nodes=[pb.PlacementNode(address=wire.node_address_pb(n.address),
                                     free_bytes=n.free_bytes, max_object_bytes=n.max_object_bytes)
                    for n in nodes])
-
-    async def PutRevoke(self, request, context):
-        await self._bounded(context, len(request.items))      # bad input first
-        await self._gate(context)
-        results = self.index.put_revoke([(it.key, ObjectId(it.object_id)) for it in request.items])
-        return pb.PutRevokeResponse(statuses=[_status(r) for r in results])
 
     async def Lookup(self, request, context):
         await self._bounded(context, len(request.keys))      # bad input first

@@ -46,6 +46,4 @@ def test_same_key_put_concurrently(cluster, transport, key_prefix):
             assert stored == round_value(r, winner), f"round {r}: stored value is not the winner's"
             (meta,) = kv.lookup([f"{key_prefix}{r}"])
             assert meta.checksum == value_checksum(stored)
-        st = kv.stat()[0]
-        assert st.pending_puts == 0
     cluster.procs.check()   # the master and nodes are all still running

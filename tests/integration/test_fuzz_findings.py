@@ -13,9 +13,9 @@
     stream ending inside a frame the session ends; the bytes it had of the frame are
                                  never parsed as frames (a cut AUTH_PROVE's payload was
                                  executed as requests)
-    puts in progress             at most --max-pending-puts (zero-byte PutStarts were
-                                 held without bound for the put timeout); no drop orders
-                                 pile up for dead targets
+    placement grants             at most MAX_IDS_PER_GRANT ids each, MAX_GRANTS kept (the
+                                 first put protocol's zero-byte PutStarts were held without
+                                 bound for the put timeout; that protocol is gone)
     HTTP bodies json cannot hold 400 (a 4301-digit integer, deep nesting, a lone
                                  surrogate, max_tokens >= 2^32 were 500s), and neither a
                                  client gone mid-body nor a request aiohttp cannot parse
@@ -73,7 +73,7 @@ def test_undecodable_requests_are_invalid_argument(procs, tmp_path):
     garbage = bytes.fromhex("a6e12143299d4ee697a7df1f66672a68842ec35b8d2e9346")
     bad_utf8 = pb.LookupRequest(keys=["k"]).SerializeToString().replace(b"k", b"\xff")
     with grpc.insecure_channel(master.address) as ch:
-        for method in ("Lookup", "PutStart", "RegisterNode", "ReportEvents", "Stat"):
+        for method in ("Lookup", "GrantPlacement", "RegisterNode", "ReportEvents", "Stat"):
             assert _raw(ch, method, garbage) == grpc.StatusCode.INVALID_ARGUMENT, method
         assert _raw(ch, "Lookup", bad_utf8) == grpc.StatusCode.INVALID_ARGUMENT
         assert _raw(ch, "GetShardMap", b"") == grpc.StatusCode.OK     # (Lookup: warming up)
@@ -137,10 +137,8 @@ def test_an_inventory_cannot_use_up_the_object_ids(procs):
         time.sleep(3.2)                   # past the warm-up; keep the node alive meanwhile
         stub.Heartbeat(pb.HeartbeatRequest(node_id="fz", incarnation="i"), timeout=10)
         # Ids continue above the largest announced one and still fit the wire.
-        reply = stub.PutStart(pb.PutStartRequest(items=[pb.PutStartItem(key="new", size_bytes=0)]),
-                              timeout=10)
-        assert reply.results[0].status.code == pb.OK
-        assert reply.results[0].object_id == 2**63
+        reply = stub.GrantPlacement(pb.GrantPlacementRequest(num_ids=1, key="new"), timeout=10)
+        assert reply.first_object_id == 2**63
 
 
 def test_stat_answers_when_reported_sizes_add_up_past_2_64(procs):
@@ -180,37 +178,23 @@ def test_a_stream_that_ends_inside_a_frame_is_never_parsed_further(procs):
         assert kv.get("victim") == b"v" * 100
 
 
-def test_a_master_holds_a_bounded_number_of_puts_in_progress(procs):
-    master = procs.start("master", service_args("master", "--max-pending-puts", "100",
-                                                "--node-ttl-ms", "1000"))
+def test_a_master_hands_out_bounded_placement_grants(procs):
+    from kvstore.master.grants import MAX_IDS_PER_GRANT
+
+    master = procs.start("master", service_args("master", "--node-ttl-ms", "1000"))
     time.sleep(1.2)
     fake = pb.NodeAddress(node_id="fz", host="127.0.0.1", data_port=9)
     with grpc.insecure_channel(master.address) as ch:
         stub = pb_grpc.MasterStub(ch)
         _register(stub, fake, capacity_bytes=1 << 30)
-        reply = stub.PutStart(pb.PutStartRequest(items=[
-            pb.PutStartItem(key=f"k{i}", size_bytes=0) for i in range(150)]), timeout=10)
-        codes = [r.status.code for r in reply.results]
-        assert codes == [pb.OK] * 100 + [pb.UNAVAILABLE] * 50
-        assert "--max-pending-puts" in reply.results[-1].status.message
+        firsts = []
+        for _ in range(50):
+            g = stub.GrantPlacement(pb.GrantPlacementRequest(num_ids=2**32 - 1), timeout=10)
+            assert g.num_ids == MAX_IDS_PER_GRANT
+            firsts.append(g.first_object_id)
+        assert firsts == sorted(set(firsts))             # never an id twice
         st = stub.Stat(pb.StatRequest(), timeout=10)
-        assert st.pending_puts == 100 and st.counters["puts_busy"] == 50
-        # The target dies; its puts are revoked: no drop orders pile up for it (its
-        # replayed STORED events would be refused anyway).
-        time.sleep(1.5)
-        stub.PutRevoke(pb.PutRevokeRequest(items=[
-            pb.PutRevokeItem(key=f"k{i}", object_id=r.object_id)
-            for i, r in enumerate(reply.results[:100])]), timeout=10)
-        back = stub.Heartbeat(pb.HeartbeatRequest(node_id="fz", incarnation="i"), timeout=10)
-        assert back.known and not back.drops
-        again = stub.PutStart(pb.PutStartRequest(items=[pb.PutStartItem(key="k0", size_bytes=0)]),
-                              timeout=10)
-        assert again.results[0].status.code == pb.OK      # room again
-        # A live target still gets its drop order.
-        stub.PutRevoke(pb.PutRevokeRequest(items=[pb.PutRevokeItem(
-            key="k0", object_id=again.results[0].object_id)]), timeout=10)
-        back = stub.Heartbeat(pb.HeartbeatRequest(node_id="fz", incarnation="i"), timeout=10)
-        assert [(d.key, d.object_id) for d in back.drops] == [("k0", again.results[0].object_id)]
+        assert st.counters["grants"] == 50 and st.num_objects == 0
 
 
 def _post(address: str, body: bytes) -> tuple[int, dict]:

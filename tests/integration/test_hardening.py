@@ -67,9 +67,7 @@ def test_a_call_over_the_key_limit_is_refused_and_the_sdk_splits_batches(master)
         for call, request in (
                 (stub.Exists, pb.ExistsRequest(keys=[f"k{i}" for i in range(too_many)])),
                 (stub.Lookup, pb.LookupRequest(keys=[f"k{i}" for i in range(too_many)])),
-                (stub.Remove, pb.RemoveRequest(keys=[f"k{i}" for i in range(too_many)])),
-                (stub.PutStart, pb.PutStartRequest(items=[
-                    pb.PutStartItem(key=f"k{i}", size_bytes=1) for i in range(too_many)]))):
+                (stub.Remove, pb.RemoveRequest(keys=[f"k{i}" for i in range(too_many)]))):
             with pytest.raises(grpc.RpcError) as err:
                 call(request, timeout=30)
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT

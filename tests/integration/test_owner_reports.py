@@ -35,12 +35,12 @@ def node_conn(cluster) -> NodeConnection:
     return NodeConnection(host, int(port), timeout_s=10)
 
 
-def put_start(master: str, key: str, value: bytes) -> int:
+def granted_id(master: str, key: str) -> int:
+    """An object id of a fresh placement grant for ``key`` (as the SDK places a put)."""
     with grpc.insecure_channel(master) as ch:
-        (r,) = pb_grpc.MasterStub(ch).PutStart(pb.PutStartRequest(items=[pb.PutStartItem(
-            key=key, size_bytes=len(value), checksum=value_checksum(value))]), timeout=5).results
-    assert r.status.code == pb.OK
-    return r.object_id
+        g = pb_grpc.MasterStub(ch).GrantPlacement(pb.GrantPlacementRequest(num_ids=1, key=key),
+                                                  timeout=5)
+    return g.first_object_id
 
 
 def test_a_returned_put_is_visible_to_every_other_reader(owner, transport):
@@ -76,7 +76,7 @@ def test_a_write_the_master_never_placed_is_refused_and_dropped(owner):
 
 def test_a_write_whose_master_is_stopped_fails_then_lands_when_it_returns(owner):
     value = b"late" * 100
-    oid = put_start(owner.master, "late/k", value)
+    oid = granted_id(owner.master, "late/k")
     master = owner.procs.child("master0").proc
     conn = node_conn(owner)
     os.kill(master.pid, signal.SIGSTOP)

@@ -64,9 +64,9 @@ def test_wrong_shard_gets_a_redirect_never_a_wrong_answer(sharded):
         lk = stub.Lookup(pb.LookupRequest(keys=["ws-key"]), timeout=5)
         assert lk.results[0].status.code == pb.WRONG_SHARD
         assert lk.results[0].status.redirect == str(owner)
-        ps = stub.PutStart(pb.PutStartRequest(items=[pb.PutStartItem(key="ws-key", size_bytes=1)]),
-                           timeout=5)
-        assert ps.results[0].status.code == pb.WRONG_SHARD
+        with pytest.raises(grpc.RpcError) as err:
+            stub.GrantPlacement(pb.GrantPlacementRequest(num_ids=1, key="ws-key"), timeout=5)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
 def test_client_with_a_stale_map_follows_the_redirect(sharded):
@@ -86,7 +86,7 @@ def test_client_with_a_stale_map_follows_the_redirect(sharded):
 
 
 def test_every_routed_call_refreshes_the_map_once_on_wrong_shard(sharded):
-    """Puts (PutStart, PutEnd), lookups, exists and removes all follow a
+    """Puts (their placement grants), lookups, exists and removes all follow a
     WRONG_SHARD the same way: one shard map refresh, then those keys again."""
     keys = [f"stale-all-{i}" for i in range(20)]
     with KVClient(sharded.master, meta_cache_entries=0) as kv:

@@ -20,7 +20,7 @@ from kvstore.master.registration import Registrations
 from kvstore.master.roster import FileRoster, Roster
 from kvstore.master.warmup import Warmup, WarmupState
 from kvstore.shardmap import ShardMap
-from kvstore.types import EventKind, InventoryItem, NodeAddress, NodeEvent, ReplicaState, TierKind
+from kvstore.types import EventKind, InventoryItem, NodeAddress, NodeEvent, TierKind
 
 T0 = 1_000_000
 TTL_MS = 3000
@@ -52,14 +52,14 @@ def stored(index: ObjectIndex, node: str, key: str) -> int:
 
 
 def state(index: ObjectIndex) -> dict:
-    return {k: (e.object_id, sorted(e.replicas), e.state) for k, e in index.entries.items()}
+    return {k: (e.object_id, sorted(e.replicas)) for k, e in index.entries.items()}
 
 
 # ---- the entry table ----
 
 def test_a_scan_sees_every_entry_that_lives_through_it_and_reuses_positions():
     table = EntryTable()
-    entries = [Entry(f"k{i}", 1, 1, i, ReplicaState.COMPLETE, []) for i in range(10)]
+    entries = [Entry(f"k{i}", 1, 1, i) for i in range(10)]
     for e in entries:
         table.add(e)
     seen = []
@@ -69,7 +69,7 @@ def test_a_scan_sees_every_entry_that_lives_through_it_and_reuses_positions():
             table.remove(entries[0])
             table.remove(entries[8])
     assert seen == [f"k{i}" for i in range(10) if i != 8]
-    fresh = Entry("new", 1, 1, 99, ReplicaState.COMPLETE, [])
+    fresh = Entry("new", 1, 1, 99)
     table.add(fresh)
     assert fresh.slot == 8                         # the last position freed
     assert len(table) == 9 and sorted(e.key for p in table.scan() for e in p) == sorted(

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvstore.errors import AlreadyPresent, KeyConflict, NotFound, PutInProgress, Unavailable
-from kvstore.master.grants import Grants
-from kvstore.master.index import ObjectIndex, PutItem
+from kvstore.errors import AlreadyPresent, KeyConflict, NotFound, Unavailable
+from kvstore.master.grants import MAX_GRANTS, Grants
+from kvstore.master.index import ObjectIndex
 from kvstore.master.membership import Membership, NodeRegistration
 from kvstore.shardmap import ShardMap
 from kvstore.types import EventKind, NodeAddress, NodeEvent, TierKind
@@ -35,8 +35,7 @@ def test_a_grant_lists_healthy_nodes_and_fresh_ids(index):
     g2, _ = index.grant(2, 100, T0)
     assert [n.node_id for n in nodes] == ["n0", "n1", "n2"] and g1.replica_num == 2
     assert g2.first_object_id >= g1.first_object_id + 100
-    plan = index.put_start([PutItem("other", 10, 1)], T0)[0]
-    assert not (g1.covers(plan.object_id) or g2.covers(plan.object_id))
+    assert not any(g1.covers(i) for i in range(g2.first_object_id, g2.first_object_id + 100))
 
 
 def test_first_stored_makes_it_visible_and_more_replicas_join(index):
@@ -63,10 +62,15 @@ def test_racing_writers_on_two_nodes_first_applied_wins(index):
     assert {(d.key, d.object_id) for d in index.membership.take_drops("n1")} == {("k", b)}
 
 
-def test_a_first_protocol_put_in_flight_is_put_in_progress(index):
-    index.put_start([PutItem("k", 100, 7)], T0)
+def test_a_value_written_part_by_part_is_decided_by_the_checksum_its_report_carries(index):
+    """A layer-wise put learns its checksum at its end: the STORED report brings it."""
     g, _ = index.grant(1, 10, T0)
-    assert isinstance(stored(index, "n0", "k", g.first_object_id), PutInProgress)
+    oid = g.first_object_id
+    assert stored(index, "n0", "k", oid + 1, checksum=0x5EED) is None  # oid: its writer died
+    assert index.lookup(["k"], T0)[0].checksum == 0x5EED
+    assert isinstance(stored(index, "n1", "k", oid + 2, checksum=0x5EED), AlreadyPresent)
+    assert isinstance(stored(index, "n1", "k", oid + 3, checksum=0xBAD), KeyConflict)
+    assert isinstance(stored(index, "n1", "k", oid + 4, size=99, checksum=0x5EED), KeyConflict)
 
 
 def test_an_id_of_no_live_grant_is_refused(index):
@@ -115,3 +119,11 @@ def test_grants_are_bounded_and_expire():
         gs.issue(1 + i * 10, 10, 1, now_ms=i)
     assert gs.find(15, 5).first_object_id == 11 and gs.find(101, 5) is None
     assert gs.expire(now_ms=1000) == 10 and len(gs) == 0
+
+
+def test_at_most_max_grants_are_kept_the_oldest_go_first():
+    gs = Grants(valid_ms=100, grace_ms=100)
+    for i in range(MAX_GRANTS + 10):
+        gs.issue(1 + i * 2, 2, 1, now_ms=0)
+    assert len(gs) == MAX_GRANTS
+    assert gs.find(1, 0) is None and gs.find(1 + 10 * 2, 0) is not None

@@ -208,7 +208,7 @@ def _node(node_id: str, metrics: str = "", used: int = 100, evictions: int = 0,
 
 
 def _shard(hits: int, misses: int, nodes: tuple[NodeStatus, ...], puts: int = 0) -> ShardStatus:
-    return ShardStatus(0, 1, nodes, num_objects=4, total_bytes=400, pending_puts=1,
+    return ShardStatus(0, 1, nodes, num_objects=4, total_bytes=400,
                        counters={"lookup_hits": hits, "lookup_misses": misses, "puts": puts},
                        metrics_address="127.0.0.1:9100")
 
@@ -238,7 +238,7 @@ def test_summarize_shards_nodes_and_processes():
     # 30 hits and 10 misses in 2 s.
     assert shard == {"shard_id": 0, "leader": "127.0.0.1:5000",
                      "metrics_address": "127.0.0.1:9100", "num_objects": 4, "total_bytes": 400,
-                     "pending_puts": 1, "nodes": 2, "nodes_alive": 2, "puts_per_s": 4.0,
+                     "nodes": 2, "nodes_alive": 2, "puts_per_s": 4.0,
                      "lookups_per_s": 20.0, "hit_rate": 0.75}
     n0, n1 = summary["nodes"]
     assert n0["tiers"] == {"DRAM": {"used_bytes": 100, "capacity_bytes": 1000, "num_objects": 2},

@@ -34,8 +34,7 @@ from kvstore.tools.fuzz.mutate import (POOL_KEYS, fuzz_key, fuzz_text, mutate_by
 
 SERVICE = "/kvstore.v1.Master/"
 METHODS = ("RegisterNode", "SyncInventory", "Heartbeat", "ReportEvents", "GetShardMap",
-           "PutStart", "PutRevoke", "Lookup", "Exists", "Remove", "List", "Stat",
-           "ReportFailure")
+           "GrantPlacement", "Lookup", "Exists", "Remove", "List", "Stat", "ReportFailure")
 _NODE_METHODS = frozenset({"RegisterNode", "SyncInventory", "Heartbeat", "ReportEvents"})
 #: The credentials an input carries; the driver maps role names to the run's tokens.
 CREDENTIALS = (("client", 40), ("node", 25), ("admin", 15), ("none", 10), ("bogus", 6),
@@ -195,19 +194,10 @@ class GrpcGenerator:
     def _r_GetShardMap(self):
         return pb.GetShardMapRequest()
 
-    def _r_PutStart(self):
+    def _r_GrantPlacement(self):
         rng = self.rng
-        items = [pb.PutStartItem(key=key, size_bytes=_u64(rng), checksum=rng.getrandbits(64),
-                                 checksum_at_end=rng.random() < 0.2) for key in self._keys()]
-        config = pb.PutConfig(replica_num=_u32(rng),
-                              preferred_node=rng.choice(("", self.node_id, *_FAKE_NODES[:2],
-                                                         fuzz_text(rng))))
-        return pb.PutStartRequest(items=items, config=config)
-
-    def _r_PutRevoke(self):
-        rng = self.rng
-        return pb.PutRevokeRequest(items=[pb.PutRevokeItem(key=key, object_id=_u64(rng))
-                                          for key in self._keys()])
+        return pb.GrantPlacementRequest(replica_num=_u32(rng), num_ids=_u32(rng),
+                                        key=_key(rng) if rng.random() < 0.7 else "")
 
     def _keys(self, n: int | None = None) -> list[str]:
         """Keys of a batch request: each mutated, or (many items) plain ones with one

@@ -16,8 +16,8 @@ servers' answers only decide where connections break, see
 Warm-up: the first batch, of ``warmup`` inputs (20,000 by default, at most
 half the run), is not counted for memory. RSS at the start is taken after
 it, once the allocators, the caches the servers fill on first use, the
-master's puts in progress (fuzzed PutStarts that are never written live
-for the put timeout, 30 s, up to ``--max-pending-puts``) and the node's
+master's placement grants (fuzzed GrantPlacements live for their validity
+and the put timeout, 32 s, up to ``kvstore.master.grants.MAX_GRANTS``) and the node's
 fuzzed objects have reached their working size; the run's maximum is taken
 after every later batch.
 
