@@ -30,7 +30,7 @@ from kvstore.master.index import ObjectIndex
 from kvstore.master.membership import NodeHeartbeat, NodeRegistration
 from kvstore.master.registration import Registrations
 from kvstore.master.repair import RepairPlanner
-from kvstore.master.roster import Roster
+from kvstore.master.roster import ID_BLOCK, Roster
 from kvstore.master.stall import LoopWatch
 from kvstore.master.warmup import Warmup
 from kvstore.auth import Role, fingerprint
@@ -127,13 +127,20 @@ class MasterServicer(pb_grpc.MasterServicer):
         if self._roster_loaded:
             return
         term = self._term
+        loop = asyncio.get_running_loop()
         try:
-            known = await asyncio.get_running_loop().run_in_executor(None, self.roster.load)
+            known = await loop.run_in_executor(None, self.roster.load)
+            ids_below = await loop.run_in_executor(None, self.roster.ids_below)
         except OSError as exc:
             log.warning("the shard's roster could not be read: %s; retrying", exc)
             return
         if term != self._term or self._roster_loaded:
             return                    # a new term began meanwhile: it reads its own
+        if ids_below is not None:
+            # Ids continue above every block an earlier process of the shard reserved.
+            self.index.start_term(ids_below)
+            if not await self.reserve_ids(force=True) or term != self._term:
+                return
         self._roster_loaded = True
         warmup = Warmup(known, self.term_start_ms, self.index.membership.node_ttl_ms)
         for node_id, applied in self.registrations.in_progress():
@@ -147,6 +154,26 @@ class MasterServicer(pb_grpc.MasterServicer):
         if known:
             log.info("shard %d warming up: waiting for %d node(s) of its roster",
                      self.index.shard_id, len(known))
+
+    async def reserve_ids(self, force: bool = False) -> bool:
+        """Keep the next block of object ids reserved in the roster, once less than
+        half a block is left (a roster that keeps none: nothing to do). Returns
+        False when the roster could not be written (grants past the bound wait)."""
+        index = self.index
+        if index.ids_below is None and not force:
+            return True
+        if not force and index._next_id + ID_BLOCK // 2 <= index.ids_below:
+            return True
+        below = index._next_id + ID_BLOCK
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self.roster.reserve_ids,
+                                                             below)
+        except OSError as exc:
+            log.warning("object ids could not be reserved in the roster: %s; retrying", exc)
+            return False
+        if index is self.index:
+            index.ids_below = max(index.ids_below or 0, below)
+        return True
 
     async def forget_in_roster(self, gone: list[NodeId]) -> None:
         """Take forgotten nodes off the roster, and roster nodes that never came back
@@ -278,6 +305,7 @@ class MasterServicer(pb_grpc.MasterServicer):
                              leaving=request.leaving)
         try:
             if self.membership.heartbeat(beat, now_ms()) is None:
+                self.warmup.heard(node_id, now_ms())     # alive: its registration comes
                 return pb.HeartbeatResponse(known=False)
             if request.leaving:
                 return pb.HeartbeatResponse(known=True)

@@ -15,7 +15,8 @@ a NotFound for a key a live node holds::
 A node that registers during the warm-up without being on the roster (new,
 or the roster is older) is waited for the same way once it has begun. The
 node ttl is the bound on waiting for a node that has not begun: a node not
-back by then counts as dead anyway. A shard with an empty roster (a fresh
+back by then counts as dead anyway; a roster node whose heartbeats arrive
+(answered "register again") is alive, and the bound counts from its last one. A shard with an empty roster (a fresh
 cluster) is whole at once. A shard with no roster at all (no ``--state-dir``,
 no etcd) cannot tell a fresh cluster from a restart: it waits the bound, then
 for the registrations under way. Once whole, a shard stays whole for its
@@ -48,6 +49,7 @@ class WarmupNode:
     node_id: NodeId
     state: WarmupState
     items_applied: int = 0          # of its inventory, so far
+    heard_ms: int = 0               # its last heartbeat before it registered
 
 
 class Warmup:
@@ -73,6 +75,16 @@ class Warmup:
         if not self._whole:
             self.nodes[node_id] = WarmupNode(node_id, WarmupState.SYNCING)
 
+    def heard(self, node_id: NodeId, now_ms: int) -> None:
+        """A heartbeat of ``node_id`` arrived before it registered: it is alive, about to."""
+        node = self.nodes.get(node_id)
+        if node is not None and node.state is WarmupState.WAITING:
+            node.heard_ms = now_ms
+
+    def _gone(self, node: WarmupNode, now_ms: int) -> bool:
+        """A WAITING node not heard from for the bound."""
+        return now_ms - max(self.start_ms, node.heard_ms) >= self.bound_ms
+
     def applied(self, node_id: NodeId, items: int) -> None:
         """``items`` more of its inventory are applied."""
         node = self.nodes.get(node_id)
@@ -95,16 +107,15 @@ class Warmup:
         """Whether the index is whole (latched: once whole, whole for the term)."""
         if self._whole:
             return True
-        past_bound = now_ms - self.start_ms >= self.bound_ms
-        states = [n.state for n in self.nodes.values()]
-        if WarmupState.SYNCING in states:
+        if any(n.state is WarmupState.SYNCING for n in self.nodes.values()):
             return False
-        if WarmupState.WAITING in states or not self.roster_known:
-            if not past_bound:
-                return False
-            for node in self.nodes.values():
-                if node.state is WarmupState.WAITING:
-                    node.state = WarmupState.GAVE_UP
+        waiting = [n for n in self.nodes.values() if n.state is WarmupState.WAITING]
+        if any(not self._gone(n, now_ms) for n in waiting):
+            return False
+        if not self.roster_known and now_ms - self.start_ms < self.bound_ms:
+            return False
+        for node in waiting:
+            node.state = WarmupState.GAVE_UP
         self._whole = True
         return True
 
@@ -113,7 +124,8 @@ class Warmup:
         a registration under way may take longer."""
         if self.whole(now_ms):
             return 0
-        return max(1, self.start_ms + self.bound_ms - now_ms)
+        last = max([self.start_ms] + [n.heard_ms for n in self.missing()])
+        return max(1, last + self.bound_ms - now_ms)
 
     def missing(self) -> list[WarmupNode]:
         """The nodes it still waits for (WAITING or SYNCING), by node id."""
@@ -136,4 +148,4 @@ class Warmup:
                     f"{self.bound_ms - elapsed} ms more for nodes to register")
         return (f"waiting for {len(parts)} node(s): {', '.join(parts[:8])}"
                 + (", ..." if len(parts) > 8 else "")
-                + f"; {max(0, self.bound_ms - elapsed)} ms left for those not registered")
+                + f"; at most {self.left_ms(now_ms)} ms more for those not registered")

@@ -240,7 +240,7 @@ class NodeAgent:
 
     def _register_once(self, timeout_s: float) -> bool:
         """One registration and its inventory; False when the master lost it midway."""
-        stats = self.node.stats()
+        stats = self.node.full_stats(self.full_stats_interval_s)     # O(tiers), not objects
         req = pb.RegisterNodeRequest(
             address=wire.node_address_pb(self.address), tier=pb.DRAM,
             capacity_bytes=stats.capacity_bytes, max_object_bytes=self.node.max_object_bytes(),

@@ -137,6 +137,7 @@ class StoreNode(NodeStatsView):
         self.events.set_on_applied(lambda event: self.confirm(event.key, event.object_id))
         self._counted: NodeStats | None = None      # the last full count (full_stats) ...
         self._recount = Recount()                    # ... and when to count again
+        self._recounting = False                     # ... a count runs (full_stats)
         self._recover()
         self.mover: TierMover | None = self._tiering.mover
         if self.mover is not None and start_mover:
