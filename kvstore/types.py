@@ -146,9 +146,11 @@ class ShardStatus:
     shard_id: int
     shard_map_version: int
     nodes: tuple[NodeStatus, ...]
-    num_objects: int
+    num_objects: int                   # readable now: a replica on a live node
     total_bytes: int
     counters: dict[str, int] = field(default_factory=dict)   # puts, lookups, removes, ...
+    unavailable_objects: int = 0       # every replica on a dead node (kept until forgotten)
+    unavailable_bytes: int = 0
     metrics_address: str = ""          # the answering master's /metrics, "" if none
     warmup_left_ms: int = 0            # > 0: index incomplete (nodes re-registering)
     warmup_nodes: tuple[WarmupProgress, ...] = ()   # ... what it waits for

@@ -107,7 +107,8 @@ def shard_status(msg: pb.StatResponse) -> ShardStatus:
     return ShardStatus(shard_id=msg.shard_id, shard_map_version=msg.shard_map_version,
                        nodes=tuple(node_status(n) for n in msg.nodes),
                        num_objects=msg.num_objects, total_bytes=msg.total_bytes,
-                       counters=Counter(msg.counters),
+                       unavailable_objects=msg.unavailable_objects,
+                       unavailable_bytes=msg.unavailable_bytes, counters=Counter(msg.counters),
                        metrics_address=msg.metrics_address, warmup_left_ms=msg.warmup_left_ms,
                        warmup_nodes=tuple(
                            WarmupProgress(NodeId(w.node_id),
@@ -121,6 +122,8 @@ def shard_status_pb(s: ShardStatus) -> pb.StatResponse:
     return pb.StatResponse(shard_id=s.shard_id, shard_map_version=s.shard_map_version,
                            nodes=[node_status_pb(n) for n in s.nodes],
                            num_objects=s.num_objects, total_bytes=_u64(s.total_bytes),
+                           unavailable_objects=s.unavailable_objects,
+                           unavailable_bytes=_u64(s.unavailable_bytes),
                            counters=s.counters,
                            metrics_address=s.metrics_address,
                            warmup_left_ms=s.warmup_left_ms)

@@ -353,6 +353,7 @@ def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         out.append({
             "shard_id": st.shard_id, "address": addresses.get(st.shard_id, ""),
             "shard_map_version": st.shard_map_version, "num_objects": st.num_objects,
+            "unavailable_objects": st.unavailable_objects,
             "total_bytes": st.total_bytes,
             "index_complete": st.warmup_left_ms == 0, "warmup_left_ms": st.warmup_left_ms,
             "loop_stall_max_ms": round(st.loop_stall_max_ms, 1), "loop_stalls": st.loop_stalls,
@@ -366,7 +367,8 @@ def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
             "node_counters": dict(sorted(node_counters.items())),
         })
     if as_json:
-        totals = {k: sum(s[k] for s in out) for k in ("num_objects", "total_bytes")}
+        totals = {k: sum(s[k] for s in out) for k in ("num_objects", "total_bytes",
+                                                       "unavailable_objects")}
         totals.update(capacity_bytes=sum(n.capacity_bytes for n in live),
                       used_bytes=sum(n.used_bytes for n in live), nodes_alive=len(live))
         _emit_json({"shards": out, "totals": totals})
@@ -382,6 +384,10 @@ def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
                       format_size(s["capacity_bytes"]))
     console.print(table)
     for s in out:
+        if s["unavailable_objects"]:
+            console.print(f"shard {s['shard_id']}: {s['unavailable_objects']} more object(s) "
+                          f"on dead nodes only, not readable (not counted above; kept until "
+                          f"--node-forget-ms in case a node comes back)")
         if not s["index_complete"]:
             waiting = ", ".join(
                 f"{w['node_id']} ({w['items_applied']} inventory items applied)"

@@ -40,7 +40,7 @@ from typing import Iterator, Sequence
 
 from kvstore.bigmap import BigMap
 from kvstore.errors import (AlreadyPresent, KeyConflict, KVStoreError, NoSpace, NotFound,
-                            WrongShard)
+                            Unavailable, WrongShard)
 from kvstore.keys import key_slot, validate_key
 from kvstore.master.counters import MasterCounter as C
 from kvstore.master.entries import EntryTable
@@ -50,6 +50,7 @@ from kvstore.master.inventory import sync_node_inventory
 from kvstore.master.key_order import KeyOrder
 from kvstore.master.limits import MASTER_BYTES_PER_OBJECT
 from kvstore.master.membership import Membership, NodeInfo
+from kvstore.master.superseded import Superseded
 from kvstore.shardmap import ShardMap
 from kvstore.types import (EventKind, InventoryItem, NodeEvent, NodeId, ObjectId, ObjectKey,
                            ObjectMeta, RemoveReason, Replica, ShardStatus, NodeStatus,
@@ -93,6 +94,10 @@ class ObjectIndex:
         self.repair_hint = True
         # Nodes forgotten whose replicas may still be listed in entries (forget_steps).
         self.forgetting: set[NodeId] = set()
+        # Keys replaced while an older version was on a dead node (kvstore.master.superseded).
+        self.superseded = Superseded(keep_ms=membership.forget_ms)
+        # No id at or above this is handed out (None: no bound; kvstore.master.roster).
+        self.ids_below: int | None = None
 
     def _check_key(self, key: str) -> ObjectKey:
         validate_key(key)
@@ -156,7 +161,7 @@ class ObjectIndex:
             for entry in entries:
                 if not gone & set(entry.replicas):
                     continue
-                entry.replicas = [n for n in entry.replicas if n not in gone]
+                self.table.set_replicas(entry, [n for n in entry.replicas if n not in gone])
                 for n in gone:
                     entry.tiers.pop(n, None)
                 if entry.repair_target in gone:
@@ -188,17 +193,20 @@ class ObjectIndex:
         most free space first.
 
         Raises:
-            Unavailable: no live store node.
+            Unavailable: no live store node, or the ids are being reserved (retry).
             WrongShard: ``key`` (when given) is another shard's.
         """
         if key:
             self._check_key(key)
+        n = max(1, min(num_ids, MAX_IDS_PER_GRANT))
+        if self.ids_below is not None and self._next_id + n > self.ids_below:
+            raise Unavailable("the shard is reserving object ids (kvstore/master/roster.py); "
+                              "retry")
         alive = self.membership.alive_nodes()
         if not alive:
             raise self.membership.no_live_node(now_ms)
         nodes = self.membership.healthy_nodes(now_ms) or alive
         nodes = sorted(nodes, key=lambda n: (-n.free_bytes, n.node_id))
-        n = max(1, min(num_ids, MAX_IDS_PER_GRANT))
         g = self.grants.issue(self._next_id, n, replica_num, now_ms)
         self._next_id += n
         self.counters[C.GRANTS] += 1
@@ -206,7 +214,8 @@ class ObjectIndex:
 
     def expire_grants(self, now_ms: int) -> int:
         """Forget the grants past their expiry (their ids' STOREDs are refused from
-        then on); returns how many."""
+        then on), and the superseded notes past theirs; returns the grants forgotten."""
+        self.superseded.expire(now_ms)
         return self.grants.expire(now_ms)
 
     def _stored_placed(self, node_id: NodeId, event: NodeEvent, entry: Entry | None,
@@ -221,9 +230,11 @@ class ObjectIndex:
                 from its client unchecked).
         """
         self._check_key(event.key)
+        replaced_dead = False
         if entry is not None and not self._live_replicas(entry):
-            self._delete(entry, [])          # every replica died: the key is free again
-            entry = None
+            self._delete(entry, [])          # every replica died: the key is free again ...
+            entry = None                     # ... but a dead node may bring the old one back
+            replaced_dead = True
         if entry is not None:
             grant.decided_ids.add(event.object_id)
             if entry.checksum == event.checksum and entry.size_bytes == event.size_bytes:
@@ -237,6 +248,10 @@ class ObjectIndex:
             object_id=event.object_id, replicas=[node_id], created_ms=now_ms,
             replica_num=grant.replica_num, tiers={node_id: event.tier or TierKind.DRAM}))
         grant.decided_ids.add(event.object_id)
+        if replaced_dead:
+            self.superseded.note(event.key, event.object_id, now_ms)
+        else:
+            self.superseded.renew(event.key, event.object_id, now_ms)
         self.key_order.add(event.key)
         self.complete_bytes += event.size_bytes
         if grant.replica_num > 1:
@@ -275,7 +290,7 @@ class ObjectIndex:
             # copy the repair planner ordered is one.
             raise NotFound("no put or repair of this version is in flight to this node",
                            key=event.key)
-        entry.replicas.append(node_id)
+        self.table.set_replicas(entry, [*entry.replicas, node_id])
         if entry.replica_num > 1:
             self.repair_hint = True
         entry.tiers[node_id] = event.tier or TierKind.DRAM
@@ -389,9 +404,12 @@ class ObjectIndex:
                                  last_heartbeat_ms=info.last_heartbeat_ms, tiers=info.tiers,
                                  counters=dict(info.counters), syncing=info.syncing)
                       for info in self.membership.nodes.values())
+        # One rule everywhere: an object counts while it is readable (a live replica).
+        gone, gone_bytes = self.table.unavailable(self.membership.is_alive)
         return ShardStatus(shard_id=self.shard_id, shard_map_version=self.shard_map.version,
-                           nodes=nodes, num_objects=len(self.entries),
-                           total_bytes=self.complete_bytes,
+                           nodes=nodes, num_objects=len(self.entries) - gone,
+                           total_bytes=self.complete_bytes - gone_bytes,
+                           unavailable_objects=gone, unavailable_bytes=gone_bytes,
                            counters={c.value: v for c, v in self.counters.items()})
 
     # ---- what the nodes report: events and inventories ----
@@ -416,7 +434,7 @@ class ObjectIndex:
         if entry is None or entry.object_id != event.object_id or node_id not in entry.replicas:
             return None
         if event.kind is EventKind.EVICTED:
-            entry.replicas.remove(node_id)
+            self.table.set_replicas(entry, [n for n in entry.replicas if n != node_id])
             entry.tiers.pop(node_id, None)
             self.repair_hint = True
             self.counters[C.REPLICAS_EVICTED] += 1

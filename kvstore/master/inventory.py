@@ -16,9 +16,12 @@ learns the cluster this way), wanting the largest ``replica_num`` any holder
 announces (what the put asked for). Only objects a master confirmed are
 indexed so: a ``pending`` item (stored, its STORED event not yet applied) is
 not, and its replayed event decides, so bytes written straight to a node
-never become visible through an inventory. A listed version that the index
-has replaced is ordered dropped; one it already ordered dropped (removed
-while the node was away) is not indexed again.
+never become visible through an inventory. Of two confirmed versions of a
+key the later put wins (the larger object id: ids only grow, see
+:mod:`kvstore.master.roster`): a listed version older than the index's is
+ordered dropped, a newer one replaces it; so is one the shard replaced while
+the node was away (:mod:`kvstore.master.superseded`), and one it already
+ordered dropped (removed meanwhile) is not indexed again.
 
 Split from :mod:`kvstore.master.index` (its one caller): the rules live here,
 next to nothing else.
@@ -94,7 +97,15 @@ class InventorySync:
                 elif entry is not None:
                     self._mark(entry)     # applied here, its answer lost: kept
                 continue
+            if index.superseded.replaced(it.key, it.object_id):
+                # The shard acknowledged a later version since this node went away.
+                index.membership.order_drop(node_id, it.key, it.object_id)
+                index.counters[C.STALE_REPLICAS_DROPPED] += 1
+                continue
             index._next_id = max(index._next_id, it.object_id + 1)
+            if entry is not None and entry.object_id < it.object_id:
+                self._supersede(entry, it.object_id, now_ms)
+                entry = None
             if entry is None:
                 entry = Entry(key=it.key, size_bytes=it.size_bytes, checksum=it.checksum,
                               object_id=it.object_id, replicas=[node_id], created_ms=now_ms,
@@ -107,7 +118,7 @@ class InventorySync:
                 self.indexed += 1
             elif entry.object_id == it.object_id:
                 if node_id not in entry.replicas:
-                    entry.replicas.append(node_id)
+                    index.table.set_replicas(entry, [*entry.replicas, node_id])
                 # A rebuilt index learns how many replicas were wanted from what the
                 # nodes say their puts asked for, and at least as many as it finds.
                 entry.replica_num = max(entry.replica_num, len(entry.replicas), it.replica_num)
@@ -118,12 +129,24 @@ class InventorySync:
                 continue
             self._mark(entry)
 
+    def _supersede(self, entry: Entry, later_id: int, now_ms: int) -> None:
+        """The node announces a later version of ``entry``'s key (ids only grow: the
+        larger id is the later put; e.g. two nodes re-registering with a restarted
+        master): the indexed one goes, dropped by its live holders and noted
+        against its dead ones (:mod:`kvstore.master.superseded`)."""
+        index = self.index
+        live = [n for n in entry.replicas if index.membership.is_alive(n)]
+        if len(live) < len(entry.replicas):
+            index.superseded.note(entry.key, later_id, now_ms)
+        index._delete(entry, live)
+        index.counters[C.STALE_REPLICAS_DROPPED] += len(live)
+
     def _forget(self, entry: Entry) -> None:
         """This node does not hold ``entry``'s version: it is no longer a replica of it
         (an entry left with no replica is deleted)."""
         index, node_id = self.index, self.node_id
         if node_id in entry.replicas:
-            entry.replicas.remove(node_id)
+            index.table.set_replicas(entry, [n for n in entry.replicas if n != node_id])
             entry.tiers.pop(node_id, None)
             if not entry.replicas:
                 index._delete(entry, [])

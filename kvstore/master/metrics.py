@@ -3,7 +3,8 @@
     kvstore_requests_total{op,code}, kvstore_request_duration_seconds{op}   every gRPC call
     kvstore_master_is_leader              1 while this process serves its shard
     kvstore_leader_changes_total          times this process won or lost its shard's lead
-    kvstore_objects, kvstore_object_bytes complete objects indexed, and their bytes
+    kvstore_objects, kvstore_object_bytes objects readable now (a live replica), and their bytes
+    kvstore_objects_unavailable           objects whose every replica is on a dead node
     kvstore_nodes{state}                  registered nodes: alive, quarantined, dead
     kvstore_repairs_total                 repair copies that added a replica
     kvstore_lookup_keys_total{result}     keys looked up: hit, miss (the shard's hit rate)
@@ -49,9 +50,11 @@ def snapshot(servicer: MasterServicer) -> list:
               1 if leading else 0, {"shard": str(index.shard_id)}),
         counter("kvstore_leader_changes", "Times this process won or lost its shard's lead.",
                 servicer.leader_changes),
-        gauge("kvstore_objects", "Complete objects indexed by this shard.",
+        gauge("kvstore_objects", "Objects readable now (a replica on a live node).",
               st.num_objects if st else 0),
-        gauge("kvstore_object_bytes", "Bytes of the complete objects indexed (B).",
+        gauge("kvstore_objects_unavailable", "Objects whose every replica is on a dead node "
+              "(kept until --node-forget-ms).", st.unavailable_objects if st else 0),
+        gauge("kvstore_object_bytes", "Bytes of the objects readable now (B).",
               st.total_bytes if st else 0),
         gauge("kvstore_nodes", "Registered store nodes by state.",
               samples=[({"state": s}, states[s]) for s in ("alive", "quarantined", "dead")]),

@@ -126,6 +126,7 @@ async def _maintenance(servicer: MasterServicer, period_s: float,
         gone = index.forget_nodes(now)
         await _sliced(index.forget_steps())
         await servicer.forget_in_roster(gone)
+        await servicer.reserve_ids()
         index.expire_grants(now)
         if not warming:
             await _sliced(servicer.repairs.plan_steps(now))

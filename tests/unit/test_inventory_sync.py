@@ -219,3 +219,57 @@ def test_the_file_roster_keeps_nodes_across_processes_and_refuses_a_damaged_file
     with pytest.raises(OSError, match="move it aside"):
         FileRoster(str(tmp_path / "state")).load()
     assert Roster().load() is None
+
+
+# ---- versions a returning node brings back (issue 31, bug 3) ----
+
+def test_a_version_replaced_while_its_node_was_away_never_comes_back():
+    idx = make_index("a", "b")
+    old = stored(idx, "a", "k")
+    idx.membership.heartbeat(_beat("b"), T0 + TTL_MS)
+    idx.membership.expire(T0 + TTL_MS + 1)              # a is dead, b alive
+    new = stored(idx, "b", "k")                          # K=Y replaces the lost K=X
+    assert idx.entries["k"].object_id == new > old
+    assert sync_node_inventory(idx, "b", [], T0) == (1, 0)    # b restarts: Y is gone
+    idx.membership.register(registration("a"), T0 + TTL_MS + 2)
+    sync_node_inventory(idx, "a", [InventoryItem("k", old, 100, 7, TierKind.SSD)], T0)
+    assert "k" not in idx.entries                        # X is refused, and dropped
+    assert ("k", old) in {(d.key, d.object_id) for d in idx.membership.take_drops("a")}
+    assert idx.counters["stale_replicas_dropped"] == 1
+    idx.superseded.expire(T0 + idx.membership.forget_ms + 1)
+    assert not idx.superseded.replaced("k", old)         # kept for as long as a node may return
+
+
+def test_of_two_inventories_the_later_put_wins_whatever_their_order():
+    for first, second in (("a", "b"), ("b", "a")):
+        idx = make_index("a", "b")
+        held = {"a": item("k", 10), "b": item("k", 20)}
+        sync_node_inventory(idx, first, [held[first]], T0)
+        sync_node_inventory(idx, second, [held[second]], T0)
+        assert idx.entries["k"].object_id == 20 and idx.entries["k"].replicas == ["b"]
+        assert ("k", 10) in {(d.key, d.object_id) for d in idx.membership.take_drops("a")}
+
+
+def _beat(node_id: str):
+    from kvstore.master.membership import NodeHeartbeat
+    return NodeHeartbeat(node_id, 0, 0, incarnation="i")
+
+
+# ---- one rule for counting objects (issue 31, bug 4) ----
+
+def test_objects_on_dead_nodes_only_are_counted_apart_from_the_readable_ones():
+    idx = make_index("a", "b")
+    for k in ("x1", "x2"):
+        stored(idx, "a", k)
+    stored(idx, "b", "y")
+    grant, _ = idx.grant(2, 1, T0)                       # one object on both nodes
+    for n in ("a", "b"):
+        idx.node_event(n, NodeEvent(EventKind.STORED, "both", grant.first_object_id,
+                                    TierKind.DRAM, 100, 7), T0)
+    idx.membership.heartbeat(_beat("b"), T0 + TTL_MS)
+    idx.membership.expire(T0 + TTL_MS + 1)              # a is dead
+    st = idx.stat()
+    assert (st.num_objects, st.unavailable_objects) == (2, 2)      # y, both | x1, x2
+    assert (st.total_bytes, st.unavailable_bytes) == (200, 200)
+    assert sorted(m.key for m in idx.list("", "", 0)[0]) == ["both", "y"]   # the same rule
+    idx.table.check()

@@ -45,10 +45,14 @@ def index():
     register(membership, "n1")
     idx = ObjectIndex(membership, ShardMap.single("127.0.0.1:1"), put_timeout_ms=PUT_TIMEOUT_MS)
     yield idx
-    # stat() keeps its counts as entries change; after every test they equal a recount.
+    # stat() keeps its counts as entries change; after every test they equal a recount:
+    # readable objects (a live replica) and the others apart.
     st = idx.stat()
+    readable = [e for e in idx.entries.values() if idx._visible(e)]
     assert (st.num_objects, st.total_bytes) == (
-        len(idx.entries), sum(e.size_bytes for e in idx.entries.values()))
+        len(readable), sum(e.size_bytes for e in readable))
+    assert st.num_objects + st.unavailable_objects == len(idx.entries)
+    idx.table.check()
 
 
 @dataclass(frozen=True)

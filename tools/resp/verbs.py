@@ -178,7 +178,8 @@ def config(front, session, args):
     return {k: v for k, v in values.items() if any(p.fullmatch(k) for p in patterns)}
 
 
-@command("DBSIZE", 1, "readonly fast", summary="objects stored, over every shard",
+@command("DBSIZE", 1, "readonly fast", summary="objects readable now (as SCAN lists them), over "
+         "every shard",
          group="server")
 def dbsize(front, session, args):
     return sum(st.num_objects for st in front.kv.stat())
