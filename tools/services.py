@@ -226,14 +226,11 @@ def master_main(argv: list[str]) -> None:
     p.add_argument("--cluster-name", default="default", help="etcd key name space")
     p.add_argument("--lease-ttl-s", type=int, default=3, help="leader lease ttl")
     p.add_argument("--max-objects", type=int, default=0,
-                   help="objects the shard indexes at most: a put of a new key beyond is "
-                        "NO_SPACE (0: half this machine's memory at about 850 B each; see the "
-                        "README's limits)")
+                   help="objects indexed at most; a new key beyond is NO_SPACE (0: half the "
+                        "memory at about 850 B each; see the README's limits)")
     p.add_argument("--state-dir", default="",
-                   help="keep the shard's roster of store nodes in this folder (with --etcd it "
-                        "is kept in etcd): after a restart the master serves once exactly "
-                        "those nodes are back, and a fresh cluster serves at once; without "
-                        "either it waits --node-ttl-ms after every start")
+                   help="keep the shard's roster of nodes here (with --etcd: in etcd): a "
+                        "restart serves once they are back, a fresh cluster at once")
     a = p.parse_args(argv)
     setup_logging(a.log_level)
     _require(not a.etcd or a.etcd.startswith(("http://", "https://")),

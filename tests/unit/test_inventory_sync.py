@@ -214,7 +214,10 @@ def test_the_file_roster_keeps_nodes_across_processes_and_refuses_a_damaged_file
     roster.add("n1")
     roster.remove("n0")
     assert FileRoster(str(tmp_path / "state")).load() == {"n1"}
-    assert json.loads((tmp_path / "state" / "nodes.json").read_text()) == {"nodes": ["n1"]}
+    roster.reserve_ids(1 << 24)
+    assert json.loads((tmp_path / "state" / "nodes.json").read_text()) == {
+        "nodes": ["n1"], "ids_below": 1 << 24}
+    assert FileRoster(str(tmp_path / "state")).ids_below() == 1 << 24
     (tmp_path / "state" / "nodes.json").write_text("{not json")
     with pytest.raises(OSError, match="move it aside"):
         FileRoster(str(tmp_path / "state")).load()
