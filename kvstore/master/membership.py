@@ -183,8 +183,12 @@ class Membership:
             return None
         self.check_identity(info, beat.incarnation, beat.owner)
         if beat.leaving:
+            # Dead from now on, its id free to register again at once; forgotten (with
+            # its replicas) only after forget_ms, as any dead node: it may come back
+            # with its SSD, and what the shard replaced meanwhile must stay replaced
+            # (kvstore.master.superseded).
             info.alive = False
-            info.last_heartbeat_ms = 0
+            info.last_heartbeat_ms = now_ms
             log.info("node %s stopped", beat.node_id)
             return info
         if info.syncing:
