@@ -274,6 +274,9 @@ def node_main(argv: list[str]) -> None:
     p.add_argument("--ssd", default="", help="SSD tier capacity, e.g. 256MiB; default none")
     p.add_argument("--ssd-path", default="", help="directory of the SSD tier's lmdb environment")
     p.add_argument("--ssd-map-size", default="", help="lmdb map size (default 3 x --ssd + 64MiB)")
+    p.add_argument("--ssd-quarantine", action="store_true",
+                   help="a corrupt --ssd-path is moved to PATH.quarantine-<time> and its intact "
+                        "objects copied into a fresh PATH (else the node refuses to start)")
     p.add_argument("--eviction-policy", default=d.eviction_policy,
                    help="lru, lfu, default or none")
     p.add_argument("--high-watermark", type=float, default=d.high_watermark,
@@ -305,6 +308,7 @@ def node_main(argv: list[str]) -> None:
         gpu_device=a.gpu_device, ssd_bytes=parse_size(a.ssd) if a.ssd else 0,
         ssd_path=a.ssd_path,
         ssd_map_size_bytes=parse_size(a.ssd_map_size) if a.ssd_map_size else None,
+        ssd_quarantine=a.ssd_quarantine,
         eviction_policy=a.eviction_policy, high_watermark=a.high_watermark,
         low_watermark=a.low_watermark, ssd_high_watermark=a.ssd_high_watermark,
         ssd_low_watermark=a.ssd_low_watermark, rdma_device=a.rdma_device,

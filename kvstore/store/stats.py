@@ -21,6 +21,9 @@ The node's counters (since start)::
     prefetch_wasted            ... ended by the deadline (or a drop) without a read
     pins, unpins               PIN ops, UNPIN ops that removed a pin
     recovered                  objects adopted from the SSD at start
+    recovery_dropped_corrupt   ... records dropped at start as damaged (unreadable, wrong size
+                               or checksum; with --ssd-quarantine, what could not be copied out)
+    recovery_dropped_surplus   ... intact records dropped at start: over the SSD's capacity
     stalled_writes             writers dropped for stalling mid-value (their space freed)
     accept_errors              failed accepts (out of fds): retried with a backoff
     connections_refused        connections over --max-connections, answered UNAVAILABLE
@@ -68,6 +71,8 @@ class NodeCounter(str, enum.Enum):
     PINS = "pins"
     UNPINS = "unpins"
     RECOVERED = "recovered"
+    RECOVERY_DROPPED_CORRUPT = "recovery_dropped_corrupt"
+    RECOVERY_DROPPED_SURPLUS = "recovery_dropped_surplus"
     STALLED_WRITES = "stalled_writes"
     ACCEPT_ERRORS = "accept_errors"
     CONNECTIONS_REFUSED = "connections_refused"
