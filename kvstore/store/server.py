@@ -85,6 +85,8 @@ class NodeConfig:
     rdma_port: int = 1
     rdma_gid_index: int | None = None
     write_timeout_s: float = 30.0      # a writer silent this long mid-value loses its space
+    send_timeout_s: float | None = None   # a reader taking no reply byte this long is dropped
+                                          # (None: write_timeout_s); also TCP keepalive's bound
     max_connections: int | None = None   # data connections at once (None: fd limit - 128)
     security: ServerSecurity = ServerSecurity()   # --auth (data port) and --tls-* (TCP port)
     creds: ClientCredentials = ClientCredentials()   # the node's own token, to its masters
@@ -266,6 +268,7 @@ def run_node(cfg: NodeConfig) -> None:
         server = DataServer(node, cfg.host, cfg.port, local_address(dram.name), rdma,
                             tokens=tokens, tls=tls, metrics=metrics,
                             write_timeout_s=cfg.write_timeout_s,
+                            send_timeout_s=cfg.send_timeout_s or cfg.write_timeout_s,
                             max_connections=cfg.max_connections, lease=lease).start()
         if tokens is not None:
             signal.signal(signal.SIGHUP, lambda *_: tokens.reload())
