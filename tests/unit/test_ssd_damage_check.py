@@ -142,3 +142,27 @@ def test_a_damaged_value_is_dropped_as_corrupt_not_refused(tmp_path):
         assert tier.dropped == RecoveryDrops(corrupt=1)
     finally:
         tier.close()
+
+
+@pytest.mark.parametrize("which", ["newest", "older"])
+def test_a_damaged_meta_page_is_refused_and_the_other_one_salvages(tmp_path, which):
+    path = str(tmp_path / "ssd")
+    values = fill(path, 300)                             # three commits of 100
+    with LmdbFile(os.path.join(path, "data.mdb")) as f:
+        newest = f.meta().txnid % 2                      # lmdb alternates its two meta pages
+    page = newest if which == "newest" else 1 - newest
+    zero_page(path, page)
+    with pytest.raises(SsdCorrupt, match="meta page"):
+        SsdTier(path, 8 * MiB)
+    tier, salvage = quarantine(path, 8 * MiB)
+    try:
+        if page == 0:
+            expected = 0                                 # it holds the page size
+        elif which == "newest":
+            expected = 200                               # the commit before the last
+        else:
+            expected = len(values)
+        assert salvage.copied == expected
+        assert len(tier.recover()) == expected
+    finally:
+        tier.close()

@@ -48,8 +48,7 @@ _META_AT = _HEADER_BYTES                 # the meta record within pages 0 and 1
 _MAGIC = 0xBEEFC0DE
 _VERSION = 1
 _P_BRANCH, _P_LEAF, _P_OVERFLOW, _P_META = 0x01, 0x02, 0x04, 0x08
-
-_F_BIGDATA, _F_SUBDATA, _F_DUPDATA = 0x01, 0x02, 0x04
+_F_BIGDATA, _F_SUBDATA = 0x01, 0x02
 _EMPTY_ROOT = 2**64 - 1
 _MIN_PAGE, _MAX_PAGE = 512, 65536
 
@@ -99,6 +98,7 @@ class LmdbFile:
         self._fd = os.open(path, os.O_RDONLY)
         self.size_bytes = os.fstat(self._fd).st_size
         self._meta: Meta | None = None
+        self._both_metas = False
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -113,18 +113,19 @@ class LmdbFile:
 
     # ---- the meta pages and the size ----
     def meta(self) -> Meta:
-        """The current meta page (the valid one with the newer transaction).
+        """The current meta page: of the valid ones, the newer transaction's (lmdb itself
+        refuses a file with either invalid: :meth:`check` does too).
 
         Raises:
-            LmdbDamage: neither meta page is valid (an empty or cut file, not lmdb's).
+            LmdbDamage: page 0 is no meta page (an empty or cut file, not lmdb's).
         """
         if self._meta is None:
-            head = os.pread(self._fd, _MIN_PAGE, 0)
-            first = self._parse_meta(head)
+            first = self._parse_meta(os.pread(self._fd, _MIN_PAGE, 0))
             if first is None:
                 raise LmdbDamage(f"{self.name} ({self.size_bytes} B) has no valid lmdb meta "
                                  f"page: it is empty, cut or not lmdb's")
             second = self._parse_meta(os.pread(self._fd, _MIN_PAGE, first.page_bytes))
+            self._both_metas = second is not None
             self._meta = max((m for m in (first, second) if m is not None),
                              key=lambda m: m.txnid)
         return self._meta
@@ -133,8 +134,9 @@ class LmdbFile:
     def _parse_meta(raw: bytes) -> Meta | None:
         if len(raw) < _META_AT + 24 + 2 * _DB.size + 16:
             return None
+        flags = struct.unpack_from("<H", raw, 10)[0]
         magic, version = struct.unpack_from("<II", raw, _META_AT)
-        if magic != _MAGIC or version != _VERSION:
+        if not flags & _P_META or magic != _MAGIC or version != _VERSION:
             return None
         at = _META_AT + 24
         free = _DB.unpack_from(raw, at)
@@ -305,6 +307,8 @@ class LmdbFile:
             LmdbDamage: the file is truncated or a page is damaged.
         """
         meta = self.check_size()
+        if not self._both_metas:
+            raise LmdbDamage(f"{self.name}'s second meta page is damaged")
         trees = [(b"<free list>", meta.free), *sorted(self.databases().items())]
         for name, db in trees:
             counted = 0

@@ -17,7 +17,9 @@ The records are read with :class:`~kvstore.store.tiers.lmdb_file.LmdbFile`
 node), walking both B-trees in key order side by side and skipping damaged
 pages. What "meta" counted and could not be copied is counted corrupt
 (:attr:`Salvage.corrupt`); when even the main database is unreadable nothing
-can be counted, and the log says so.
+can be counted, and the log says so. With the newest meta page damaged the
+tree of the commit before is read: what the last commit added is lost
+unseen.
 """
 
 from __future__ import annotations
@@ -77,8 +79,9 @@ def quarantine(path: str, capacity_bytes: int, map_size_bytes: int | None = None
         raise
     tier.note_dropped(salvage.corrupt)
     log.warning("SSD %s was corrupt (%s): moved to %s; %d object(s) copied back intact, "
-                "%d lost%s", path, reason or salvage.damage, moved_to, salvage.copied,
-                salvage.corrupt, f" (first damage: {salvage.damage})" if salvage.damage else "")
+                "%d lost%s", path, reason or salvage.damage or "no reason given", moved_to,
+                salvage.copied, salvage.corrupt,
+                f" (first damage met: {salvage.damage})" if salvage.damage else "")
     return tier, salvage
 
 
