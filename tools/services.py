@@ -277,6 +277,9 @@ def node_main(argv: list[str]) -> None:
     p.add_argument("--ssd", default="", help="SSD tier capacity, e.g. 256MiB; default none")
     p.add_argument("--ssd-path", default="", help="directory of the SSD tier's lmdb environment")
     p.add_argument("--ssd-map-size", default="", help="lmdb map size (default 3 x --ssd + 64MiB)")
+    p.add_argument("--ssd-quarantine", action="store_true",
+                   help="a corrupt --ssd-path is moved to PATH.quarantine-<time> and its intact "
+                        "objects copied into a fresh PATH (else the node refuses to start)")
     p.add_argument("--eviction-policy", default=d.eviction_policy,
                    help="lru, lfu, default or none")
     p.add_argument("--high-watermark", type=float, default=d.high_watermark,
@@ -293,6 +296,9 @@ def node_main(argv: list[str]) -> None:
     p.add_argument("--write-timeout-s", type=float, default=d.write_timeout_s,
                    help="a writer that sends no byte of its value (or leaves a shared-memory "
                         "reservation uncommitted) this long loses its connection and the space")
+    p.add_argument("--send-timeout-s", type=float, default=None,
+                   help="a reader taking no byte of its replies (or whose host is gone: TCP "
+                        "keepalive) this long loses its connection (default --write-timeout-s)")
     p.add_argument("--max-connections", type=int, default=None,
                    help="data connections open at once; more are refused with UNAVAILABLE "
                         "(default: the fd limit less 128)")
@@ -312,12 +318,14 @@ def node_main(argv: list[str]) -> None:
         gpu_device=a.gpu_device, ssd_bytes=parse_size(a.ssd) if a.ssd else 0,
         ssd_path=a.ssd_path,
         ssd_map_size_bytes=parse_size(a.ssd_map_size) if a.ssd_map_size else None,
+        ssd_quarantine=a.ssd_quarantine,
         eviction_policy=a.eviction_policy, high_watermark=a.high_watermark,
         low_watermark=a.low_watermark, ssd_high_watermark=a.ssd_high_watermark,
         ssd_low_watermark=a.ssd_low_watermark, rdma_device=a.rdma_device,
         rdma_port=a.rdma_port, rdma_gid_index=a.rdma_gid_index,
-        write_timeout_s=a.write_timeout_s, max_connections=a.max_connections,
-        max_objects=a.max_objects, creds=_creds(a), **_secured(a))
+        write_timeout_s=a.write_timeout_s, send_timeout_s=a.send_timeout_s,
+        max_connections=a.max_connections, max_objects=a.max_objects, creds=_creds(a),
+        **_secured(a))
     if not _checked("node", a, cfg):
         run_node(cfg)
 
@@ -357,6 +365,7 @@ def _check_node(a: argparse.Namespace) -> None:
                                     f"{hi}: need 0 < low <= high <= 1")
     _require(bool(a.ssd) == bool(a.ssd_path), "--ssd SIZE and --ssd-path DIR go together")
     _require(a.write_timeout_s > 0, "--write-timeout-s must be > 0")
+    _require(a.send_timeout_s is None or a.send_timeout_s > 0, "--send-timeout-s must be > 0")
     _require(a.max_connections is None or a.max_connections >= 1, "--max-connections must be >= 1")
     _require(a.max_objects >= 0, f"--max-objects must be >= 0, got {a.max_objects}")
 

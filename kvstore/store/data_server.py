@@ -28,7 +28,7 @@ from kvstore.store.node import StoreNode
 from kvstore.store.session import Pollers, Session
 from kvstore.store.stats import NodeCounter
 from kvstore.store.traffic import Traffic
-from kvstore.transfer.protocol import RESPONSE, tune_socket
+from kvstore.transfer.protocol import RESPONSE, keep_alive, tune_socket
 
 log = logging.getLogger(__name__)
 _TLS_HANDSHAKE_S = 10.0
@@ -78,6 +78,12 @@ class DataServer:
             (a PUT's bytes, or the SHM_COMMIT of a reservation); a writer that
             stalls longer loses its connection and its reservation, counted as
             ``stalled_writes``, so a stalled client never holds space for long.
+        send_timeout_s: longest wait (s) for a reader to take any byte of its
+            replies; a reader that stops reading (or whose host is gone: TCP
+            keepalive and ``TCP_USER_TIMEOUT`` bound that by the same time, see
+            :func:`~kvstore.transfer.protocol.keep_alive`) loses its connection
+            and the objects it was being sent are released, counted as
+            ``stalled_reads``. None: ``write_timeout_s``.
         metrics: a :class:`kvstore.metrics.ProcessMetrics`: every request is
             counted and timed on its connection's own tally; None: not timed.
             Bytes and connections are counted in :attr:`traffic` either way.
@@ -92,11 +98,13 @@ class DataServer:
                  local_address: str | None = None, rdma=None, ack_timeout_s: float = 2.0,
                  tokens: TokenFile | None = None, tls: ssl.SSLContext | None = None,
                  metrics=None, write_timeout_s: float = 30.0,
-                 max_connections: int | None = None, lease=None):
+                 max_connections: int | None = None, lease=None,
+                 send_timeout_s: float | None = None):
         self.node = node
         self.lease = lease               # a kvstore.store.lease.MasterLease, or None (no master)
         self.metrics = metrics           # a kvstore.metrics.ProcessMetrics, or None
         self.write_timeout_s = write_timeout_s
+        self.send_timeout_s = send_timeout_s or write_timeout_s
         self.max_connections = max_connections or default_max_connections()
         self.degraded = ""               # why new connections cannot be accepted now ("": they can)
         self.traffic = Traffic()
@@ -179,6 +187,7 @@ class DataServer:
                 self._refuse(conn)
                 continue
             tune_socket(conn)
+            keep_alive(conn, self.send_timeout_s)
             t = threading.Thread(target=self._serve, args=(conn,), name="data-conn", daemon=True)
             with self._lock:
                 self._conns.add(conn)
@@ -216,7 +225,7 @@ class DataServer:
         transport = "shm" if raw.family == socket.AF_UNIX else "tcp"
         session = Session(self.node, conn, self.rdma, self._pollers, self.ack_timeout_s,
                            self.tokens, self.metrics.tally() if self.metrics else None,
-                           self.write_timeout_s, self.lease)
+                           self.write_timeout_s, self.lease, self.send_timeout_s)
         self.traffic.opened(transport, session)
         try:
             session.run()

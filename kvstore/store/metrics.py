@@ -13,6 +13,10 @@
     kvstore_transfer_bytes_total{transport,direction}   value bytes in / out, tcp and shm
     kvstore_connections{transport}        data connections open
     kvstore_node_objects                  complete objects held
+    kvstore_recovery_dropped_objects_total{cause}   SSD records dropped at start: corrupt, surplus
+    kvstore_stalled_connections_total{direction}    connections dropped for a stall: write
+                                          (a value's bytes stopped coming), read (the reader
+                                          took no byte of its replies in time)
     kvstore_node_events_total{event}      every counter of kvstore.store.stats
 
 Tier figures are counted at scrape time under the node's lock, the same way
@@ -59,6 +63,12 @@ def snapshot(node: StoreNode, server: DataServer) -> list:
         gauge("kvstore_connections", "Data connections open, by transport.",
               samples=[({"transport": t}, n) for t, n in sorted(traffic.connections().items())]),
         gauge("kvstore_node_objects", "Complete objects held.", st.num_objects),
+        counter("kvstore_recovery_dropped_objects", "SSD records dropped at start, by cause.",
+                samples=[({"cause": "corrupt"}, c.get(N.RECOVERY_DROPPED_CORRUPT.value, 0)),
+                         ({"cause": "surplus"}, c.get(N.RECOVERY_DROPPED_SURPLUS.value, 0))]),
+        counter("kvstore_stalled_connections", "Data connections dropped for a stall.",
+                samples=[({"direction": "write"}, c.get(N.STALLED_WRITES.value, 0)),
+                         ({"direction": "read"}, c.get(N.STALLED_READS.value, 0))]),
         counter("kvstore_node_events", "The node's counters (kvctl stats).",
                 samples=[({"event": n.value}, c.get(n.value, 0)) for n in N]),
     ]

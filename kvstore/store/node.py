@@ -593,6 +593,8 @@ class StoreNode(NodeStatsView):
                 lv.policy.on_insert(record.key, extent.reserved_bytes, obj.last_access_s,
                                     record.parent)
                 self.counters[NodeCounter.RECOVERED] += 1
+            self.counters[NodeCounter.RECOVERY_DROPPED_CORRUPT] += lv.tier.dropped.corrupt
+            self.counters[NodeCounter.RECOVERY_DROPPED_SURPLUS] += lv.tier.dropped.surplus
             if self.counters[NodeCounter.RECOVERED]:
                 log.info("recovered %d object(s) from %s", self.counters[NodeCounter.RECOVERED],
                          lv.tier.kind.name)

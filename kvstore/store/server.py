@@ -8,6 +8,8 @@ a :class:`NodeConfig`). Tiers and their defaults::
     --gpu SIZE [--gpu-device cuda]     GPU: device memory, below DRAM (needs CUDA; off by default)
     --ssd SIZE --ssd-path DIR          SSD: lmdb environment in DIR (off by default)
     [--ssd-map-size SIZE]              lmdb map size (default 3 x SSD + 64 MiB)
+    [--ssd-quarantine]                 a corrupt DIR is moved aside, its intact objects
+                                       copied into a fresh DIR (else the node refuses it)
     --high-watermark 0.95 --low-watermark 0.85            DRAM and GPU
     --ssd-high-watermark 0.95 --ssd-low-watermark 0.90    SSD
 
@@ -16,13 +18,18 @@ watermark. DRAM and GPU victims are demoted to the next tier while it has
 room (the SSD evicts its own victims to make room), and evicted only when no
 tier below can take them. A node restarted on the same ``--ssd-path``
 re-announces the SSD's intact objects (checksums checked) under the node id
-recorded there, so ``--node-id`` may be omitted on restart. The node talks
-to its masters through :mod:`kvstore.store.agent` and serves the data plane
-(TCP, same-host shared memory, RDMA) through :mod:`kvstore.store.data_server`.
+recorded there, so ``--node-id`` may be omitted on restart. The SSD is opened,
+checked and scanned before the DRAM segment is made, so a node that cannot
+start on it leaves no segment behind; a truncated or damaged lmdb file is
+refused in one line naming ``--ssd-quarantine``
+(:mod:`kvstore.store.tiers.ssd_salvage`). The node talks to its masters
+through :mod:`kvstore.store.agent` and serves the data plane (TCP, same-host
+shared memory, RDMA) through :mod:`kvstore.store.data_server`.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import signal
 import threading
@@ -69,6 +76,7 @@ class NodeConfig:
     ssd_bytes: int = 0                 # SSD tier (0: none) ...
     ssd_path: str = ""                 # ... its lmdb environment's directory
     ssd_map_size_bytes: int | None = None   # lmdb map size (None: 3 x SSD + 64 MiB)
+    ssd_quarantine: bool = False       # a corrupt SSD directory: moved aside, intact objects kept
     eviction_policy: str = "default"   # a name in kvstore.store.eviction's registry
     high_watermark: float = DEFAULT_WATERMARKS[TierKind.DRAM][0]   # DRAM and GPU
     low_watermark: float = DEFAULT_WATERMARKS[TierKind.DRAM][1]
@@ -78,6 +86,8 @@ class NodeConfig:
     rdma_port: int = 1
     rdma_gid_index: int | None = None
     write_timeout_s: float = 30.0      # a writer silent this long mid-value loses its space
+    send_timeout_s: float | None = None   # a reader taking no reply byte this long is dropped
+                                          # (None: write_timeout_s); also TCP keepalive's bound
     max_connections: int | None = None   # data connections at once (None: fd limit - 128)
     security: ServerSecurity = ServerSecurity()   # --auth (data port) and --tls-* (TCP port)
     creds: ClientCredentials = ClientCredentials()   # the node's own token, to its masters
@@ -89,37 +99,76 @@ class NodeConfig:
 
 
 def build_tiers(cfg: NodeConfig) -> list[Tier]:
-    """The node's tier chain: DRAM [-> GPU] [-> SSD].
+    """The node's tier chain: DRAM [-> GPU] [-> SSD]. The SSD is opened and scanned
+    (``recover``) first, before the DRAM segment exists: a start that fails on it
+    leaves nothing in shared memory.
 
     Raises:
         ValueError: a DRAM tier of 0 B.
-        SystemExit: inconsistent SSD options, or a GPU tier without a usable device.
+        SystemExit: inconsistent SSD options, a corrupt or busy SSD directory, or a
+            GPU tier without a usable device.
     """
     if cfg.dram_bytes <= 0:
         raise ValueError(f"--dram must be larger than 0 B, got {cfg.dram_bytes} B")
-    tiers: list[Tier] = [DramTier(cfg.dram_bytes, prefault=cfg.prefault)]
+    made: list[Tier] = []
     try:
+        ssd = _open_ssd(cfg)
+        if ssd is not None:
+            made.append(ssd)
+        dram = DramTier(cfg.dram_bytes, prefault=cfg.prefault)
+        made.insert(0, dram)
         if cfg.gpu_bytes:
             from kvstore.store.tiers.gpu import GpuTier
 
             try:
-                tiers.append(GpuTier(cfg.gpu_bytes, cfg.gpu_device))
+                made.insert(1, GpuTier(cfg.gpu_bytes, cfg.gpu_device))
             except RuntimeError as exc:
                 raise SystemExit(f"kvstore node: {exc}") from None
-        if cfg.ssd_bytes or cfg.ssd_path:
-            if not (cfg.ssd_bytes and cfg.ssd_path):
-                raise SystemExit("kvstore node: --ssd SIZE and --ssd-path DIR go together")
-            from kvstore.store.tiers.ssd import SsdInUse, SsdTier
-
-            try:
-                tiers.append(SsdTier(cfg.ssd_path, cfg.ssd_bytes, cfg.ssd_map_size_bytes))
-            except (SsdInUse, ValueError) as exc:
-                raise SystemExit(f"kvstore node: {exc}") from None
     except BaseException:
-        for t in tiers:
+        for t in made:
             t.close()
         raise
-    return tiers
+    return made
+
+
+def _open_ssd(cfg: NodeConfig) -> Tier | None:
+    """The SSD tier, its directory checked and scanned (None: no SSD tier).
+
+    Raises:
+        SystemExit: inconsistent options, a busy directory, or a corrupt one
+            without ``--ssd-quarantine`` (one line naming it).
+    """
+    if not (cfg.ssd_bytes or cfg.ssd_path):
+        return None
+    if not (cfg.ssd_bytes and cfg.ssd_path):
+        raise SystemExit("kvstore node: --ssd SIZE and --ssd-path DIR go together")
+    from kvstore.store.tiers.ssd import SsdCorrupt, SsdInUse, SsdTier
+
+    try:
+        try:
+            return _scanned(SsdTier(cfg.ssd_path, cfg.ssd_bytes, cfg.ssd_map_size_bytes))
+        except SsdCorrupt as exc:
+            if not cfg.ssd_quarantine:
+                raise SystemExit(
+                    f"kvstore node: {exc}; start the node with --ssd-quarantine to move it "
+                    f"aside and serve the objects it still holds intact") from None
+            from kvstore.store.tiers.ssd_salvage import quarantine
+
+            tier, _salvage = quarantine(cfg.ssd_path, cfg.ssd_bytes, cfg.ssd_map_size_bytes,
+                                        reason=str(exc))
+            return _scanned(tier)
+    except (SsdInUse, SsdCorrupt, ValueError) as exc:
+        raise SystemExit(f"kvstore node: {exc}") from None
+
+
+def _scanned(tier: Tier) -> Tier:
+    """``tier`` once its ``recover`` scan ran (closed if it failed)."""
+    try:
+        tier.recover()
+    except BaseException:
+        tier.close()
+        raise
+    return tier
 
 
 def resolve_node_id(requested: str, tiers: list[Tier]) -> str:
@@ -174,13 +223,15 @@ def run_node(cfg: NodeConfig) -> None:
             SSD of another node, an unusable RDMA device.
         grpc.RpcError: no master answered.
     """
+    # A fatal signal (lmdb faulting on a damaged file, ...) says where, on stderr.
+    faulthandler.enable()
     check_binding("node", cfg.host, cfg.security.tokens is not None, cfg.insecure)
     check_metrics_binding("node", cfg.metrics, cfg.host, cfg.security.tokens is not None,
                           cfg.insecure)
+    t0 = time.monotonic()
     tiers = build_tiers(cfg)
     try:
         node_id = resolve_node_id(cfg.node_id, tiers)
-        t0 = time.monotonic()
         node = StoreNode(tiers, cfg.eviction_policy, cfg.high_watermark, cfg.low_watermark,
                          ssd_watermarks=(cfg.ssd_high_watermark, cfg.ssd_low_watermark),
                          max_objects=cfg.max_objects or default_max_objects(
@@ -221,6 +272,7 @@ def run_node(cfg: NodeConfig) -> None:
         server = DataServer(node, cfg.host, cfg.port, local_address(dram.name), rdma,
                             tokens=tokens, tls=tls, metrics=metrics,
                             write_timeout_s=cfg.write_timeout_s,
+                            send_timeout_s=cfg.send_timeout_s or cfg.write_timeout_s,
                             max_connections=cfg.max_connections, lease=lease).start()
         if tokens is not None:
             signal.signal(signal.SIGHUP, lambda *_: tokens.reload())

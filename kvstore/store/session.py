@@ -103,16 +103,18 @@ class _Ack:
         self.reply = b""
 
 
-def _kernel_read_timeout(conn: socket.socket, timeout_s: float) -> bool:
-    """Give a plain (not TLS) blocking socket a receive timeout of ``timeout_s`` in the
-    kernel (a read that waits longer fails with EAGAIN); False where that is not
-    possible. Python's own socket timeout would poll() before every recv."""
-    if isinstance(conn, ssl.SSLSocket) or not hasattr(socket, "SO_RCVTIMEO") \
+def _kernel_timeout(conn: socket.socket, option: str, timeout_s: float) -> bool:
+    """Give a plain (not TLS) blocking socket a timeout of ``timeout_s`` in the kernel:
+    ``SO_RCVTIMEO`` (a read that waits longer fails with EAGAIN) or ``SO_SNDTIMEO``
+    (a send that moves no byte for that long fails with EAGAIN; one that moved
+    some returns what it moved). False where that is not possible. Python's own
+    socket timeout would poll() before every recv and send."""
+    if isinstance(conn, ssl.SSLSocket) or not hasattr(socket, option) \
             or conn.gettimeout() is not None:
         return False
     sec = int(timeout_s)
     try:
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+        conn.setsockopt(socket.SOL_SOCKET, getattr(socket, option),
                         struct.pack("@ll", sec, int((timeout_s - sec) * 1e6)))
     except OSError:
         return False
@@ -125,12 +127,16 @@ class Session:
     def __init__(self, node: StoreNode, conn: socket.socket, rdma=None,
                  pollers: "Pollers | None" = None, ack_timeout_s: float = 2.0,
                  tokens: TokenFile | None = None, tally=None, write_timeout_s: float = 30.0,
-                 lease=None):
+                 lease=None, send_timeout_s: float | None = None):
         self.node = node
         self.lease = lease               # a kvstore.store.lease.MasterLease, or None (no master)
         self.write_timeout_s = write_timeout_s
-        self._timeout_on = False         # the socket's timeout is write_timeout_s (else none)
-        self._kernel_timeout = _kernel_read_timeout(conn, write_timeout_s)
+        self.send_timeout_s = send_timeout_s or write_timeout_s
+        self._py_timeout_s: float | None = None   # the (TLS) socket's Python timeout now
+        self._kernel_timeout = _kernel_timeout(conn, "SO_RCVTIMEO", write_timeout_s)
+        # Sends: a reader that takes no byte of its replies for send_timeout_s is
+        # dropped (_flush), so it never pins the objects being sent, or this thread.
+        self._kernel_send_timeout = _kernel_timeout(conn, "SO_SNDTIMEO", self.send_timeout_s)
         self.tally = tally               # a kvstore.metrics.RequestTally, or None
         self.bytes_in = 0                # value bytes written to the node (PUT, SHM_COMMIT)
         self.bytes_out = 0               # ... read from it (GET, SHM_ACQUIRE, SHM_TOUCH)
@@ -287,7 +293,8 @@ class Session:
         self.out += RESPONSE.pack(err.code, 0, len(msg), 0, 0, 0, 0, 0, 0) + msg
 
     def _flush(self) -> None:
-        self._timeout(False)          # a reader may take its time to drain the replies
+        if not self._kernel_send_timeout:
+            self._set_py_timeout(self.send_timeout_s)   # TLS: the send deadline
         if self.acks:
             self._settle_acks()
         parts, self.parts, self.parts_bytes = self.parts, [], 0
@@ -298,6 +305,13 @@ class Session:
         try:
             send_gathered(self.conn, parts)
         except OSError as exc:        # the client went away: not a node failure
+            if isinstance(exc, (BlockingIOError, TimeoutError)):
+                # No byte taken for send_timeout_s (EAGAIN, a TLS timeout), or the
+                # reader's host stopped acknowledging (ETIMEDOUT, see keep_alive).
+                self.node.count(NodeCounter.STALLED_READS)
+                log.warning("a data client took no byte of its replies for %.1f s (%s): "
+                            "dropping its connection and the objects it was sent",
+                            self.send_timeout_s, exc)
             raise Unavailable(f"client connection lost: {exc}") from exc
         finally:
             self._release_sent()
@@ -337,16 +351,25 @@ class Session:
         self._reply_stored(self.node.commit_write(obj, actual=actual), obj)
 
     def _idle_read(self) -> memoryview:
-        """The next request's header, waiting for it as long as it takes."""
-        if not self._kernel_timeout:
-            self._timeout(False)
-            return self.reader.read(REQUEST.size)
-        while True:
-            try:
+        """The next request's header, waiting for it as long as it takes: for as long
+        as the client's host answers TCP keepalive (see ``keep_alive``)."""
+        try:
+            if not self._kernel_timeout:
+                self._timeout(False)
                 return self.reader.read(REQUEST.size)
-            except StreamEnded as exc:
-                if not isinstance(exc.__cause__, BlockingIOError):
-                    raise            # (what was received of the header stays buffered)
+            while True:
+                try:
+                    return self.reader.read(REQUEST.size)
+                except StreamEnded as exc:
+                    if not isinstance(exc.__cause__, BlockingIOError):
+                        raise        # (what was received of the header stays buffered)
+        except StreamEnded as exc:
+            # ETIMEDOUT: keepalive probes went unanswered (no timeout of ours is
+            # on while idle; SO_RCVTIMEO says EAGAIN).
+            if isinstance(exc.__cause__, TimeoutError):
+                self.node.count(NodeCounter.PEERS_LOST)
+                log.info("a data client's host stopped answering: connection closed")
+            raise
 
     def _timeout(self, on: bool) -> None:
         """Make blocking reads wait at most write_timeout_s (on) or for ever.
@@ -355,9 +378,14 @@ class Session:
         start: nothing to do, and its reads cost no poll(). A TLS socket's
         Python timeout is set lazily: a pipelined batch of PUTs keeps it on
         from its first value to the flush of their replies."""
-        if not self._kernel_timeout and on != self._timeout_on:
-            self.conn.settimeout(self.write_timeout_s if on else None)
-            self._timeout_on = on
+        if not self._kernel_timeout:
+            self._set_py_timeout(self.write_timeout_s if on else None)
+
+    def _set_py_timeout(self, timeout_s: float | None) -> None:
+        """The (TLS) socket's Python timeout, set only when it changes."""
+        if timeout_s != self._py_timeout_s:
+            self.conn.settimeout(timeout_s)
+            self._py_timeout_s = timeout_s
 
     @contextlib.contextmanager
     def _timed(self, what: str, holding: Iterable[StoredObject] = ()):

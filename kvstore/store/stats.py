@@ -21,7 +21,14 @@ The node's counters (since start)::
     prefetch_wasted            ... ended by the deadline (or a drop) without a read
     pins, unpins               PIN ops, UNPIN ops that removed a pin
     recovered                  objects adopted from the SSD at start
+    recovery_dropped_corrupt   ... records dropped at start as damaged (unreadable, wrong size
+                               or checksum; with --ssd-quarantine, what could not be copied out)
+    recovery_dropped_surplus   ... intact records dropped at start: over the SSD's capacity
     stalled_writes             writers dropped for stalling mid-value (their space freed)
+    stalled_reads              readers dropped for taking no byte of their replies within the
+                               send deadline, or whose host stopped answering (references freed)
+    peers_lost                 idle data connections closed because the client's host stopped
+                               answering TCP keepalive (within about twice the send deadline)
     accept_errors              failed accepts (out of fds): retried with a backoff
     connections_refused        connections over --max-connections, answered UNAVAILABLE
     no_fit                     puts refused at once: not even evicting everything evictable
@@ -68,7 +75,11 @@ class NodeCounter(str, enum.Enum):
     PINS = "pins"
     UNPINS = "unpins"
     RECOVERED = "recovered"
+    RECOVERY_DROPPED_CORRUPT = "recovery_dropped_corrupt"
+    RECOVERY_DROPPED_SURPLUS = "recovery_dropped_surplus"
     STALLED_WRITES = "stalled_writes"
+    STALLED_READS = "stalled_reads"
+    PEERS_LOST = "peers_lost"
     ACCEPT_ERRORS = "accept_errors"
     CONNECTIONS_REFUSED = "connections_refused"
     NO_FIT = "no_fit"

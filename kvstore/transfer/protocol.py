@@ -329,6 +329,33 @@ def local_address(shm_name: str) -> str:
     return f"\0kvstore-data-{shm_name}"
 
 
+def keep_alive(sock: socket.socket, timeout_s: float) -> None:
+    """Notice within about ``timeout_s`` that a TCP peer's host is gone.
+
+    Without this, a connection to a host that dropped off the network lives
+    until the kernel stops retransmitting (about 15 minutes) when data is in
+    flight, and for ever when it is idle. Keepalive probes start after
+    ``timeout_s`` of silence and repeat every third of it; ``TCP_USER_TIMEOUT``
+    ends the connection once data (or probes) went unacknowledged for
+    ``timeout_s``: the blocked call fails with ETIMEDOUT (``TimeoutError``).
+    A live peer answers probes at kernel level, idle or not, and keeps its
+    connection. No-op on Unix sockets; options the platform lacks are skipped.
+    """
+    if sock.family == socket.AF_UNIX:
+        return
+    whole_s = max(1, int(timeout_s))
+    opts = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    for name, value in (("TCP_KEEPIDLE", whole_s), ("TCP_KEEPINTVL", max(1, whole_s // 3)),
+                        ("TCP_KEEPCNT", 3), ("TCP_USER_TIMEOUT", int(timeout_s * 1000))):
+        if hasattr(socket, name):
+            opts.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+    for level, opt, value in opts:
+        try:
+            sock.setsockopt(level, opt, value)
+        except OSError:
+            pass
+
+
 def tune_socket(sock: socket.socket) -> None:
     """Low latency and large buffers for bulk KV transfer."""
     if sock.family != socket.AF_UNIX:

@@ -8,7 +8,7 @@ import lmdb
 import pytest
 
 from kvstore.keys import value_checksum
-from kvstore.store.tiers.base import ObjectRecord, TierIOError, copy_between
+from kvstore.store.tiers.base import ObjectRecord, RecoveryDrops, TierIOError, copy_between
 from kvstore.types import TierKind
 from kvstore.store.tiers.dram import DramTier
 from kvstore.store.tiers.ssd import PAGE_BYTES, SsdInUse, SsdTier, slot_of
@@ -101,7 +101,7 @@ def test_ssd_survives_reopen_and_drops_bad_records(tmp_path):
         assert again.owner == "n7"
         found = {r.key: (r, e) for r, e in again.recover()}
         assert sorted(found) == ["k1", "k2", "k3"]
-        assert again.num_dropped_at_recovery == 1
+        assert again.dropped == RecoveryDrops(corrupt=1)
         r, e = found["k2"]
         assert (r.object_id, r.size_bytes, r.parent) == (12, len(values["k2"]), "p2")
         assert r.replica_num == 2                        # what its put asked for, kept

@@ -59,6 +59,14 @@ class ObjectRecord:
     replica_num: int = 0  # replicas its put asked for (0: not said); a rebuilt master index learns it
 
 
+@dataclass(frozen=True, slots=True)
+class RecoveryDrops:
+    """Records a persistent tier dropped at recovery (deleted from it), by cause."""
+
+    corrupt: int = 0    # damaged: unreadable, value missing, wrong size or checksum
+    surplus: int = 0    # intact, but beyond the capacity (restarted with a smaller size)
+
+
 class Extent(Protocol):
     """Where one object lives in one tier (each tier has its own handle type)."""
 
@@ -77,6 +85,7 @@ class Tier(ABC):
 
     kind: TierKind
     persistent: bool = False
+    dropped: RecoveryDrops = RecoveryDrops()   # by recover() (persistent tiers)
 
     # ---- accounting (caller holds the node's lock) ----
     @property
@@ -148,7 +157,8 @@ class Tier(ABC):
 
     # ---- persistence ----
     def recover(self) -> list[tuple[ObjectRecord, Extent]]:
-        """Objects that survived a restart, already accounted as used (persistent tiers)."""
+        """Objects that survived a restart, already accounted as used (persistent tiers);
+        what it dropped is counted in :attr:`dropped`."""
         return []
 
     def flush(self) -> None:

@@ -12,9 +12,17 @@ Layout of the environment (a directory, ``--ssd-path``)::
 
 Both records of an object are written in one transaction; ``write_many``
 returns after the commit, which lmdb makes durable (``sync=True``), so an
-object counts as stored on SSD only once it would survive a crash. On
+object counts as stored on SSD only once it would survive a crash.
+
+Opening an existing directory first checks ``data.mdb`` as bytes, before
+lmdb maps it (:mod:`kvstore.store.tiers.lmdb_file`): a file shorter than the
+last page lmdb's meta page records, or a damaged B-tree page, would make
+lmdb's first read a SIGBUS or an abort. Such a directory is refused
+(:class:`SsdCorrupt`); ``kvstore node --ssd-quarantine`` moves it aside and
+copies out what is intact (:mod:`kvstore.store.tiers.ssd_salvage`). On
 restart, :meth:`SsdTier.recover` walks "meta", checks each value against its
-xxh3-64 checksum and drops what is missing, truncated or corrupt.
+xxh3-64 checksum and drops what is missing, truncated or corrupt, and what no
+longer fits the capacity (counted apart: :class:`RecoveryDrops`).
 
 Accounting: an object reserves its size rounded up to 4 KiB lmdb pages (one
 page at least), and ``used + free == capacity`` holds exactly. The map is
@@ -47,7 +55,8 @@ import lmdb
 import xxhash
 
 from kvstore.keys import value_checksum
-from kvstore.store.tiers.base import ObjectRecord, Tier, TierIOError
+from kvstore.store.tiers.base import ObjectRecord, RecoveryDrops, Tier, TierIOError
+from kvstore.store.tiers.lmdb_file import LmdbDamage, LmdbFile
 from kvstore.types import TierKind
 
 log = logging.getLogger(__name__)
@@ -78,6 +87,33 @@ class SsdInUse(RuntimeError):
     """Another process has this SSD directory open."""
 
 
+class SsdCorrupt(RuntimeError):
+    """The SSD directory's lmdb file is damaged (truncated, a damaged page); the
+    message says what, in one line."""
+
+
+#: lmdb errors that mean the file is not what lmdb wrote.
+_DAMAGE_ERRORS = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError,
+                  lmdb.VersionMismatchError)
+
+
+def parse_meta(slot: bytes, meta) -> tuple[int, ObjectRecord] | None:
+    """(write sequence, record) of one "meta" value; None when it does not parse or
+    does not name ``slot``."""
+    try:
+        oid, size, checksum, seq, key_len, parent_len = _META.unpack_from(meta)
+        names = bytes(meta[_META.size:_META.size + key_len + parent_len])
+        key = names[:key_len].decode()
+        parent = names[key_len:].decode() or None
+        tail = meta[_META.size + key_len + parent_len:]
+        replica_num = tail[0] if len(tail) else 0     # absent in older records
+    except (struct.error, UnicodeDecodeError):
+        return None
+    if len(names) != key_len + parent_len or slot != slot_of(key, oid):
+        return None
+    return seq, ObjectRecord(key, oid, size, checksum, parent, replica_num)
+
+
 class SsdTier(Tier):
     """Objects in an lmdb environment on local disk.
 
@@ -89,6 +125,7 @@ class SsdTier(Tier):
     Raises:
         ValueError: map size below capacity.
         SsdInUse: another node process holds ``path``.
+        SsdCorrupt: its lmdb file is truncated or damaged (checked before lmdb reads it).
         lmdb.Error: the environment cannot be opened.
     """
 
@@ -106,7 +143,8 @@ class SsdTier(Tier):
         self._live: dict[bytes, SsdExtent] = {}
         self._records: dict[bytes, ObjectRecord] = {}   # live slot -> what to persist with it
         self._seq = 0                                    # write order, kept in "meta"
-        self.num_dropped_at_recovery = 0
+        self.dropped = RecoveryDrops()                   # by recover()
+        self._recovered: list[tuple[ObjectRecord, SsdExtent]] | None = None
         self._pending_deletes: list[bytes] = []
         self._pending_lock = threading.Lock()
         self._write_lock = threading.Lock()
@@ -118,15 +156,35 @@ class SsdTier(Tier):
             os.close(self._lock_fd)
             raise SsdInUse(f"SSD path {path} is in use by another node process") from None
         try:
+            self._check_file()
             self.env = lmdb.open(path, map_size=map_size_bytes, subdir=True, max_dbs=3,
                                  readahead=False, sync=True, metasync=True, lock=True,
                                  max_readers=512)
+        except _DAMAGE_ERRORS as exc:
+            os.close(self._lock_fd)
+            raise SsdCorrupt(f"SSD path {path} is corrupt: lmdb cannot open it ({exc})") from None
         except BaseException:
             os.close(self._lock_fd)
             raise
         self._data = self.env.open_db(b"data")
         self._meta = self.env.open_db(b"meta")
         self._info = self.env.open_db(b"info")
+
+    def _check_file(self) -> None:
+        """Check ``data.mdb``, when there is one, before lmdb maps it (module docstring).
+
+        Raises:
+            SsdCorrupt: it is truncated or damaged.
+        """
+        data = os.path.join(self.path, "data.mdb")
+        if not os.path.exists(data):
+            return                           # a fresh directory
+        with LmdbFile(data) as f:
+            # An empty data.mdb would be made a new environment by lmdb, silently.
+            try:
+                f.check()
+            except LmdbDamage as exc:
+                raise SsdCorrupt(f"SSD path {self.path} is corrupt: {exc}") from None
 
     # ---- identity ----
     @property
@@ -241,36 +299,39 @@ class SsdTier(Tier):
 
         Records whose value is missing, of the wrong size or with a wrong
         checksum are deleted; so are objects that no longer fit the capacity
-        (the node was restarted with a smaller ``--ssd``).
+        (the node was restarted with a smaller ``--ssd``); :attr:`dropped`
+        counts both. The scan runs once: later calls return its result (a node
+        may scan before it makes its DRAM segment, so that nothing is left
+        behind when the scan fails).
+
+        Raises:
+            SsdCorrupt: lmdb found a damaged page (the file check at open passed).
         """
+        if self._recovered is not None:
+            return self._recovered
         found: list[tuple[int, ObjectRecord, bytes]] = []
-        bad: list[bytes] = []
-        with self.env.begin(buffers=True) as txn:
-            for slot, meta in txn.cursor(db=self._meta):
-                slot = bytes(slot)
-                try:
-                    oid, size, checksum, seq, key_len, parent_len = _META.unpack_from(meta)
-                    names = bytes(meta[_META.size:_META.size + key_len + parent_len])
-                    key = names[:key_len].decode()
-                    parent = names[key_len:].decode() or None
-                    tail = meta[_META.size + key_len + parent_len:]
-                    replica_num = tail[0] if len(tail) else 0     # absent in older records
-                except (struct.error, UnicodeDecodeError):
-                    bad.append(slot)
-                    continue
-                value = txn.get(slot, db=self._data)
-                if (value is None or len(value) != size or value_checksum(value) != checksum
-                        or slot != slot_of(key, oid)):
-                    bad.append(slot)
-                    continue
-                found.append((seq, ObjectRecord(key, oid, size, checksum, parent, replica_num),
-                              slot))
+        corrupt: list[bytes] = []
+        surplus: list[bytes] = []
+        try:
+            with self.env.begin(buffers=True) as txn:
+                for slot, meta in txn.cursor(db=self._meta):
+                    slot = bytes(slot)
+                    parsed = parse_meta(slot, meta)
+                    value = txn.get(slot, db=self._data) if parsed is not None else None
+                    # The size first: a value of another length is never read.
+                    if (value is None or len(value) != parsed[1].size_bytes
+                            or value_checksum(value) != parsed[1].checksum):
+                        corrupt.append(slot)
+                        continue
+                    found.append((parsed[0], parsed[1], slot))
+        except _DAMAGE_ERRORS as exc:
+            raise SsdCorrupt(f"SSD path {self.path} is corrupt: {exc}") from None
         found.sort(key=lambda t: t[0])
         out: list[tuple[ObjectRecord, SsdExtent]] = []
         for seq, record, slot in found:
             reserved = self.reserved_for(record.size_bytes)
             if reserved > self.free_bytes:
-                bad.append(slot)
+                surplus.append(slot)
                 continue
             extent = SsdExtent(slot, record.size_bytes, reserved)
             self._live[slot] = extent
@@ -278,13 +339,39 @@ class SsdTier(Tier):
             self._used_bytes += reserved
             self._seq = max(self._seq, seq)
             out.append((record, extent))
-        if bad:
-            log.warning("SSD %s: dropped %d bad or surplus record(s) at recovery", self.path, len(bad))
+        if corrupt or surplus:
+            log.warning("SSD %s: dropped %d corrupt record(s), and %d over its capacity of "
+                        "%d B, at recovery", self.path, len(corrupt), len(surplus),
+                        self._capacity_bytes)
             with self._pending_lock:
-                self._pending_deletes.extend(bad)
+                self._pending_deletes.extend(corrupt + surplus)
             self.flush()
-        self.num_dropped_at_recovery = len(bad)
+        self.dropped = RecoveryDrops(self.dropped.corrupt + len(corrupt),
+                                     self.dropped.surplus + len(surplus))
+        self._recovered = out
         return out
+
+    def restore(self, records: list[tuple[bytes, bytes, bytes]]) -> None:
+        """Write records copied from another directory as they were: (slot, value,
+        "meta" value) each, in one durable commit (``ssd_salvage``); before
+        :meth:`recover`, which then checks and adopts them.
+
+        Raises:
+            TierIOError: lmdb failed; nothing was committed.
+        """
+        with self._write_lock:
+            try:
+                with self.env.begin(write=True) as txn:
+                    for slot, value, meta in records:
+                        txn.put(slot, value, db=self._data)
+                        txn.put(slot, meta, db=self._meta)
+            except lmdb.Error as exc:
+                raise TierIOError(f"SSD restore of {len(records)} record(s) failed: "
+                                  f"{exc}") from exc
+
+    def note_dropped(self, corrupt: int) -> None:
+        """Count ``corrupt`` records lost before this directory (a salvage's)."""
+        self.dropped = RecoveryDrops(self.dropped.corrupt + corrupt, self.dropped.surplus)
 
     def close(self) -> None:
         try:
