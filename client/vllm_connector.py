@@ -16,7 +16,10 @@ engine step does not wait for the store; the blocks are copied out of
 vLLM's cache by then, so vLLM may free them at once (``request_finished``
 holds nothing and ``get_finished`` has nothing to report). At most
 ``MAX_PENDING_SAVES`` batches wait; then the step waits for the oldest; at
-shutdown every pending save is finished. Loads are synchronous. A store that is down, or a block that
+shutdown every pending save is finished. Loads are synchronous. The copies
+go through reusable host buffers (pinned where CUDA is), one copy per layer
+slice each way, so vLLM's KV tensors may be on any device
+(:mod:`kvstore.client.kv_staging`). A store that is down, or a block that
 cannot be read, is never raised into vLLM: the scheduler reports no hit,
 the worker reports the blocks in ``get_block_ids_with_load_errors`` so vLLM
 recomputes them; the first failure is logged, every one counted in
@@ -45,6 +48,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from kvstore.client.client import KVClient
+from kvstore.client.kv_staging import BlockLayout, HostBuffers, copies_done, copy_between, rows
 from kvstore.client.vllm_keys import EngineIdentity, matched_blocks, request_keys
 
 if TYPE_CHECKING:
@@ -93,6 +97,23 @@ class KVStoreConnectorStats(KVConnectorStats):
 
     def is_empty(self) -> bool:
         return not any(self.data.values())
+
+
+@dataclass
+class _StagedSave:
+    """One step's blocks to save, their objects staged as the rows of one host buffer
+    (plan by plan, block by block)."""
+
+    plans: list[_ReqPlan]               # the step's plans with save blocks
+    buf: torch.Tensor | None = None     # from HostBuffers; given back once the put is done
+    objects: torch.Tensor | None = None  # [blocks, object_bytes] uint8 view of buf
+    layers: set[str] = field(default_factory=set)   # layers copied in so far
+    pending: bool = False               # asynchronous (CUDA) copies were issued
+    error: BaseException | None = None  # a copy failed: nothing of this step is saved
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(len(p.save_blocks) for p in self.plans)
 
 
 @dataclass
@@ -150,8 +171,10 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._pending_loads: dict[str, list[tuple[int, int]]] = {}
         # worker state
         self._kv_caches: dict[str, torch.Tensor] = {}
+        self._layout: BlockLayout | None = None
+        self._host = HostBuffers()
         self._load_errors: set[int] = set()
-        self._save_parts: dict[str, list[tuple[int, int, dict[str, bytes]]]] = {}
+        self._staged: _StagedSave | None = None
         self._saver: ThreadPoolExecutor | None = None
         self._pending_saves: deque[Future] = deque()
 
@@ -311,6 +334,7 @@ class KVStoreConnector(KVConnectorBase_V1):
     # ---- worker side ----
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
         self._kv_caches = dict(kv_caches)
+        self._layout = BlockLayout.of(self._kv_caches, self._block_slice)
 
     def _block_slice(self, tensor: torch.Tensor, block_id: int) -> torch.Tensor:
         num_blocks = self._kv_cache_config.num_blocks if self._kv_cache_config else None
@@ -331,77 +355,114 @@ class KVStoreConnector(KVConnectorBase_V1):
                 continue
             t0 = time.perf_counter()
             block_ids = [bid for _, bid in plan.load_blocks]
+            buf = None
             try:
-                values = self._store().batch_get(self._keys(plan, plan.load_blocks))
+                # each object is read straight into its row of a host buffer
+                size = self._layout.object_bytes
+                buf = self._host.take(len(block_ids) * size)
+                objects = rows(buf, len(block_ids), size)
+                sizes = self._store().batch_get_into(self._keys(plan, plan.load_blocks),
+                                                     list(objects))
             except Exception as e:  # noqa: BLE001
+                if buf is not None:
+                    self._host.give(buf)
                 self._load_errors.update(block_ids)
                 self._fail("load", "load_errors", len(block_ids), e)
                 continue
-            layers = list(self._kv_caches.values())
-            for bid, value in zip(block_ids, values):
-                if isinstance(value, BaseException) or not self._scatter(layers, bid, value):
+            pending = False
+            for bid, obj, size in zip(block_ids, objects, sizes):
+                err = size if isinstance(size, BaseException) else None
+                if err is None and size != self._layout.object_bytes:
+                    err = ValueError("block size differs from the layout")
+                if err is None:
+                    try:
+                        pending |= self._scatter(obj, bid)
+                    except Exception as e:  # noqa: BLE001 - never raise into the engine
+                        err = e
+                if err is not None:
                     self._load_errors.add(bid)
-                    self._fail("load", "load_errors", 1,
-                               value if isinstance(value, BaseException)
-                               else ValueError("block size differs from the layout"))
+                    self._fail("load", "load_errors", 1, err)
                     continue
                 self._count("loaded_blocks", 1)
+            if pending:
+                copies_done().synchronize()     # before the buffer is reused
+            self._host.give(buf)
             self._count("load_s", time.perf_counter() - t0)
         self._dump_stats()
 
-    def _scatter(self, layers: list[torch.Tensor], block_id: int, value) -> bool:
-        dests = [self._block_slice(layer, block_id) for layer in layers]
-        sizes = [d.numel() * d.element_size() for d in dests]
-        if sum(sizes) != len(value):
-            return False
-        src = torch.frombuffer(value, dtype=torch.uint8)
-        off = 0
-        for d, size in zip(dests, sizes):
-            d.copy_(src[off:off + size].view(d.dtype).view(d.shape))
-            off += size
-        return True
+    def _scatter(self, obj: torch.Tensor, block_id: int) -> bool:
+        """Copy one object (a host row, ``object_bytes``) into block ``block_id`` of every
+        layer; True when the copies were issued asynchronously."""
+        pending = False
+        for layer, off, size in zip(self._kv_caches.values(), self._layout.offsets,
+                                    self._layout.sizes):
+            pending |= copy_between(obj[off:off + size], self._block_slice(layer, block_id),
+                                    to_host=False, pinned=self._host.pin)
+        return pending
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads complete in start_load_kv
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata,
                       **kwargs: Any) -> None:
-        meta = self._get_connector_metadata()
-        for plan in meta.requests:
-            if not plan.save_blocks:
-                continue
-            parts = self._save_parts.setdefault(plan.req_id, [])
-            if not parts:
-                parts.extend((b, bid, {}) for b, bid in plan.save_blocks)
-            for _b, bid, chunks in parts:
-                chunks[layer_name] = self._block_slice(kv_layer, bid).contiguous().numpy().tobytes()
+        """Copy this layer's slice of the step's blocks to save into their objects' rows
+        (one copy each, device to host). A failure is counted in ``wait_for_save``, never
+        raised into vLLM's forward."""
+        staged = self._staged
+        if staged is None:
+            plans = [p for p in self._get_connector_metadata().requests if p.save_blocks]
+            if not plans:
+                return
+            staged = self._staged = _StagedSave(plans)
+        try:
+            if staged.error is not None:
+                return
+            if staged.buf is None:
+                size = self._layout.object_bytes
+                staged.buf = self._host.take(staged.num_blocks * size)
+                staged.objects = rows(staged.buf, staged.num_blocks, size)
+            off, size = self._layout.place(layer_name)
+            row = 0
+            for plan in staged.plans:
+                for _b, bid in plan.save_blocks:
+                    staged.pending |= copy_between(
+                        staged.objects[row, off:off + size], self._block_slice(kv_layer, bid),
+                        to_host=True, pinned=self._host.pin)
+                    row += 1
+            staged.layers.add(layer_name)
+        except Exception as e:  # noqa: BLE001 - never raise into the engine's forward
+            staged.error = e
 
     def wait_for_save(self):
-        if not self._save_parts:
+        staged, self._staged = self._staged, None
+        if staged is None:
             return
-        meta = self._get_connector_metadata()
-        plans = {p.req_id: p for p in meta.requests if p.save_blocks}
+        ready = copies_done() if staged.pending else None
+        if staged.error is None and len(staged.layers) != len(self._layout.names):
+            staged.error = ValueError(f"{len(self._layout.names) - len(staged.layers)} layers "
+                                      "were not saved this step")
+        if staged.error is not None:
+            if ready is not None:
+                ready.synchronize()
+            if staged.buf is not None:
+                self._host.give(staged.buf)
+            self._fail("save", "save_errors", staged.num_blocks, staged.error)
+            return
         keys: list[str] = []
-        values: list[bytes] = []
-        for req_id, parts in self._save_parts.items():
-            plan = plans.get(req_id)
-            if plan is None:
-                continue
-            keys += self._keys(plan, [(b, bid) for b, bid, _ in parts])
-            # the object holds the layers in register_kv_caches order, as loads read them
-            values += [b"".join(c[name] for name in self._kv_caches) for _, _, c in parts]
-        self._save_parts.clear()
-        if not keys:
-            return
+        for plan in staged.plans:
+            keys += self._keys(plan, plan.save_blocks)
+        # the rows, in the plans' order: the SDK reads them in place (no copy)
+        values = list(staged.objects)
         t0 = time.perf_counter()
         if not self._save_async:
-            self._put(keys, values)
+            self._put(keys, values, staged.buf, ready)
         else:
             self._drain_saves(MAX_PENDING_SAVES - 1)
             if self._saver is None:
                 self._saver = ThreadPoolExecutor(max_workers=1,
                                                  thread_name_prefix="kvstore-save")
-            self._pending_saves.append(self._saver.submit(self._put, keys, values))
+            self._pending_saves.append(self._saver.submit(self._put, keys, values, staged.buf,
+                                                          ready))
         self._count("save_wait_s", time.perf_counter() - t0)
 
     def _drain_saves(self, keep: int) -> None:
@@ -410,11 +471,24 @@ class KVStoreConnector(KVConnectorBase_V1):
                                        or self._pending_saves[0].done()):
             self._pending_saves.popleft().result()  # _put raises nothing
 
-    def _put(self, keys: list[str], values: list[bytes]) -> None:
-        """One ``batch_put``, counted; never raises (it may run in the save thread)."""
+    def _put(self, keys: list[str], values: list, buf: torch.Tensor | None = None,
+             ready=None) -> None:
+        """One ``batch_put``, counted; never raises (it may run in the save thread).
+
+        Args:
+            values: the objects (rows of ``buf``).
+            buf: the staging buffer, given back once the put is done.
+            ready: the event of the copies into ``buf``, waited for first (CUDA).
+        """
         t0 = time.perf_counter()
         try:
-            errs = self._store().batch_put(keys, values)
+            try:
+                if ready is not None:
+                    ready.synchronize()
+                errs = self._store().batch_put(keys, values)
+            finally:
+                if buf is not None:
+                    self._host.give(buf)
         except Exception as e:  # noqa: BLE001
             self._fail("save", "save_errors", len(keys), e)
             return

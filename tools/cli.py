@@ -17,12 +17,12 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="kvstore: a distributed KVCache store for disaggregated LLM serving.")
+_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                   help="kvstore: a distributed KVCache store for disaggregated LLM serving.")
 _PASS = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
 
-@app.command()
+@_app.command()
 def demo(
     requests: int = typer.Option(200, "--requests", "-n", help="requests measured (the window)"),
     trace: Optional[str] = typer.Option(None, help="trace JSONL (default: bundled conversation trace)"),
@@ -126,7 +126,7 @@ def demo(
         raise typer.Exit(1)
 
 
-@app.command()
+@_app.command()
 def up(
     masters: int = typer.Option(1, min=1, max=64, help="master shards (slots split evenly)"),
     nodes: int = typer.Option(2, min=1, max=256, help="store nodes"),
@@ -191,7 +191,7 @@ def up(
         c.stop()
 
 
-@app.command()
+@_app.command()
 def chaos(
     json_out: bool = typer.Option(False, "--json", help="print only the JSON report"),
     duration_s: float = typer.Option(30.0, help="total run time"),
@@ -222,7 +222,16 @@ def chaos(
 
 
 def _register_tools() -> None:
-    """Commands whose code lives in tools/ (imported lazily: they pull heavy modules)."""
+    """Commands whose code lives in tools/, registered when the app is first needed whole
+    (:func:`main` for any command but a service, or ``app`` imported from here): their
+    modules pull heavy ones (numpy, the simulators, the benchmark's peers), which a
+    master or node started by ``kvstore master`` never loads. In ``kvstore --help``
+    they stand where they always did, after ``chaos``."""
+    global _tools_registered
+    if _tools_registered:
+        return
+    _tools_registered = True
+    first = len(_app.registered_commands)
     from kvstore.tools.bench.command import bench_command
     from kvstore.tools.bench.scale import scale_command
     from kvstore.tools.certs import certs_command
@@ -237,46 +246,59 @@ def _register_tools() -> None:
     from kvstore.tools.sim_beyond import simulate_beyond_command
     from kvstore.tools.sim_parity import simulate_parity_command
 
-    app.command("bench", help="Data-plane benchmark: kvstore vs memcpy, raw sockets, Redis.")(
+    _app.command("bench", help="Data-plane benchmark: kvstore vs memcpy, raw sockets, Redis.")(
         bench_command)
-    app.command("scale", help="Millions of small objects in one master and one node: memory "
-                              "per object, and kill -9 restarts that must lose no key.")(
+    _app.command("scale", help="Millions of small objects in one master and one node: memory "
+                               "per object, and kill -9 restarts that must lose no key.")(
         scale_command)
-    app.command("simulate-cache", help="Replay trace hash_ids through the nodes' eviction "
-                                       "policies (and Belady's optimum).")(simulate_cache_command)
-    app.command("simulate", help="Discrete-event simulation of the conductor's scheduling "
-                                 "over a trace, with a cost model.")(simulate_command)
-    app.command("simulate-beyond", help="Global cache-aware scheduling against + lookahead "
-                                        "prefetch, + hot-spot replication, + both, and cache "
-                                        "bounds (mean/p90 TTFT, hit rate).")(simulate_beyond_command)
-    app.command("simulate-demo", help="Replay a `kvstore demo --out` run through the simulator: "
-                                      "predicted against measured TTFT and TBT.")(
+    _app.command("simulate-cache", help="Replay trace hash_ids through the nodes' eviction "
+                                        "policies (and Belady's optimum).")(simulate_cache_command)
+    _app.command("simulate", help="Discrete-event simulation of the conductor's scheduling "
+                                  "over a trace, with a cost model.")(simulate_command)
+    _app.command("simulate-beyond", help="Global cache-aware scheduling against + lookahead "
+                                         "prefetch, + hot-spot replication, + both, and cache "
+                                         "bounds (mean/p90 TTFT, hit rate).")(simulate_beyond_command)
+    _app.command("simulate-demo", help="Replay a `kvstore demo --out` run through the simulator: "
+                                       "predicted against measured TTFT and TBT.")(
         simulate_demo_command)
-    app.command("simulate-parity", help="Recompute a live conductor's --decision-log with the "
-                                        "simulator's scheduler; exit 1 if any choice differs.")(
+    _app.command("simulate-parity", help="Recompute a live conductor's --decision-log with the "
+                                         "simulator's scheduler; exit 1 if any choice differs.")(
         simulate_parity_command)
-    app.command("certs", help="Write a test CA, a server certificate for --host names and a "
-                              "client certificate (mutual TLS).")(certs_command)
-    app.command("replay", help="Replay the trace against a running conductor (another "
-                                "host's); same summary and digests as the demo.")(replay_command)
-    app.command("hosts", help="Five hosts on this machine (network namespaces, needs root): "
-                               "etcd and masters, nodes, engines and conductor, a client "
-                               "host; --auth and TLS on. Ctrl-C removes them.")(hosts_command)
-    app.command("partition", help="Cut real links (network namespaces, needs root) under "
-                                  "load: a shard leader, a node from its master, clients "
-                                  "from a replica; count lost and wrong reads.")(
+    _app.command("certs", help="Write a test CA, a server certificate for --host names and a "
+                               "client certificate (mutual TLS).")(certs_command)
+    _app.command("replay", help="Replay the trace against a running conductor (another "
+                                 "host's); same summary and digests as the demo.")(replay_command)
+    _app.command("hosts", help="Five hosts on this machine (network namespaces, needs root): "
+                                "etcd and masters, nodes, engines and conductor, a client "
+                                "host; --auth and TLS on. Ctrl-C removes them.")(hosts_command)
+    _app.command("partition", help="Cut real links (network namespaces, needs root) under "
+                                   "load: a shard leader, a node from its master, clients "
+                                   "from a replica; count lost and wrong reads.")(
         partition_command)
-    app.command("fuzz", help="Seeded fuzzing of the data port (TCP, Unix socket), the master's "
-                             "gRPC and the HTTP front; checks processes, reads and memory "
-                             "after every batch.")(fuzz_command)
-    app.command("profile", help="Fit the cost model (prefill, decode, transfer) from the "
-                                "bundled engines on this machine.")(profile_command)
+    _app.command("fuzz", help="Seeded fuzzing of the data port (TCP, Unix socket), the master's "
+                              "gRPC and the HTTP front; checks processes, reads and memory "
+                              "after every batch.")(fuzz_command)
+    _app.command("profile", help="Fit the cost model (prefill, decode, transfer) from the "
+                                 "bundled engines on this machine.")(profile_command)
+    added = _app.registered_commands[first:]
+    del _app.registered_commands[first:]
+    _app.registered_commands[_TOOLS_AT:_TOOLS_AT] = added
 
 
-_register_tools()
+_TOOLS_AT = len(_app.registered_commands)    # the tools' place among the commands
+_tools_registered = False
 
 
-@app.command("vllm-config")
+def __getattr__(name: str):
+    """``app``: the whole Typer app, the tools' commands included (for tests and
+    embedding; :func:`main` registers them itself)."""
+    if name == "app":
+        _register_tools()
+        return _app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@_app.command("vllm-config")
 def vllm_config(master: str = typer.Option(..., help="kvstore master HOST:PORT."),
                 role: str = typer.Option("kv_both", help="kv_both, kv_producer or kv_consumer.")
                 ) -> None:
@@ -288,7 +310,7 @@ def vllm_config(master: str = typer.Option(..., help="kvstore master HOST:PORT."
         raise typer.BadParameter(str(e), param_hint="--role") from None
 
 
-@app.command("vllm-env")
+@_app.command("vllm-env")
 def vllm_env(venv: str = typer.Argument(..., help="the virtual environment to make or update"),
              checkout: Optional[str] = typer.Option(
                  None, help="kvstore checkout to install (default: this editable install's)"),
@@ -303,9 +325,15 @@ def vllm_env(venv: str = typer.Argument(..., help="the virtual environment to ma
         raise typer.Exit(code)
 
 
+#: The service commands' names: :func:`main` runs them without the tools' commands.
+_SERVICES: set[str] = set()
+
+
 def _service(name: str, help_text: str) -> None:
     """A component's command: its options go to :mod:`kvstore.tools.services` as they are."""
-    @app.command(name=name, context_settings=_PASS, help=help_text, add_help_option=False)
+    _SERVICES.add(name)
+
+    @_app.command(name=name, context_settings=_PASS, help=help_text, add_help_option=False)
     def _run(ctx: typer.Context) -> None:
         from kvstore.tools.services import run
 
@@ -336,8 +364,10 @@ def main() -> None:
     from kvstore.errors import KVStoreError
 
     signal.signal(signal.SIGTERM, _interrupt)
+    if len(sys.argv) < 2 or sys.argv[1] not in _SERVICES:
+        _register_tools()          # a service runs without them (see _register_tools)
     try:
-        app()                      # exits with the command's status, or click's for bad usage
+        _app()                     # exits with the command's status, or click's for bad usage
     except (OSError, ValueError, KVStoreError) as exc:
         # Bad input a command did not check itself (a folder that does not exist,
         # a value out of range): one line, not a traceback.

@@ -35,7 +35,6 @@ import grpc
 from rich.console import Console
 
 from kvstore.conductor.cost_model import CostModel, load_cost_model
-from kvstore.engines.kv_saver import SAVE_MODE_ENV
 from kvstore import rpc
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
@@ -133,6 +132,9 @@ def _run_mode(plan: DemoPlan, *, use_cache: bool, node_dram: str, log_dir: str,
     Raises:
         ChildFailed: a component died (everything is stopped first).
     """
+    # The engines (and torch) load in the engine processes, not in this one.
+    from kvstore.engines.kv_saver import SAVE_MODE_ENV
+
     mode = "cache" if use_cache else "no-cache"
     spec = ClusterSpec(node_dram=node_dram, block_tokens=plan.block_tokens, use_cache=use_cache,
                        log_dir=log_dir, conductor_args=conductor_args)

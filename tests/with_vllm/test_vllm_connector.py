@@ -80,6 +80,14 @@ def _kv(master: str, tmp: Path, name: str, role: str = "kv_both", **extra) -> di
     return cfg
 
 
+def _device_kv(master: str, tmp: Path, name: str) -> dict:
+    """``_kv`` for device_connector.DeviceKVConnector: the connector given vLLM's KV
+    tensors as device tensors (tests/device_tensor.py), as on a GPU."""
+    cfg = _kv(master, tmp, name)
+    cfg.update(kv_connector="DeviceKVConnector", kv_connector_module_path="device_connector")
+    return cfg
+
+
 def _store_counters(master: str) -> dict[str, int]:
     """The master's counters (one shard; "master.NAME") and the node's own
     counters (one node, from the node; "node.NAME")."""
@@ -185,3 +193,23 @@ def test_node_killed_after_the_lookup_fails_the_loads_and_vllm_recomputes(baseli
     # background: the put waits out the client's 2 s timeout, the step did not.
     assert worker["save_errors"] == FULL and not worker["saved_blocks"]
     assert worker["save_s"] >= 1.0 and worker["save_wait_s"] < worker["save_s"] / 4
+
+
+def test_kv_tensors_off_the_host_are_saved_and_loaded(baseline):
+    """vLLM's KV tensors as device tensors (no numpy, no host pointer, as on a GPU): the
+    save made bytes with .numpy() in vLLM's forward, outside any try, and killed vLLM
+    at its first save. Each block slice now goes through one copy into a host buffer,
+    and a second process loads the blocks back into its device tensors: both outputs
+    are the no-connector ones."""
+    tmp, base_p, base_long = baseline
+    with start_store_cluster(1, 1, log_dir=str(tmp)) as cluster:
+        a = _run(tmp, "DA", PROMPT, _device_kv(cluster.master, tmp, "DA"))
+        b = _run(tmp, "DB", LONGER, _device_kv(cluster.master, tmp, "DB"))
+    assert a["token_ids"] == base_p["token_ids"]
+    wa = _stats(tmp, "DA", "worker")
+    assert wa["saved_blocks"] == FULL and not wa["save_errors"]
+    assert b["token_ids"] == base_long["token_ids"]
+    assert b["num_cached_tokens"] >= FULL * BLOCK
+    wb = _stats(tmp, "DB", "worker")
+    assert wb["loaded_blocks"] == FULL and not wb["load_errors"]
+    assert wb["saved_blocks"] == len(LONGER) // BLOCK - FULL and not wb["save_errors"]
