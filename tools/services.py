@@ -25,162 +25,8 @@ from typing import Callable
 
 from kvstore.process import exit_with_launcher, setup_logging
 from kvstore.sizes import parse_size
-
-
-def _port(text: str) -> int:
-    """A TCP port number, 0 (pick a free one) to 65535."""
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0-65535)") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{text} is not a port (0-65535)")
-    return port
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    """A parser whose usage errors are one line on stderr and status 2, as the
-    checks after parsing are (argparse prints the whole usage first)."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _parser(name: str, description: str, client: bool = True,
-            observed: bool = True, one_line: bool = False) -> argparse.ArgumentParser:
-    """A service's parser with the options every service shares: logging, its own
-    listener's security and, for services that are clients too, their credentials.
-    ``one_line``: usage errors are one line (no usage text before them)."""
-    cls = _OneLineParser if one_line else argparse.ArgumentParser
-    p = cls(prog=f"kvstore {name}", description=description)
-    p.add_argument("--log-level", default="INFO")
-    g = p.add_argument_group("security (see README: Running it across hosts)")
-    g.add_argument("--auth", default="", metavar="FILE",
-                   help="authenticate every connection: a file of 'ROLE TOKEN' lines "
-                        "(roles admin, client, node, metrics); re-read on SIGHUP")
-    g.add_argument("--tls-cert", default="", metavar="PEM", help="serve TLS with this certificate")
-    g.add_argument("--tls-key", default="", metavar="PEM", help="... and its private key")
-    g.add_argument("--tls-ca", default="", metavar="PEM",
-                   help="verify peers against this CA: clients must present certificates "
-                        "(mutual TLS), and this process checks the servers it calls")
-    g.add_argument("--insecure", action="store_true",
-                   help="allow listening on a non-loopback address without --auth (warned)")
-    g.add_argument("--advertise-host", default="",
-                   help="the address others reach this process by (default: the bind "
-                        "address, or for 0.0.0.0 the interface that reaches the master)")
-    if client:
-        g.add_argument("--token-file", default="", metavar="FILE",
-                       help="this process's own token as a client of the store "
-                            "(default: $KVSTORE_TOKEN or $KVSTORE_TOKEN_FILE)")
-    p.add_argument("--check-config", action="store_true",
-                   help="parse the options and read the files they name, then exit "
-                        "(0: usable, 2: not) without serving")
-    p.set_defaults(metrics_port=None, metrics_host="", drain_s=0.0)
-    if not observed:
-        return p
-    o = p.add_argument_group("observability (see README: Running it for real)")
-    o.add_argument("--metrics-port", type=_port, default=None,
-                   help="serve /metrics (Prometheus), /health and /ready on this port "
-                        "(0: a free one; default: none)")
-    o.add_argument("--metrics-host", default="",
-                   help="bind address of the metrics port (default: the service's --host)")
-    o.add_argument("--drain-s", type=float, default=0.0,
-                   help="on SIGTERM, report NOT_SERVING this long (s) before the listener "
-                        "stops; calls in flight then finish")
-    return p
-
-
-def _security(a: argparse.Namespace):
-    """The listener's ServerSecurity from --auth and --tls-*.
-
-    Raises:
-        ValueError: a bad token file or incomplete TLS options (one line, exit 2).
-        OSError: a file that cannot be read.
-    """
-    from kvstore.auth import TokenFile
-    from kvstore.rpc import ServerSecurity
-    from kvstore.tls import TlsFiles
-
-    tls = None
-    if a.tls_cert or a.tls_key:
-        tls = TlsFiles(a.tls_cert, a.tls_key, a.tls_ca)
-        tls.check_server()
-    elif a.tls_ca:
-        raise ValueError("--tls-ca needs --tls-cert and --tls-key")
-    return ServerSecurity(tokens=TokenFile(a.auth) if a.auth else None, tls=tls)
-
-
-def _creds(a: argparse.Namespace):
-    """The process's credentials as a client: its token (--token-file or the
-    environment) and TLS files (its own certificate and CA when it serves TLS,
-    else $KVSTORE_TLS_*)."""
-    from kvstore.rpc import ClientCredentials
-    from kvstore.tls import TlsFiles
-
-    tls = TlsFiles(a.tls_cert, a.tls_key, a.tls_ca) if a.tls_ca else None
-    return ClientCredentials.resolve(token_file=getattr(a, "token_file", "") or None, tls=tls)
-
-
-def _require(ok: bool, message: str) -> None:
-    """A check of the options that --check-config and a real start share.
-
-    Raises:
-        ValueError: ``message`` (one line, exit 2).
-    """
-    if not ok:
-        raise ValueError(message)
-
-
-def _check_common(a: argparse.Namespace) -> None:
-    import logging
-    import math
-
-    _require(isinstance(logging.getLevelName(a.log_level.upper()), int),
-             f"--log-level {a.log_level!r}: not a logging level (DEBUG, INFO, WARNING, ERROR)")
-    _require(math.isfinite(a.drain_s) and a.drain_s >= 0,
-             f"--drain-s must be a number of seconds >= 0, got {a.drain_s}")
-    from kvstore.binding import split_address
-
-    for address in (getattr(a, "master", None) or "").split("|"):
-        if address.strip():
-            split_address(address)        # InvalidArgument: not HOST:PORT (one line, exit 2)
-    port = getattr(a, "port", 0)
-    for other in ("metrics_port", "http_port"):
-        value = getattr(a, other, None)
-        _require(not (port and value and value == port),
-                 f"--{other.replace('_', '-')} {value} is the service's own --port")
-
-
-def _secured(a: argparse.Namespace) -> dict:
-    """The config fields every service takes: security, metrics, draining."""
-    from kvstore.metrics import MetricsConfig
-
-    _check_common(a)
-    return dict(security=_security(a), insecure=a.insecure, advertise_host=a.advertise_host,
-                metrics=MetricsConfig(a.metrics_port, a.metrics_host), drain_s=a.drain_s)
-
-
-def _checked(name: str, a: argparse.Namespace, cfg) -> bool:
-    """With --check-config: check the listeners' binding rules, print one line and
-    say True (the caller exits without serving).
-
-    Raises:
-        BindRefused: a non-loopback listener without --auth or --insecure.
-    """
-    if not a.check_config:
-        return False
-    from kvstore.binding import check_binding
-
-    authenticated = cfg.security.tokens is not None
-    metrics = getattr(cfg, "metrics", None)
-    hosts = {cfg.host, (metrics.host if metrics is not None else "") or cfg.host}
-    if getattr(cfg, "http_port", None) is not None:
-        hosts.add(cfg.http_host)
-    for host in hosts:
-        if host and not cfg.insecure:       # --insecure: allowed (serving warns)
-            check_binding(name, host, authenticated, insecure=False)
-    print(f"kvstore {name}: configuration ok")
-    return True
+from kvstore.tools.service_options import (check_common, checked, client_creds, port_number,
+                                           require, secured, service_parser)
 
 
 def _check_shard(cfg) -> None:
@@ -204,10 +50,10 @@ def master_main(argv: list[str]) -> None:
     from kvstore.master.server import MasterConfig, serve
     from kvstore.shardmap import ShardMap
 
-    p = _parser("master", "Run a master shard.", client=False)
+    p = service_parser("master", "Run a master shard.", client=False)
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
-    p.add_argument("--port", type=_port, default=0, help="0 picks a free port")
-    p.add_argument("--report-port", type=_port, default=0,
+    p.add_argument("--port", type=port_number, default=0, help="0 picks a free port")
+    p.add_argument("--report-port", type=port_number, default=0,
                    help="the report link's port (store nodes' STORED reports); 0 picks a "
                         "free one, announced to the nodes")
     p.add_argument("--node-ttl-ms", type=int, default=3000,
@@ -233,14 +79,14 @@ def master_main(argv: list[str]) -> None:
                         "restart serves once they are back, a fresh cluster at once")
     a = p.parse_args(argv)
     setup_logging(a.log_level)
-    _require(not a.etcd or a.etcd.startswith(("http://", "https://")),
+    require(not a.etcd or a.etcd.startswith(("http://", "https://")),
              f"--etcd {a.etcd!r}: give a URL, http://HOST:PORT")
-    _require(a.max_objects >= 0, f"--max-objects must be >= 0, got {a.max_objects}")
-    _require(a.node_ttl_ms >= 100, f"--node-ttl-ms must be >= 100, got {a.node_ttl_ms}")
-    _require(a.node_forget_ms >= a.node_ttl_ms,
+    require(a.max_objects >= 0, f"--max-objects must be >= 0, got {a.max_objects}")
+    require(a.node_ttl_ms >= 100, f"--node-ttl-ms must be >= 100, got {a.node_ttl_ms}")
+    require(a.node_forget_ms >= a.node_ttl_ms,
              f"--node-forget-ms {a.node_forget_ms} must be >= --node-ttl-ms {a.node_ttl_ms}")
-    _require(a.lease_ttl_s >= 1, f"--lease-ttl-s must be >= 1, got {a.lease_ttl_s}")
-    _require(a.shard_id >= 0 and (a.shard_map or a.shard_id == 0),
+    require(a.lease_ttl_s >= 1, f"--lease-ttl-s must be >= 1, got {a.lease_ttl_s}")
+    require(a.shard_id >= 0 and (a.shard_map or a.shard_id == 0),
              f"--shard-id {a.shard_id}: a shard of --shard-map (0 without one)")
     cfg = MasterConfig(
         host=a.host, port=a.port, report_port=a.report_port,
@@ -249,10 +95,10 @@ def master_main(argv: list[str]) -> None:
         shard_map=ShardMap.parse(a.shard_map) if a.shard_map else None, etcd=a.etcd,
         cluster_name=a.cluster_name, lease_ttl_s=a.lease_ttl_s, state_dir=a.state_dir,
         max_objects=a.max_objects,
-        **_secured(a))
+        **secured(a))
     if a.check_config:
         _check_shard(cfg)
-    if not _checked("master", a, cfg):
+    if not checked("master", a, cfg):
         asyncio.run(serve(cfg))
 
 
@@ -260,12 +106,12 @@ def node_main(argv: list[str]) -> None:
     from kvstore.store.server import NodeConfig, run_node
 
     d = NodeConfig(masters=())
-    p = _parser("node", "Run a store node.")
+    p = service_parser("node", "Run a store node.")
     p.add_argument("--master", required=True,
                    help="master address host:port, or a shard's masters as a|b (any shard: "
                         "the node learns the shard map from it and registers with every shard)")
     p.add_argument("--host", default=d.host, help="bind address (default loopback)")
-    p.add_argument("--port", type=_port, default=d.port, help="data port; 0 picks a free port")
+    p.add_argument("--port", type=port_number, default=d.port, help="data port; 0 picks a free port")
     p.add_argument("--node-id", default="",
                    help="stable node id (default: the one recorded on --ssd-path, else random)")
     p.add_argument("--dram", default="256MiB", help="DRAM tier capacity, e.g. 512MiB, 4GiB")
@@ -324,9 +170,9 @@ def node_main(argv: list[str]) -> None:
         ssd_low_watermark=a.ssd_low_watermark, rdma_device=a.rdma_device,
         rdma_port=a.rdma_port, rdma_gid_index=a.rdma_gid_index,
         write_timeout_s=a.write_timeout_s, send_timeout_s=a.send_timeout_s,
-        max_connections=a.max_connections, max_objects=a.max_objects, creds=_creds(a),
-        **_secured(a))
-    if not _checked("node", a, cfg):
+        max_connections=a.max_connections, max_objects=a.max_objects, creds=client_creds(a),
+        **secured(a))
+    if not checked("node", a, cfg):
         run_node(cfg)
 
 
@@ -341,11 +187,11 @@ def check_dram(dram: str, nodes: int = 1) -> None:
         size = parse_size(dram)
     except ValueError as exc:
         raise ValueError(f"--dram: {exc}") from None
-    _require(size > 0, "--dram must be larger than 0 B")
+    require(size > 0, "--dram must be larger than 0 B")
     from kvstore.store.tiers.dram import shm_free_bytes
     room = shm_free_bytes()
     for_nodes = f" for {nodes} nodes" if nodes > 1 else ""
-    _require(room is None or size * nodes <= room,
+    require(room is None or size * nodes <= room,
              f"--dram {dram}{for_nodes}: shared memory has {room} B free (the DRAM tier "
              f"lives there)")
 
@@ -361,17 +207,17 @@ def _check_node(a: argparse.Namespace) -> None:
     check_dram(a.dram)
     for lo, hi, name in ((a.low_watermark, a.high_watermark, ""),
                          (a.ssd_low_watermark, a.ssd_high_watermark, "ssd-")):
-        _require(0 < lo <= hi <= 1, f"--{name}low-watermark {lo} and --{name}high-watermark "
+        require(0 < lo <= hi <= 1, f"--{name}low-watermark {lo} and --{name}high-watermark "
                                     f"{hi}: need 0 < low <= high <= 1")
-    _require(bool(a.ssd) == bool(a.ssd_path), "--ssd SIZE and --ssd-path DIR go together")
-    _require(a.write_timeout_s > 0, "--write-timeout-s must be > 0")
-    _require(a.send_timeout_s is None or a.send_timeout_s > 0, "--send-timeout-s must be > 0")
-    _require(a.max_connections is None or a.max_connections >= 1, "--max-connections must be >= 1")
-    _require(a.max_objects >= 0, f"--max-objects must be >= 0, got {a.max_objects}")
+    require(bool(a.ssd) == bool(a.ssd_path), "--ssd SIZE and --ssd-path DIR go together")
+    require(a.write_timeout_s > 0, "--write-timeout-s must be > 0")
+    require(a.send_timeout_s is None or a.send_timeout_s > 0, "--send-timeout-s must be > 0")
+    require(a.max_connections is None or a.max_connections >= 1, "--max-connections must be >= 1")
+    require(a.max_objects >= 0, f"--max-objects must be >= 0, got {a.max_objects}")
 
 
 def _engine_parser(name: str, description: str) -> argparse.ArgumentParser:
-    p = _parser(name, description)
+    p = service_parser(name, description)
     p.add_argument("--master", required=True, help="kvstore master address host:port")
     p.add_argument("--model", default="tiny", help="'tiny' (seeded random) or a HF style folder")
     p.add_argument("--block-tokens", type=int, default=16, help="tokens per KV block / page")
@@ -379,21 +225,21 @@ def _engine_parser(name: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--instance-id", default="", help="name in logs and metrics")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=_port, default=0)
+    p.add_argument("--port", type=port_number, default=0)
     return p
 
 
 def _engine_config(a: argparse.Namespace, save_mode: str = ""):
     from kvstore.engines.server_common import EngineConfig
 
-    _require(a.threads >= 1, f"--threads must be >= 1, got {a.threads}")
-    _require(a.model == "tiny" or os.path.isdir(a.model),
+    require(a.threads >= 1, f"--threads must be >= 1, got {a.threads}")
+    require(a.model == "tiny" or os.path.isdir(a.model),
              f"--model {a.model!r}: neither 'tiny' nor a model folder")
-    _require(a.block_tokens >= 1 and a.kv_pages >= 1, "--block-tokens and --kv-pages must be >= 1")
+    require(a.block_tokens >= 1 and a.kv_pages >= 1, "--block-tokens and --kv-pages must be >= 1")
     return EngineConfig(master=a.master, model=a.model, block_tokens=a.block_tokens,
                         kv_pages=a.kv_pages, instance_id=a.instance_id, threads=a.threads,
-                        host=a.host, port=a.port, save_mode=save_mode, creds=_creds(a),
-                        **_secured(a))
+                        host=a.host, port=a.port, save_mode=save_mode, creds=client_creds(a),
+                        **secured(a))
 
 
 def prefill_main(argv: list[str]) -> None:
@@ -410,7 +256,7 @@ def prefill_main(argv: list[str]) -> None:
     a = p.parse_args(argv)
     setup_logging(a.log_level)
     cfg = _engine_config(a, a.save_mode)
-    if not _checked("prefill", a, cfg):
+    if not checked("prefill", a, cfg):
         asyncio.run(serve(cfg))
 
 
@@ -420,7 +266,7 @@ def decode_main(argv: list[str]) -> None:
     a = _engine_parser("decode", "Run a decode engine.").parse_args(argv)
     setup_logging(a.log_level)
     cfg = _engine_config(a)
-    if not _checked("decode", a, cfg):
+    if not checked("decode", a, cfg):
         asyncio.run(serve(cfg))
 
 
@@ -434,7 +280,7 @@ def conductor_main(argv: list[str]) -> None:
     from kvstore.conductor.service import ConductorConfig, Deadlines, serve
 
     d = Deadlines()
-    p = _parser("conductor", "Run the conductor.")
+    p = service_parser("conductor", "Run the conductor.")
     p.add_argument("--master", required=True)
     p.add_argument("--prefill", action="append", required=True,
                    help="prefill engine as [ID=]host:port (repeatable)")
@@ -444,8 +290,8 @@ def conductor_main(argv: list[str]) -> None:
     p.add_argument("--block-tokens", type=int, default=16)
     p.add_argument("--no-cache", action="store_true", help="never read the prefix cache")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=_port, default=0)
-    p.add_argument("--http-port", type=_port, default=None,
+    p.add_argument("--port", type=port_number, default=0)
+    p.add_argument("--http-port", type=port_number, default=None,
                    help="also serve the OpenAI-style HTTP front on this port (0: any free port)")
     p.add_argument("--http-host", default="127.0.0.1", help="HTTP front bind address")
     p.add_argument("--served-model-name", default="",
@@ -483,30 +329,30 @@ def conductor_main(argv: list[str]) -> None:
         deadlines=Deadlines(prefill_s=a.prefill_timeout_s, decode_idle_s=a.decode_timeout_s,
                             probe_s=a.probe_timeout_s, probe_interval_s=a.probe_interval_s),
         cost_model=a.cost_model, ttft_slo_ms=a.ttft_slo_ms, tbt_slo_ms=a.tbt_slo_ms,
-        rejection=a.rejection, decision_log=a.decision_log, creds=_creds(a), **_secured(a))
-    if not _checked("conductor", a, cfg):
+        rejection=a.rejection, decision_log=a.decision_log, creds=client_creds(a), **secured(a))
+    if not checked("conductor", a, cfg):
         asyncio.run(serve(cfg))
 
 
 def http_main(argv: list[str]) -> None:
     from kvstore.conductor.http import FrontConfig, serve_front
 
-    p = _parser("http", "OpenAI-compatible HTTP front of a conductor.", observed=False)
+    p = service_parser("http", "OpenAI-compatible HTTP front of a conductor.", observed=False)
     p.add_argument("--conductor", required=True, help="conductor gRPC address host:port")
     p.add_argument("--model", default="tiny", help="'tiny' or a Hugging Face style folder")
     p.add_argument("--served-model-name", default="", help="model id clients use (default: --model)")
     p.add_argument("--tokenizer", default="", help=_TOKENIZER_HELP)
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=_port, default=0)
+    p.add_argument("--port", type=port_number, default=0)
     a = p.parse_args(argv)
     setup_logging(a.log_level)
-    secured = _secured(a)
+    fields = secured(a)
     for unused in ("advertise_host", "metrics", "drain_s"):
-        secured.pop(unused)
+        fields.pop(unused)
     cfg = FrontConfig(conductor=a.conductor, model=a.model, tokenizer=a.tokenizer,
                       served_model_name=a.served_model_name, host=a.host, port=a.port,
-                      creds=_creds(a), **secured)
-    if not _checked("http", a, cfg):
+                      creds=client_creds(a), **fields)
+    if not checked("http", a, cfg):
         asyncio.run(serve_front(cfg))
 
 
@@ -518,12 +364,12 @@ def resp_main(argv: list[str]) -> None:
     from kvstore.tools.resp.server import (DEFAULT_MAX_CLIENTS, MAX_CLIENTS, FrontConfig,
                                            serve)
 
-    p = _parser("resp", "Redis protocol (RESP2/RESP3) front of the store: redis-cli, "
+    p = service_parser("resp", "Redis protocol (RESP2/RESP3) front of the store: redis-cli, "
                         "redis-py, redis-benchmark and LMCache's redis:// connector.",
                 observed=False, one_line=True)
     p.add_argument("--master", required=True, help="master address host:port (or a|b)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
-    p.add_argument("--port", type=_port, default=0, help="0 picks a free port")
+    p.add_argument("--port", type=port_number, default=0, help="0 picks a free port")
     p.add_argument("--max-clients", type=int, default=DEFAULT_MAX_CLIENTS,
                    help=f"connections open at once, 1 to {MAX_CLIENTS} (default "
                         f"{DEFAULT_MAX_CLIENTS}); more are answered an error and closed")
@@ -534,17 +380,17 @@ def resp_main(argv: list[str]) -> None:
     p.add_argument("--replica-num", type=int, default=1, help="replicas per SET, 1 to 8")
     a = p.parse_args(argv)
     setup_logging(a.log_level)
-    _check_common(a)
-    _require(1 <= a.max_clients <= MAX_CLIENTS,
+    check_common(a)
+    require(1 <= a.max_clients <= MAX_CLIENTS,
              f"--max-clients must be 1 to {MAX_CLIENTS}, got {a.max_clients}")
-    _require(1 <= a.replica_num <= 8, f"--replica-num must be 1 to 8, got {a.replica_num}")
-    _require(not (a.tls_cert or a.tls_key or a.tls_ca),
+    require(1 <= a.replica_num <= 8, f"--replica-num must be 1 to 8, got {a.replica_num}")
+    require(not (a.tls_cert or a.tls_key or a.tls_ca),
              "the RESP front serves plaintext only (TLS: put a TLS proxy in front)")
     try:
         max_bulk = parse_size(a.max_bulk)
     except ValueError as exc:
         raise ValueError(f"--max-bulk: {exc}") from None
-    _require(MIN_BULK_BYTES <= max_bulk <= MAX_BULK_BYTES,
+    require(MIN_BULK_BYTES <= max_bulk <= MAX_BULK_BYTES,
              f"--max-bulk must be {bulk_range} (Redis' largest string), got {a.max_bulk}")
     if a.auth:
         TokenFile(a.auth)                  # a bad file: one line, exit 2
@@ -555,7 +401,7 @@ def resp_main(argv: list[str]) -> None:
     if a.check_config:
         print("kvstore resp: configuration ok")
         return
-    creds = _creds(a)
+    creds = client_creds(a)
     with KVClient(a.master, replica_num=a.replica_num, token=creds.token,
                   tls=creds.tls) as kv:
         serve(cfg, kv)

@@ -17,7 +17,7 @@ def test_the_tools_commands_keep_their_place():
     names = list(typer.main.get_command(app).commands)
     assert names[:4] == ["demo", "up", "chaos", "bench"]
     assert names[names.index("profile") + 1:] == ["vllm-config", "vllm-env", *SERVICES]
-    assert len(names) == len(set(names)) == 3 + 12 + 2 + len(SERVICES)
+    assert len(names) == len(set(names)) == 3 + 13 + 2 + len(SERVICES)
 
 
 def test_importing_the_cli_loads_no_tool_and_no_torch():
