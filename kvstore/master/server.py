@@ -115,18 +115,18 @@ async def _maintenance(servicer: MasterServicer, period_s: float,
         freeze_survivors()        # the index's entries out of the cyclic GC's full scans
         leading = servicer.leading()
         if leading:
-            await servicer.load_roster()
+            await servicer.term.load_roster()
         warming = _show_health(servicer, health, leading)
         if not leading:
             continue
         now = now_ms()
-        index = servicer.index
+        index, term = servicer.index, servicer.term
         index.membership.expire(now)
-        servicer.registrations.expire()
+        term.registrations.expire()
         gone = index.forget_nodes(now)
         await _sliced(index.forget_steps())
-        await servicer.forget_in_roster(gone)
-        await servicer.reserve_ids()
+        await term.forget_in_roster(gone, now)
+        await term.reserve_ids()
         index.expire_grants(now)
         if not warming:
             await _sliced(servicer.repairs.plan_steps(now))
@@ -144,7 +144,7 @@ def _show_health(servicer: MasterServicer, health: Health | None, leading: bool)
             health.set(State.STARTING)     # cannot reach etcd: could never take over
         else:
             health.set(State.STANDBY)
-        health.detail = servicer.warmup.describe(now_ms()) if leading and warming else ""
+        health.detail = servicer.term.describe(now_ms()) if leading and warming else ""
     return warming
 
 
@@ -233,7 +233,7 @@ async def serve(cfg: MasterConfig) -> None:
         await server.stop(None)
         raise
     server.servicer.metrics_address = maddress
-    await server.servicer.load_roster()      # a fresh cluster (empty roster) serves at once
+    await server.servicer.term.load_roster()     # a fresh cluster (empty roster) serves at once
     _show_health(server.servicer, health, server.servicer.leading())
     if election is not None:
         election.address = address

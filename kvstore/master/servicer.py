@@ -13,7 +13,6 @@ there, so it needs no lock.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import Counter
@@ -28,11 +27,10 @@ from kvstore.errors import INDEX_INCOMPLETE, OK_STATUS, KVStoreError, status_cod
 from kvstore.master.counters import MasterCounter as C
 from kvstore.master.index import ObjectIndex
 from kvstore.master.membership import NodeHeartbeat, NodeRegistration
-from kvstore.master.registration import Registrations
 from kvstore.master.repair import RepairPlanner
-from kvstore.master.roster import ID_BLOCK, Roster
+from kvstore.master.roster import Roster
 from kvstore.master.stall import LoopWatch
-from kvstore.master.warmup import Warmup
+from kvstore.master.term import Term
 from kvstore.auth import Role, fingerprint
 from kvstore.rpc import MAX_KEYS_PER_CALL, MAX_REPLICAS, ServerSecurity, bearer, caller_role
 from kvstore.types import NodeId, RemoveReason
@@ -57,10 +55,6 @@ METHOD_ROLES: dict[str, frozenset[Role]] = {
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _now() -> int:
-    return now_ms()
 
 
 def _status(result) -> pb.Status:
@@ -111,88 +105,8 @@ class MasterServicer(pb_grpc.MasterServicer):
         return self.index.membership
 
     def _new_term(self) -> None:
-        """Start a term's warm-up: the roster is read off the event loop (it may be in
-        etcd); until it is, the index counts as incomplete."""
-        self.term_start_ms = now_ms()
-        self.warmup = Warmup(None, self.term_start_ms, 2**62)    # until the roster is read
-        self.registrations = Registrations(self.index, self.warmup, self.roster)
-        self._roster_loaded = False
-
-    async def load_roster(self) -> None:
-        """Read the roster for this term's warm-up, once (the maintenance loop calls it).
-
-        A roster that cannot be read (etcd down) is tried again at the next call;
-        meanwhile the index counts as incomplete.
-        """
-        if self._roster_loaded:
-            return
-        term = self._term
-        loop = asyncio.get_running_loop()
-        try:
-            known = await loop.run_in_executor(None, self.roster.load)
-            ids_below = await loop.run_in_executor(None, self.roster.ids_below)
-        except OSError as exc:
-            log.warning("the shard's roster could not be read: %s; retrying", exc)
-            return
-        if term != self._term or self._roster_loaded:
-            return                    # a new term began meanwhile: it reads its own
-        if ids_below is not None:
-            # Ids continue above every block an earlier process of the shard reserved.
-            self.index.start_term(ids_below)
-            if not await self.reserve_ids(force=True) or term != self._term:
-                return
-        self._roster_loaded = True
-        warmup = Warmup(known, self.term_start_ms, self.index.membership.node_ttl_ms)
-        for node_id, applied in self.registrations.in_progress():
-            warmup.registered(node_id)
-            warmup.applied(node_id, applied)
-        for node_id, info in self.index.membership.nodes.items():
-            if not info.syncing and node_id in warmup.nodes:
-                warmup.synced(node_id)
-        self.warmup = self.registrations.warmup = warmup
-        self.registrations.known = set(known) if known is not None else None
-        if known:
-            log.info("shard %d warming up: waiting for %d node(s) of its roster",
-                     self.index.shard_id, len(known))
-
-    async def reserve_ids(self, force: bool = False) -> bool:
-        """Keep the next block of object ids reserved in the roster, once less than
-        half a block is left (a roster that keeps none: nothing to do). Returns
-        False when the roster could not be written (grants past the bound wait)."""
-        index = self.index
-        if index.ids_below is None and not force:
-            return True
-        if not force and index._next_id + ID_BLOCK // 2 <= index.ids_below:
-            return True
-        below = index._next_id + ID_BLOCK
-        try:
-            await asyncio.get_running_loop().run_in_executor(None, self.roster.reserve_ids,
-                                                             below)
-        except OSError as exc:
-            log.warning("object ids could not be reserved in the roster: %s; retrying", exc)
-            return False
-        if index is self.index:
-            index.ids_below = max(index.ids_below or 0, below)
-        return True
-
-    async def forget_in_roster(self, gone: list[NodeId]) -> None:
-        """Take forgotten nodes off the roster, and roster nodes that never came back
-        within ``forget_ms`` of this term's start (a restart does not wait for them
-        again). A roster that cannot be written is tried again next time."""
-        now = now_ms()
-        if self._roster_loaded and now - self.term_start_ms > self.membership.forget_ms:
-            gone = [*gone, *(n.node_id for n in self.warmup.nodes.values()
-                             if n.node_id not in self.membership.nodes)]
-        for node_id in dict.fromkeys(gone):
-            try:
-                await asyncio.get_running_loop().run_in_executor(None, self.roster.remove,
-                                                                 node_id)
-            except OSError as exc:
-                log.warning("node %s stays on the shard's roster for now: %s", node_id, exc)
-                continue
-            self.warmup.nodes.pop(node_id, None)
-            if self.registrations.known is not None:
-                self.registrations.known.discard(node_id)
+        """A term starts (the process, or a win): a fresh warm-up (kvstore.master.term)."""
+        self.term = Term(self.index, self.roster, now_ms())
 
     def leading(self) -> bool:
         """Whether this process serves the shard now; starts a new term's index when needed."""
@@ -224,7 +138,7 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     def warming_up(self) -> bool:
         """The index is not whole yet (see the class docstring)."""
-        return not self._roster_loaded or not self.warmup.whole(now_ms())
+        return self.term.warming_up(now_ms())
 
     async def _gate(self, context, client_rpc: bool = True) -> None:
         if not self.leading():
@@ -234,11 +148,10 @@ class MasterServicer(pb_grpc.MasterServicer):
                                 + (f" (leader: {hint})" if hint else ""))
         if client_rpc and self.warming_up():
             now = now_ms()
-            what = (self.warmup.describe(now) if self._roster_loaded
-                    else "reading the roster of its nodes")
             await context.abort(grpc.StatusCode.UNAVAILABLE,
                                 f"{INDEX_INCOMPLETE}: shard {self.index.shard_id}'s master "
-                                f"(re)started {now - self.term_start_ms} ms ago; {what}")
+                                f"(re)started {now - self.term.start_ms} ms ago; "
+                                f"{self.term.describe(now)}")
 
     def _owner(self, context) -> str:
         """The fingerprint of the caller's token ("" without --auth)."""
@@ -269,7 +182,7 @@ class MasterServicer(pb_grpc.MasterServicer):
                                tiers=tuple(wire.tier_stats(t) for t in request.tiers),
                                incarnation=request.incarnation, owner=self._owner(context))
         try:
-            sync_id = await self.registrations.register(reg, now_ms())
+            sync_id = await self.term.registrations.register(reg, now_ms())
         except KVStoreError as err:
             await self._refuse(context, err)
         return pb.RegisterNodeResponse(heartbeat_interval_ms=self.membership.heartbeat_interval_ms,
@@ -285,9 +198,9 @@ class MasterServicer(pb_grpc.MasterServicer):
         try:
             self.membership.check_identity(info, request.incarnation, self._owner(context))
             # Bad input first: nothing of a chunk that is refused is applied.
-            applied = await self.registrations.sync_chunk(node_id, request.sync_id, request.seq,
-                                                          request.items, request.last, _now,
-                                                          wire.inventory_item)
+            applied = await self.term.registrations.sync_chunk(
+                node_id, request.sync_id, request.seq, request.items, request.last, now_ms,
+                wire.inventory_item)
         except KVStoreError as err:
             await self._refuse(context, err)
         if applied is None:
@@ -305,7 +218,7 @@ class MasterServicer(pb_grpc.MasterServicer):
                              leaving=request.leaving)
         try:
             if self.membership.heartbeat(beat, now_ms()) is None:
-                self.warmup.heard(node_id, now_ms())     # alive: its registration comes
+                self.term.warmup.heard(node_id, now_ms())     # alive: its registration comes
                 return pb.HeartbeatResponse(known=False)
             if request.leaving:
                 return pb.HeartbeatResponse(known=True)
@@ -416,12 +329,12 @@ class MasterServicer(pb_grpc.MasterServicer):
         reply.loop_stall_max_ms = self.loop_watch.max_ms
         reply.loop_stalls = self.loop_watch.stalls
         if self.warming_up():
-            now = now_ms()
-            reply.warmup_left_ms = (self.warmup.left_ms(now) if self._roster_loaded
+            warmup = self.term.warmup
+            reply.warmup_left_ms = (warmup.left_ms(now_ms()) if self.term.roster_loaded
                                     else self.membership.node_ttl_ms)
             reply.warmup_nodes.extend(pb.WarmupNode(node_id=n.node_id, state=int(n.state),
                                                     items_applied=n.items_applied)
-                                      for n in self.warmup.missing())
+                                      for n in warmup.missing())
         return reply
 
     async def ReportFailure(self, request, context):
