@@ -167,7 +167,14 @@ class AsyncKVClient:
                                    lambda ks, resp: list(resp.exists))
 
     async def exists(self, key: str) -> bool:
-        """True iff ``get(key)`` would return a value."""
+        """True iff ``get(key)`` would return a value.
+
+        Raises:
+            InvalidArgument: a bad key (as ``get`` raises; :meth:`batch_exists`
+                answers False for it).
+            Unavailable.
+        """
+        validate_key(key)
         return (await self.batch_exists([key]))[0]
 
     # ---- data connections ----

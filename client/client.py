@@ -28,7 +28,7 @@ from kvstore.client.parts import PartsWriter
 from kvstore.client.puts import PutProtocol
 from kvstore.client.reads import Reads
 from kvstore.errors import InvalidArgument, KVStoreError
-from kvstore.keys import key_list
+from kvstore.keys import key_list, validate_key
 from kvstore.rpc import ClientCredentials
 from kvstore.shardmap import ShardMap
 from kvstore.tls import TlsFiles
@@ -334,7 +334,14 @@ class KVClient:
 
     # ---- other ops ----
     def exists(self, key: str) -> bool:
-        """True iff ``get(key)`` would return a value (never pins or refreshes it)."""
+        """True iff ``get(key)`` would return a value (never pins or refreshes it).
+
+        Raises:
+            InvalidArgument: a bad key (as ``get`` raises; :meth:`batch_exists`
+                answers False for it).
+            Unavailable.
+        """
+        validate_key(key)
         return self.batch_exists([key])[0]
 
     def batch_exists(self, keys: Sequence[str]) -> list[bool]:

@@ -78,6 +78,17 @@ def _leader_hint(message: str) -> str:
     return rest.rstrip(")") if sep else ""
 
 
+def _unroutable(key) -> InvalidArgument | None:
+    """Why ``key`` cannot be routed or sent to a master, or None."""
+    if not isinstance(key, str):
+        return InvalidArgument(f"key must be str, got {type(key).__name__}")
+    try:
+        key.encode()
+    except UnicodeEncodeError:
+        return InvalidArgument("key is not valid UTF-8 (a lone surrogate)", key=repr(key))
+    return None
+
+
 class Control:
     """Channels to the masters, and the routing of calls to them.
 
@@ -238,14 +249,16 @@ class Control:
         ``per_key_errors`` False (results that cannot hold an error: exists)
         it propagates.
 
-        A key that is not a ``str`` cannot be routed: its result is
-        ``invalid(InvalidArgument)`` and no master sees it (the masters check
-        every other rule of :func:`kvstore.keys.validate_key`).
+        A key that is not a ``str``, or not UTF-8 (a lone surrogate), cannot be
+        routed nor sent: its result is ``invalid(InvalidArgument)`` and no
+        master sees it (the masters check every other rule of
+        :func:`kvstore.keys.validate_key`).
         """
-        out: list = [None if isinstance(k, str) else
-                     invalid(InvalidArgument(f"key must be str, got {type(k).__name__}"))
-                     for k in keys]
-        todo = [i for i, k in enumerate(keys) if isinstance(k, str)]
+        out: list = [_unroutable(k) for k in keys]
+        todo = [i for i, r in enumerate(out) if r is None]
+        for i, r in enumerate(out):
+            if r is not None:
+                out[i] = invalid(r)
         for attempt in range(2):
             moved: list[int] = []
             for addresses, idxs in self._group(keys, todo):

@@ -107,6 +107,18 @@ def test_many_in_flight_batch_forms_in_input_order(master, key_prefix):
     run(go())
 
 
+def test_exists_of_an_invalid_key_raises_as_get_does(master):
+    # As the sync SDK (test_roundtrip.py): exists raised nothing, it answered False.
+    async def go():
+        async with AsyncKVClient(master) as kv:
+            for bad in ("", "\ud800", "a\x00b", "k" * 513, 42):
+                with pytest.raises(InvalidArgument):
+                    await kv.get(bad)
+                with pytest.raises(InvalidArgument):
+                    await kv.exists(bad)
+    run(go())
+
+
 def test_get_into_receives_into_the_callers_memory(master, key_prefix):
     """get_into fills bytearrays, numpy arrays and memoryviews (values larger than the
     connection's read-ahead too), answers the size, refuses a small destination
