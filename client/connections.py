@@ -8,6 +8,9 @@ node serves it, else TCP. A transfer that fails makes its node *suspect*
 (``ReportFailure``), which quarantines a node that keeps failing while it
 heartbeats.
 
+Each wait on a node has a timeout: ``read_timeout_s``, or less where the
+caller says (what is left of its call's deadline, :mod:`kvstore.client.deadline`).
+
 Thread safety: a Connections may be shared by threads; each thread only
 ever sees its own transports. When a thread ends, its transports are
 closed (sockets, segment mappings), so short-lived threads do not pile up
@@ -26,6 +29,7 @@ from typing import Callable, Iterable
 
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.client.control import Control
+from kvstore.client.deadline import of_call
 from kvstore.errors import KVStoreError, Unavailable, error_for_code
 from kvstore.transfer.base import Transport
 from kvstore.transfer.protocol import Op, local_address
@@ -103,13 +107,18 @@ class Connections:
         self._lock = threading.Lock()
         self._segments = SegmentMaps(CLIENT_PREFAULT_BYTES)   # one mapping per node, all threads
 
-    def transport(self, node: NodeAddress) -> Transport:
-        """This thread's transport to ``node``, connected on first use (or after it broke).
+    def transport(self, node: NodeAddress, timeout_s: float | None = None) -> Transport:
+        """This thread's transport to ``node``, connected on first use (or after it broke),
+        its waits (connect, each socket operation) bounded by ``timeout_s`` (default
+        ``read_timeout_s``) until the next call sets another.
 
         Raises:
             Unavailable: the node cannot be reached, or the client is closed.
         """
         self._control.check_open()
+        wait_s = self.read_timeout_s if timeout_s is None else timeout_s
+        if wait_s <= 0:
+            raise Unavailable(f"no time left to reach store node {node.node_id}")
         holder: _ThreadTransports | None = getattr(self._local, "transports", None)
         if holder is None:
             holder = self._local.transports = _ThreadTransports()
@@ -118,6 +127,9 @@ class Connections:
         cache = holder.map
         tr = cache.get(node.node_id)
         if tr is not None and not getattr(tr, "conn").broken and not _stale(tr):
+            sock = getattr(tr, "conn").sock
+            if sock.gettimeout() != wait_s:
+                sock.settimeout(wait_s)
             return tr
         if tr is not None:
             tr.close()
@@ -131,10 +143,11 @@ class Connections:
                 log.info("shared memory %s not usable (%s); using TCP", node.shm_name, exc)
             else:
                 try:
-                    conn = self.connect(node, unix_address=local_address(node.shm_name))
+                    conn = self.connect(node, unix_address=local_address(node.shm_name),
+                                        timeout_s=wait_s)
                 except Unavailable:
                     try:
-                        conn = self.connect(node)
+                        conn = self.connect(node, timeout_s=wait_s)
                     except Unavailable:
                         self._segments.release(segment)
                         raise
@@ -142,12 +155,14 @@ class Connections:
         if tr is None and self.rdma is not None:
             tr = self._rdma_transport(node)
         if tr is None:
-            tr = TcpTransport(self.connect(node))
+            tr = TcpTransport(self.connect(node, timeout_s=wait_s))
         cache[node.node_id] = tr
         return tr
 
-    def connect(self, node: NodeAddress, unix_address: str | None = None) -> NodeConnection:
-        """A new, authenticated data connection to ``node`` (TLS when its TCP port speaks it).
+    def connect(self, node: NodeAddress, unix_address: str | None = None,
+                timeout_s: float | None = None) -> NodeConnection:
+        """A new, authenticated data connection to ``node`` (TLS when its TCP port speaks
+        it), its socket timeout ``timeout_s`` (default ``read_timeout_s``).
 
         Raises:
             Unavailable: the node cannot be reached, or speaks TLS and this
@@ -160,7 +175,7 @@ class Connections:
                 raise Unavailable(f"node {node.node_id} speaks TLS: give the client a CA "
                                   f"(KVClient(tls=...) or $KVSTORE_TLS_CA)")
             tls = self._tls
-        return NodeConnection(node.host, node.data_port, self.read_timeout_s,
+        return NodeConnection(node.host, node.data_port, timeout_s or self.read_timeout_s,
                               unix_address=unix_address, token=self.creds.token, tls=tls)
 
     def _rdma_transport(self, node: NodeAddress) -> Transport | None:
@@ -196,6 +211,11 @@ class Connections:
         except KVStoreError as exc:
             log.debug("could not report failure of %s: %s", node.node_id, exc)
 
+    def wait_s(self) -> float:
+        """``read_timeout_s`` cut to what is left of the running call's deadline."""
+        return of_call(self._control.timeout_s,
+                       self._control.failover_wait_s).bound(self.read_timeout_s)
+
     # ---- value-less ops ----
     def send_ops(self, op: Op, size: int, metas: list[ObjectMeta | KVStoreError],
                  nodes_of: Callable[[ObjectMeta], Iterable[NodeAddress]]
@@ -215,7 +235,7 @@ class Connections:
                     by_node[node.node_id].append((i, node, m))
         for node_id, lst in by_node.items():
             try:
-                conn = self.transport(lst[0][1]).conn
+                conn = self.transport(lst[0][1], self.wait_s()).conn
                 for _i, _node, m in lst:
                     conn.send(op, m.key, m.object_id, size)
                 replies = [conn.recv_header() for _ in lst]
@@ -254,7 +274,7 @@ class Connections:
             if node.node_id in out:
                 continue
             try:
-                conn = self.transport(node).conn
+                conn = self.transport(node, self.wait_s()).conn
                 conn.send(Op.STATS, "")
                 code, _oid, size, _ck, _off, msg = conn.recv_header()
                 if code != pb.OK:

@@ -33,6 +33,13 @@ A key repeated in one batch is put in waves, one occurrence per wave; a key
 another client is putting (PUT_IN_PROGRESS) is retried with backoff for up to
 ``put_wait_s``. A value this client stored goes into its metadata cache.
 
+Deadline: a put (a batch put: all its waves) is one SDK call, with one deadline
+(:mod:`kvstore.client.deadline`): its master calls, its waits on nodes, its
+rounds and its waits for another writer or for the shard to stop granting a
+node that failed it all end by it. A grant the shard refuses, or that its
+masters cannot be asked for (after the one retry rule of master calls,
+:class:`kvstore.client.control.MasterRetry`), fails the put at once.
+
 Thread safety: a PutProtocol may be shared by threads (its writes go through
 the calling thread's transports).
 """
@@ -48,11 +55,12 @@ from kvstore import wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.client.connections import Connections
 from kvstore.client.control import Control
+from kvstore.client.deadline import of_call
 from kvstore.client.meta_cache import MetaCache
 from kvstore.client.placement import Placements
-from kvstore.errors import (NO_LIVE_NODE, AlreadyPresent, InvalidArgument, KeyConflict,
-                            KVStoreError, NotFound, PutInProgress, TooLarge, Unavailable,
-                            WrongShard, error_for_code)
+from kvstore.errors import (AlreadyPresent, InvalidArgument, KeyConflict, KVStoreError,
+                            NotFound, PutInProgress, TooLarge, Unavailable, WrongShard,
+                            error_for_code)
 from kvstore.keys import validate_key
 from kvstore.rpc import MAX_REPLICAS
 from kvstore.transfer.base import WriteItem
@@ -75,7 +83,8 @@ class _Tries:
 
     failed: dict[int, frozenset] = field(default_factory=dict)
     map_refreshed: bool = False
-    #: Indices the shard itself refused to place ("no live store node"): final.
+    #: Indices whose grant the shard refused ("no live store node", ...) or its masters
+    #: could not be asked for (their retries spent): final.
     refused: set[int] = field(default_factory=set)
 
 
@@ -198,32 +207,34 @@ class PutProtocol:
             if w == len(waves):
                 waves.append([])
             waves[w].append(i)
+        dl = of_call(self._control.timeout_s, self._control.failover_wait_s)
         for wave in waves:
-            deadline = time.monotonic() + self.put_wait_s
-            unavailable_until = time.monotonic() + self._control.failover_wait_s
+            writer_until = time.monotonic() + self.put_wait_s
             backoff = 0.005
             tries = _Tries()
             failed = tries.failed
             for _ in range(_MAX_ROUNDS):
                 retry = self._round(keys, views, checksums, parents, wave, replicas, results,
-                                    time.monotonic() < deadline, tries)
+                                    time.monotonic() < writer_until and dl.may_retry(), tries)
                 if not retry:
                     # Every node failed a value (a node died, a partition, a leader
                     # failover): ask the shard again, with a fresh grant, until its
                     # view changes (it stops granting a dead node after its ttl) or
-                    # failover_wait_s passed. A shard that answers no grant at all
-                    # ("no live store node") ends the wait at once.
+                    # the call's deadline ends the retries. A grant refused or not
+                    # had (tries.refused) ends the wait at once.
                     retry = [i for i in wave if isinstance(results[i], Unavailable)
                              and i not in tries.refused]
-                    if not retry or time.monotonic() > unavailable_until:
+                    if not retry or not dl.may_retry():
                         break
                     for i in retry:
                         failed.pop(i, None)
                     for shard in {self._control.shard_for_key(keys[i]).addresses for i in retry}:
                         self._placements.invalidate(shard)
-                    time.sleep(0.1)
+                    time.sleep(min(0.1, max(0.0, dl.left_s())))
+                elif not dl.may_retry():
+                    break                    # the call's deadline: the errors stand
                 if any(i not in failed for i in retry):   # waiting for another writer
-                    time.sleep(backoff)
+                    time.sleep(min(backoff, max(0.0, dl.left_s())))
                     backoff = min(backoff * 2, 0.2)
                 wave = retry
         return results
@@ -254,9 +265,8 @@ class PutProtocol:
                 continue
             except KVStoreError as err:
                 if i not in failed:          # else: no node left; the last round's error stays
-                    results[i] = err
-                    if err.message.startswith(NO_LIVE_NODE):
-                        tries.refused.add(i)
+                    results[i] = err         # the shard's answer, or its masters' silence
+                    tries.refused.add(i)
                 continue
             for t in targets:
                 by_node[t.node_id].append((i, t))
@@ -265,12 +275,7 @@ class PutProtocol:
         for node_id, lst in by_node.items():
             items = [WriteItem(keys[i], oids[i], views[i], checksums[i], parents[i], replica_num)
                      for i, _ in lst]
-            try:
-                outcome = self.connections.transport(lst[0][1]).write_many(items)
-            except Unavailable as err:
-                self.connections.drop(node_id)
-                self.connections.node_failed(lst[0][1], keys[lst[0][0]], err)
-                outcome = [err] * len(items)
+            outcome = self._write(lst[0][1], items)
             for (i, _node), it in zip(lst, items):
                 if checksums[i] is None:
                     checksums[i] = it.checksum     # computed by the transport (or still None)
@@ -306,6 +311,25 @@ class PutProtocol:
                 self._placements.invalidate(shard_of[i])
             retry += wrong
         return retry
+
+    def _write(self, node: NodeAddress, items: list[WriteItem]) -> list[KVStoreError | None]:
+        """Write ``items`` to ``node``, waiting for its answers ``read_timeout_s`` at most,
+        cut to what is left of the call's deadline; per item None or the error. A node
+        that fails is suspect and reported (not when the deadline cut the wait)."""
+        c = self.connections
+        dl = of_call(self._control.timeout_s, self._control.failover_wait_s)
+        wait_s = dl.bound(c.read_timeout_s)
+        if wait_s <= 0:
+            return [Unavailable(f"the call's deadline passed before store node "
+                                f"{node.node_id} could be written", key=it.key) for it in items]
+        try:
+            outcome = c.transport(node, wait_s).write_many(items)
+        except Unavailable as err:
+            c.drop(node.node_id)
+            if dl.left_s() > 0:              # the node's failure, not the call's deadline
+                c.node_failed(node, items[0].key, err)
+            return [err] * len(items)
+        return outcome
 
     # ---- the master's side of a put ----
     def start(self, keys: Sequence[str], sizes_bytes: Sequence[int], replica_num: int,

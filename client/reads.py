@@ -3,8 +3,9 @@
 A read resolves each key's metadata (the metadata cache first, then one
 Lookup per shard for the misses), then reads each object from its replicas
 in order -- nodes that failed lately last, then same host first, then the
-fastest tier -- and falls back to the next replica when one fails. A read
-through a cached entry that misses (removed, evicted, replaced) drops the
+fastest tier -- and falls back to the next replica when one fails, each
+wait cut to what is left of its call's deadline (:mod:`kvstore.client.deadline`).
+A read through a cached entry that misses (removed, evicted, replaced) drops the
 entry and is tried once more with fresh metadata from the master.
 
 The single-key fast path (:meth:`Reads.get_into` on a cached key) skips
@@ -22,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 from kvstore.client.connections import Connections
 from kvstore.client.control import Control
+from kvstore.client.deadline import of_call
 from kvstore.client.meta_cache import MetaCache
 from kvstore.errors import InvalidArgument, KVStoreError, Unavailable
 from kvstore.transfer.base import ReadItem
@@ -141,15 +143,7 @@ class Reads:
         node = (reps[0].node if len(reps) == 1 and not self._suspect
                 else self.read_order(meta)[0].node)
         item = ReadItem(meta.key, meta.object_id, meta.size_bytes, meta.checksum, view)
-        try:
-            tr = self._connections.transport(node)
-            verify = (tr.kind is TransportKind.TCP if self.verify_checksum is None
-                      else self.verify_checksum)
-            (err,) = tr.read_many([item], verify)
-        except Unavailable as exc:
-            self._connections.drop(node.node_id)
-            self._connections.node_failed(node, meta.key, exc)
-            err = exc
+        err = self._read_node(node, [item])[0]
         if err is None:
             return meta.size_bytes
         if isinstance(err, InvalidArgument):
@@ -214,15 +208,7 @@ class Reads:
             for node_id, idxs in by_node.items():
                 items = [ReadItem(metas[i].key, metas[i].object_id, metas[i].size_bytes,
                                   metas[i].checksum, views[i]) for i in idxs]
-                try:
-                    tr = self._connections.transport(addr[node_id])
-                    verify = (tr.kind is TransportKind.TCP if self.verify_checksum is None
-                              else self.verify_checksum)
-                    res = tr.read_many(items, verify)
-                except Unavailable as err:
-                    self._connections.drop(node_id)
-                    self._connections.node_failed(addr[node_id], metas[idxs[0]].key, err)
-                    res = [err] * len(items)
+                res = self._read_node(addr[node_id], items)
                 for i, err in zip(idxs, res):
                     out[i] = err
                     # A bad destination fails the same way everywhere; anything else
@@ -232,3 +218,24 @@ class Reads:
                         nxt[i] = cands[i][1:]
             cands = nxt
         return out
+
+    def _read_node(self, node: NodeAddress, items: list[ReadItem]) -> list[KVStoreError | None]:
+        """Read ``items`` from ``node``, waiting ``read_timeout_s`` at most, cut to what
+        is left of the call's deadline. A node that fails is suspect and reported
+        (not when the call's deadline cut the wait)."""
+        c = self._connections
+        dl = of_call(self._control.timeout_s, self._control.failover_wait_s)
+        wait_s = dl.bound(c.read_timeout_s)
+        if wait_s <= 0:
+            return [Unavailable(f"the call's deadline passed before store node "
+                                f"{node.node_id} could be read", key=it.key) for it in items]
+        try:
+            tr = c.transport(node, wait_s)
+            verify = (tr.kind is TransportKind.TCP if self.verify_checksum is None
+                      else self.verify_checksum)
+            return tr.read_many(items, verify)
+        except Unavailable as err:
+            c.drop(node.node_id)
+            if dl.left_s() > 0:              # the node's failure, not the call's deadline
+                c.node_failed(node, items[0].key, err)
+            return [err] * len(items)
