@@ -43,6 +43,7 @@ from kvstore.client.deadline import call_scope, of_call, unscoped_context
 from kvstore.client.meta_cache import MetaCache
 from kvstore.client.placement import IDS_PER_GRANT, Grant, grant_of, take
 from kvstore.client.puts import settle
+from kvstore.client.suspects import Suspects, fallback_after_s
 from kvstore.errors import (InvalidArgument, KVStoreError, NotFound,
                             Unavailable, WrongShard, error_for_code, from_rpc_error)
 from kvstore.keys import key_list, validate_key, value_checksum
@@ -72,7 +73,10 @@ class AsyncKVClient:
     Args:
         master: a shard's masters, ``"host:port"`` or ``"a:p|b:p"`` (leader and standbys).
         replica_num: replicas per put by default.
-        timeout_s: deadline of each master call attempt and of each data answer.
+        timeout_s: deadline of each master call attempt and of each data answer
+            (a read with another replica to try waits a quarter of it, at least
+            1 s, for each; a node that failed is tried last, longer at each
+            failure in a row, as in the sync SDK).
         failover_wait_s: how long after it started a call may still start new
             attempts (another master, a master warming up, a new grant). Every
             call ends by one deadline, ``max(timeout_s, failover_wait_s)`` after
@@ -102,6 +106,8 @@ class AsyncKVClient:
         self._grant_error: KVStoreError | None = None   # why the last grant fetch failed
         self.shard_map: ShardMap | None = None
         self._meta = MetaCache(meta_cache_entries)
+        self._suspects = Suspects()
+        self._fallback_after_s = fallback_after_s(timeout_s)
 
     async def __aenter__(self) -> "AsyncKVClient":
         await self.start()
@@ -225,7 +231,9 @@ class AsyncKVClient:
     async def _request(self, node: NodeAddress, *args, timeout_s: float | None = None, **kw):
         """One data request; the answer, or the error (KVStoreError) it failed with.
         With ``timeout_s`` under ``timeout_s`` of the client, connecting and the answer
-        together wait that long at most."""
+        together wait that long at most. A node that cannot be reached or does not
+        answer in time is suspect (unless the call's deadline is what ran out); one
+        that answers is not."""
         try:
             if timeout_s is None or timeout_s >= self.timeout_s:
                 answer = await (await self._conn(node)).request(*args, **kw)
@@ -238,8 +246,13 @@ class AsyncKVClient:
                     raise Unavailable(f"cannot connect to store node {node.node_id} "
                                       f"within {timeout_s:.1f} s") from None
                 answer = await conn.request(*args, timeout_s=end - time.monotonic(), **kw)
+        except Unavailable as err:
+            if of_call(self.timeout_s, self.failover_wait_s).left_s() > 0:
+                self._suspects.failed(node.node_id)
+            return err
         except KVStoreError as err:
             return err
+        self._suspects.ok(node.node_id)
         return answer
 
     # ---- reads ----
@@ -338,17 +351,26 @@ class AsyncKVClient:
 
     async def _read(self, meta, dest: memoryview | None = None) -> bytearray | KVStoreError:
         """The value (a new bytearray, or ``dest[:size]`` when given) from the first
-        replica of ``meta`` that answers it whole and intact, or the last error;
-        every wait within the call's deadline."""
+        replica of ``meta`` that answers it whole and intact, or the last error.
+
+        Replicas go in the entry's order, suspect nodes last; while another is left,
+        one is waited for only ``fallback_after_s``, and all within the call's
+        deadline. Replicas that failed where a later one answered leave the cached
+        entry (as the sync SDK's reads)."""
         if isinstance(meta, KVStoreError):
             return meta
         if dest is not None and len(dest) < meta.size_bytes:
             return InvalidArgument(f"destination of {len(dest)} B for a value of "
                                    f"{meta.size_bytes} B", key=meta.key)
+        replicas = meta.replicas
+        if len(replicas) > 1 and self._suspects.until:
+            now = time.monotonic()
+            replicas = sorted(replicas, key=lambda r: self._suspects.suspect(r.node.node_id, now))
         dl = of_call(self.timeout_s, self.failover_wait_s)
         err: KVStoreError | None = None
-        for r in meta.replicas:
-            wait_s = dl.bound(self.timeout_s)
+        failed: set[NodeId] = set()
+        for j, r in enumerate(replicas):
+            wait_s = dl.bound(self._fallback_after_s if j + 1 < len(replicas) else self.timeout_s)
             if wait_s <= 0:
                 err = err or Unavailable("the call's deadline passed before a replica answered",
                                          key=meta.key)
@@ -358,16 +380,16 @@ class AsyncKVClient:
                                          timeout_s=wait_s)
             if isinstance(answer, KVStoreError):
                 err = answer
-                continue
-            code, _oid, size, _ck, msg, value = answer
-            if code != pb.OK:
-                err = error_for_code(code, msg, key=meta.key)
-                continue
-            if size != meta.size_bytes or value_checksum(value) != meta.checksum:
+            elif answer[0] != pb.OK:
+                err = error_for_code(answer[0], answer[4], key=meta.key)
+            elif answer[2] != meta.size_bytes or value_checksum(answer[5]) != meta.checksum:
                 err = error_for_code(pb.CHECKSUM_MISMATCH, "value read does not match its "
                                      "checksum", key=meta.key)
-                continue
-            return value
+            else:
+                if failed:
+                    self._meta.drop_replicas(meta.key, meta.object_id, failed)
+                return answer[5]
+            failed.add(r.node.node_id)
         return err or Unavailable("no replica could be read", key=meta.key)
 
     # ---- puts ----

@@ -77,8 +77,11 @@ class KVClient:
             included (:mod:`kvstore.client.deadline`).
         read_timeout_s: data-plane socket timeout (connect and each operation;
             default ``timeout_s``), cut to what is left of the call's deadline.
-            Short (e.g. 2 s) bounds how long a read waits on a hung node
-            (SIGSTOP) before it tries the next replica.
+            A read that has another replica to try waits a quarter of it (at
+            least 1 s) for each, so a hung or cut-off node (SIGSTOP, a link
+            down) costs a fraction of it; a node that failed is tried last,
+            longer at each failure in a row, and leaves the cached entry a
+            fallback went through.
         put_wait_s: how long a put waits for another in-flight put of the same
             key to finish before failing with PutInProgress (within the
             call's deadline).

@@ -4,12 +4,14 @@ Each thread has its own transport per node (a transport is not
 thread-safe), chosen when it connects: the node's shared-memory segment when
 it is on this host, else one-sided RDMA when the client has a device and the
 node serves it, else TCP. A transfer that fails makes its node *suspect*
-(tried last by reads for a while) and is reported to the master
+(tried last by reads, longer at each failure in a row:
+:mod:`kvstore.client.suspects`) and is reported to the master
 (``ReportFailure``), which quarantines a node that keeps failing while it
 heartbeats.
 
 Each wait on a node has a timeout: ``read_timeout_s``, or less where the
-caller says (what is left of its call's deadline, :mod:`kvstore.client.deadline`).
+caller says (what is left of its call's deadline, :mod:`kvstore.client.deadline`;
+a read that has another replica to try, :attr:`Connections.fallback_after_s`).
 
 Thread safety: a Connections may be shared by threads; each thread only
 ever sees its own transports. When a thread ends, its transports are
@@ -22,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 import weakref
 from collections import defaultdict
 from typing import Callable, Iterable
@@ -30,6 +31,7 @@ from typing import Callable, Iterable
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.client.control import Control
 from kvstore.client.deadline import of_call
+from kvstore.client.suspects import Suspects, fallback_after_s
 from kvstore.errors import KVStoreError, Unavailable, error_for_code
 from kvstore.transfer.base import Transport
 from kvstore.transfer.protocol import Op, local_address
@@ -80,13 +82,18 @@ class Connections:
         read_timeout_s: data-plane socket timeout (connect and each operation).
         rdma: ``(device, port, gid_index)`` to use RDMA with nodes that shared
             memory cannot reach, or None.
-        suspect_s: how long a node that failed a transfer stays suspect.
+        suspect_s: how long a node that failed a transfer stays suspect (twice
+            as long at each further failure in a row, up to
+            :data:`~kvstore.client.suspects.MAX_SUSPECT_S`).
         creds: the client's token (every data connection authenticates with it)
             and TLS files (for nodes whose TCP port speaks TLS).
 
     Attributes:
         host_id: this machine's id (equal to a node's: shared memory can reach it).
         suspect_until: node id -> monotonic time it stops being suspect.
+        fallback_after_s: how long a read waits for a replica when it has another
+            to try (:func:`kvstore.client.suspects.fallback_after_s`: a quarter of
+            ``read_timeout_s``, at least 1 s).
     """
 
     def __init__(self, control: Control, *, prefer_shm: bool, read_timeout_s: float,
@@ -98,9 +105,10 @@ class Connections:
         self.prefer_shm = prefer_shm
         self.read_timeout_s = read_timeout_s
         self.rdma = rdma
-        self.suspect_s = suspect_s
+        self.fallback_after_s = fallback_after_s(read_timeout_s)
         self.host_id = host_id()
-        self.suspect_until: dict[NodeId, float] = {}
+        self.suspects = Suspects(suspect_s)
+        self.suspect_until = self.suspects.until
         self._local = threading.local()
         # Each thread's transports; weak, so that a finished thread's go away with it.
         self._holders: weakref.WeakSet[_ThreadTransports] = weakref.WeakSet()
@@ -204,8 +212,9 @@ class Connections:
 
     def node_failed(self, node: NodeAddress, key: str, err: KVStoreError) -> None:
         """A transfer of ``key`` with ``node`` failed (down, hung, broken): try the
-        node last for ``suspect_s``, and report it to the master shard of ``key``."""
-        self.suspect_until[node.node_id] = time.monotonic() + self.suspect_s
+        node last (:class:`~kvstore.client.suspects.Suspects`: for ``suspect_s``,
+        doubled at each failure in a row), and report it to the master shard of ``key``."""
+        self.suspects.failed(node.node_id)
         try:
             self._control.report_failure(key, node.node_id, str(err)[:200])
         except KVStoreError as exc:
@@ -215,6 +224,10 @@ class Connections:
         """``read_timeout_s`` cut to what is left of the running call's deadline."""
         return of_call(self._control.timeout_s,
                        self._control.failover_wait_s).bound(self.read_timeout_s)
+
+    def node_ok(self, node_id: NodeId) -> None:
+        """A transfer with ``node_id`` went through: it is no longer suspect."""
+        self.suspects.ok(node_id)
 
     # ---- value-less ops ----
     def send_ops(self, op: Op, size: int, metas: list[ObjectMeta | KVStoreError],

@@ -329,6 +329,7 @@ class PutProtocol:
             if dl.left_s() > 0:              # the node's failure, not the call's deadline
                 c.node_failed(node, items[0].key, err)
             return [err] * len(items)
+        c.node_ok(node.node_id)
         return outcome
 
     # ---- the master's side of a put ----

@@ -1,5 +1,5 @@
 """The SDK's pure rules for time (issue 31): one deadline per call, the one retry
-rule of master calls."""
+rule of master calls, suspect nodes, and cached entries that lose a failed replica."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ import pytest
 
 from kvstore.client.control import _MASTER_ATTEMPTS, MasterRetry
 from kvstore.client.deadline import Deadline, call_scope, current, of_call, unscoped_context
+from kvstore.client.meta_cache import MetaCache
+from kvstore.client.suspects import MAX_SUSPECT_S, Suspects, fallback_after_s
 from kvstore.errors import INDEX_INCOMPLETE, NODES_LATE, NotFound, Unavailable
+from kvstore.types import NodeAddress, ObjectMeta, Replica, TierKind
 
 
 def test_a_deadline_ends_at_the_longer_of_the_two_and_stops_retries_at_failover_wait():
@@ -69,3 +72,34 @@ def test_no_attempt_starts_once_the_deadline_passed():
     retry = MasterRetry(("a:1",), 0, Deadline(time.monotonic() - 1, time.monotonic() - 0.5))
     with pytest.raises(Unavailable, match="deadline passed"):
         retry.attempt_s(10.0)
+
+
+def test_suspicion_doubles_at_each_failure_in_a_row_and_ends_at_a_success():
+    s = Suspects(suspect_s=5.0)
+    assert [s.failed("n0") for _ in range(3)] == [5.0, 10.0, 20.0]
+    assert s.suspect("n0", time.monotonic())
+    assert max(s.failed("n0") for _ in range(20)) == MAX_SUSPECT_S
+    s.ok("n0")
+    assert not s.suspect("n0", time.monotonic()) and s.failed("n0") == 5.0
+
+
+def test_a_read_with_another_replica_waits_a_fraction_of_the_read_timeout():
+    assert fallback_after_s(10.0) == 2.5
+    assert fallback_after_s(2.0) == 1.0 and fallback_after_s(0.5) == 0.5
+
+
+def _node(node_id: str) -> NodeAddress:
+    return NodeAddress(node_id=node_id, host="127.0.0.1", data_port=1)
+
+
+def test_a_failed_replica_leaves_the_cached_entry_of_its_version_only():
+    cache = MetaCache(10)
+    meta = ObjectMeta("k", 3, 7, 42, (Replica(_node("n0"), TierKind.DRAM),
+                                      Replica(_node("n1"), TierKind.DRAM)))
+    cache.put(meta)
+    cache.drop_replicas("k", 41, {"n0"})                # another version: untouched
+    assert cache.get("k") == meta
+    cache.drop_replicas("k", 42, {"n0"})
+    assert [r.node.node_id for r in cache.get("k").replicas] == ["n1"]
+    cache.drop_replicas("k", 42, {"n1"})                # none left: the entry goes
+    assert cache.get("k") is None
