@@ -39,7 +39,7 @@ from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.client.aio_data import AsyncNodeConnection
 from kvstore.client.control import MasterRetry
-from kvstore.client.deadline import call_scope, of_call, unscoped_context
+from kvstore.client.deadline import Deadline, call_scope, of_call, unscoped_context
 from kvstore.client.meta_cache import MetaCache
 from kvstore.client.placement import IDS_PER_GRANT, Grant, grant_of, take
 from kvstore.client.puts import settle
@@ -446,10 +446,8 @@ class AsyncKVClient:
         result: bool | KVStoreError = Unavailable("no target node accepted the value", key=key)
         refreshed = False
         while True:
-            grant = None
             try:
-                grant = await self._grant(shard, key, dl)
-                oid, targets = take(grant, key, len(view), replica_num, frozenset(failed), None)
+                oid, targets = await self._place(shard, key, len(view), replica_num, failed, dl)
             except WrongShard as err:
                 if refreshed:
                     err.key = err.key or key
@@ -459,19 +457,20 @@ class AsyncKVClient:
                 shard = (self.shard_map.shard_for_key(key).addresses, replica_num)
                 continue
             except KVStoreError as err:
-                if grant is None:
-                    # The shard's own answer (no live node, ...), or its masters could
-                    # not be asked (their retries spent): it stands.
+                if not failed:
+                    # The shard's own answer (no live node, TooLarge, ...), or its
+                    # masters could not be asked (their retries spent): it stands.
                     return err
                 # Every node failed the value. Unreachable (as KVClient): ask the shard
                 # again, with a fresh grant, until its view changes or the call's
                 # deadline ends the retries; any other answer (NoSpace, ...) stands.
-                if not failed or not isinstance(err, Unavailable) or \
-                        not isinstance(result, Unavailable) or not dl.may_retry():
-                    return result if failed else err
+                if not isinstance(err, Unavailable) or not isinstance(result, Unavailable) \
+                        or not dl.may_retry():
+                    return result
+                g = self._grants.get(shard)
+                if g is not None and any(n.address.node_id in failed for n in g.nodes):
+                    del self._grants[shard]       # not a newer one, without those nodes
                 failed.clear()
-                if self._grants.get(shard) is grant:     # not a newer one another put fetched
-                    del self._grants[shard]
                 await asyncio.sleep(min(0.1, max(0.0, dl.left_s())))
                 continue
             wait_s = dl.bound(self.timeout_s)
@@ -511,7 +510,24 @@ class AsyncKVClient:
             if len(failed) >= _MAX_NODES_TRIED:
                 return result
 
-    async def _grant(self, slot, key: str, dl) -> Grant:
+    async def _place(self, slot, key: str, size_bytes: int, replica_num: int,
+                     failed: set[NodeId], dl: Deadline) -> tuple[int, list[NodeAddress]]:
+        """An object id and targets for one value, from the shard's grant. Many puts
+        wait on one fetch and share its ids; those that find them used up when their
+        turn comes wait on the next fetch (each brings IDS_PER_GRANT more), within
+        the call's deadline.
+
+        Raises:
+            WrongShard, TooLarge, Unavailable (as :func:`~kvstore.client.placement.take`,
+            or the grant's fetch).
+        """
+        while True:
+            g = await self._grant(slot, key, dl)
+            # No await between the check and the take: no other put can take in between.
+            if g.usable(time.monotonic()) or not dl.may_retry():
+                return take(g, key, size_bytes, replica_num, frozenset(failed), None)
+
+    async def _grant(self, slot, key: str, dl: Deadline) -> Grant:
         """The shard's grant: the one held when usable, else one fetched now (one fetch
         per shard at a time, which every put that needs it waits on, within its
         call's deadline)."""
