@@ -26,7 +26,12 @@ buffers as large as the sync client's; a connection whose unsent bytes pass
 An answer that does not come within the timeout breaks the connection (its
 order can no longer be trusted): every pending future fails Unavailable and
 the next request opens a new connection. One timer per connection watches
-the oldest pending answer (no timer per request: each costs a task).
+the oldest pending answer (no timer per request: each costs a task). A
+request may wait less (``timeout_s``: a read with another replica to try, a
+call's deadline) or be cancelled: its caller gets Unavailable (or the
+cancel) and its answer, still to come in order, is read and dropped -- its
+value into a scratch buffer, never into the caller's memory any more -- so
+the connection and the other requests on it go on.
 
 Thread safety: one event loop; a connection is used from that loop only.
 """
@@ -137,12 +142,17 @@ class AsyncNodeConnection(asyncio.BufferedProtocol):
     async def request(self, op: Op, key: str, object_id: int = 0, size: int = 0,
                       checksum: int = 0, payload=None, parent: str = "",
                       flags: int = 0, max_value_bytes: int = MAX_MESSAGE_BYTES,
-                      into: memoryview | None = None) -> Answer:
+                      into: memoryview | None = None,
+                      timeout_s: float | None = None) -> Answer:
         """Send one frame (with ``payload``, a bytes-like of ``size`` bytes) and await
         its answer. A value answered (GET, STATS, AUTH_HELLO) may have at most
         ``max_value_bytes`` (``len(into)`` with ``into``), else the connection
         breaks; it is received into ``into`` when given (the answer's value is
         then ``into[:size]``), else into a new bytearray.
+
+        Args:
+            timeout_s: wait this long at most when less than the connection's
+                timeout (the answer is then dropped when it comes; see the module doc).
 
         Raises:
             Unavailable: the connection broke or the answer did not come in time.
@@ -167,7 +177,31 @@ class AsyncNodeConnection(asyncio.BufferedProtocol):
             self._loop.call_soon(self._write_out)
         limit = (max_value_bytes if into is None else len(into)) if op in _WITH_VALUE else -1
         self._pending.append((fut, limit, time.monotonic(), into))
-        return await fut
+        try:
+            if timeout_s is None or timeout_s >= self.timeout_s:
+                return await fut
+            async with asyncio.timeout(max(0.0, timeout_s)):
+                return await fut
+        except TimeoutError:
+            self._abandon(fut)
+            raise Unavailable(f"no answer from the node within {timeout_s:.1f} s") from None
+        except asyncio.CancelledError:
+            self._abandon(fut)
+            raise
+
+    def _abandon(self, fut: asyncio.Future) -> None:
+        """The caller of ``fut`` stopped waiting: its answer (read in order all the
+        same) goes nowhere, its value into a scratch buffer instead of the caller's."""
+        if self._value is not None and self._pending and self._pending[0][0] is fut:
+            if self._pending[0][3] is not None:      # being received into the caller's memory
+                self._value = bytearray(len(self._value))
+                self._value_view = memoryview(self._value)
+            return
+        for j, (f, limit, sent, into) in enumerate(self._pending):
+            if f is fut:
+                if into is not None:
+                    self._pending[j] = (f, limit, sent, None)
+                return
 
     def _write_out(self) -> None:
         self._out_scheduled = False

@@ -19,22 +19,34 @@ Example::
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Iterator, Sequence
 
 from kvstore.client.connections import Connections
 from kvstore.client.control import Control
+from kvstore.client.deadline import call_scope
 from kvstore.client.meta_cache import MetaCache
 from kvstore.client.parts import PartsWriter
 from kvstore.client.puts import PutProtocol
 from kvstore.client.reads import Reads
 from kvstore.errors import InvalidArgument, KVStoreError
-from kvstore.keys import key_list
+from kvstore.keys import key_list, validate_key
 from kvstore.rpc import ClientCredentials
 from kvstore.shardmap import ShardMap
 from kvstore.tls import TlsFiles
 from kvstore.transfer.buffers import writable_view
 from kvstore.transfer.protocol import Op
 from kvstore.types import NodeAddress, ObjectMeta, RemoveReason, ShardStatus
+
+
+def _one_deadline(method):
+    """Run a KVClient call under one deadline (:mod:`kvstore.client.deadline`):
+    its master calls, retries, waits and transfers all end by it."""
+    @functools.wraps(method)
+    def bounded(self: "KVClient", *args, **kwargs):
+        with call_scope(self._control.timeout_s, self._control.failover_wait_s):
+            return method(self, *args, **kwargs)
+    return bounded
 
 
 class KVClient:
@@ -55,12 +67,21 @@ class KVClient:
             write was committed and the read holds a reference, so they
             cannot change while copied.
         replica_num: default number of replicas per put.
-        timeout_s: deadline of each master RPC and data-plane socket operation.
-        failover_wait_s: with a shard of several masters (``a|b``), how long
-            a call keeps trying them while a new leader is elected.
+        timeout_s: deadline of each master RPC attempt, and the default
+            ``read_timeout_s``.
+        failover_wait_s: how long after it started a call may still start new
+            attempts: another master while a new leader is elected, a master
+            warming up, a new grant after nodes failed a put. Every call ends
+            by one deadline, ``max(timeout_s, failover_wait_s)`` after it
+            started (15 s by default), its retries, waits and transfers
+            included (:mod:`kvstore.client.deadline`).
         read_timeout_s: data-plane socket timeout (connect and each operation;
-            default ``timeout_s``). Short (e.g. 2 s) bounds how long a read
-            waits on a hung node (SIGSTOP) before it tries the next replica.
+            default ``timeout_s``), cut to what is left of the call's deadline.
+            A read that has another replica to try waits a quarter of it (at
+            least 1 s) for each, so a hung or cut-off node (SIGSTOP, a link
+            down) costs a fraction of it; a node that failed is tried last,
+            longer at each failure in a row, and leaves the cached entry a
+            fallback went through.
         meta_cache_entries: size of the client's metadata cache (0 = off); see
             :mod:`kvstore.client.meta_cache` for what it trades.
         rdma_device: move values with one-sided RDMA through this local device
@@ -108,6 +129,7 @@ class KVClient:
         self._control.shard_map = value
 
     # ---- put ----
+    @_one_deadline
     def put(self, key: str, value: Any, *, replica_num: int | None = None,
             parent: str | None = None) -> bool:
         """Store ``value`` under ``key`` (objects are immutable).
@@ -135,6 +157,7 @@ class KVClient:
             raise res
         return res
 
+    @_one_deadline
     def batch_put(self, keys: Sequence[str], values: Sequence[Any], *,
                   replica_num: int | None = None, parents: Sequence[str | None] | None = None
                   ) -> list[KVStoreError | None]:
@@ -147,6 +170,7 @@ class KVClient:
         return [r if isinstance(r, KVStoreError) else None
                 for r in self._puts.put_many(keys, values, replica_num, parents)]
 
+    @_one_deadline
     def put_tensor(self, key: str, tensor, *, replica_num: int | None = None) -> bool:
         """Store a contiguous CPU tensor's raw bytes (shape and dtype are the caller's to know)."""
         return self.put(key, tensor, replica_num=replica_num)
@@ -167,10 +191,12 @@ class KVClient:
                            replica_num or self._puts.replica_num)
 
     # ---- get ----
+    @_one_deadline
     def lookup(self, keys: Sequence[str]) -> list[ObjectMeta | KVStoreError]:
         """Metadata (size, checksum, live replicas) per key, or NotFound; counts an access."""
         return self._reads.lookup(key_list(keys, validate=False))   # one str is no batch
 
+    @_one_deadline
     def inspect(self, key: str) -> ObjectMeta:
         """One key's metadata, fresh from its shard, without counting an access
         (eviction does not see it as hot; :meth:`lookup` counts one).
@@ -182,6 +208,7 @@ class KVClient:
         """
         return self._control.inspect(key)
 
+    @_one_deadline
     def get(self, key: str) -> bytearray:
         """The value of ``key`` as a new bytearray (empty for a 0-byte value).
 
@@ -194,11 +221,13 @@ class KVClient:
             raise res
         return res
 
+    @_one_deadline
     def batch_get(self, keys: Sequence[str]) -> list[bytearray | KVStoreError]:
         """Values (new bytearrays) or errors per key, in input order."""
         keys = key_list(keys, validate=False)   # one str is no batch
         return self._reads.get_many(keys)
 
+    @_one_deadline
     def get_into(self, key: str, dest: Any) -> int:
         """Read ``key`` straight into ``dest`` (bytearray, memoryview, numpy array, CPU tensor).
 
@@ -211,11 +240,13 @@ class KVClient:
         """
         return self._reads.get_into(key, writable_view(dest))
 
+    @_one_deadline
     def batch_get_into(self, keys: Sequence[str], dests: Sequence[Any]) -> list[int | KVStoreError]:
         """Read each key into its destination; per key the size in bytes or the error."""
         keys = key_list(keys, validate=False)   # one str is no batch
         return self._reads.get_many_into(keys, dests)
 
+    @_one_deadline
     def get_tensor(self, key: str, out=None, *, shape: Sequence[int] | None = None, dtype=None):
         """Read a tensor stored with :meth:`put_tensor`.
 
@@ -243,6 +274,7 @@ class KVClient:
         return out
 
     # ---- tiers: where objects are, queue lookahead, pins ----
+    @_one_deadline
     def locate(self, keys: Sequence[str]) -> list[list[tuple[str, str]] | KVStoreError]:
         """Per key its replicas as ``(node_id, tier name)`` in read order ("DRAM", "GPU",
         "SSD"), fresh from the master, or the error (NotFound)."""
@@ -250,6 +282,7 @@ class KVClient:
                 [(r.node.node_id, r.tier.name) for r in self._reads.read_order(m)]
                 for m in self.lookup(keys)]
 
+    @_one_deadline
     def prefetch(self, keys: Sequence[str], deadline_ms: int) -> list[KVStoreError | None]:
         """Queue lookahead: these keys will be read within ``deadline_ms``.
 
@@ -269,6 +302,7 @@ class KVClient:
         return self._connections.send_ops(Op.PREFETCH, deadline_ms, self.lookup(keys),
                                           lambda m: (self._reads.read_order(m)[0].node,))
 
+    @_one_deadline
     def pin(self, key: str, *, ttl_ms: int = 0) -> None:
         """Pin ``key`` on every node holding it.
 
@@ -283,12 +317,14 @@ class KVClient:
         if err is not None:
             raise err
 
+    @_one_deadline
     def batch_pin(self, keys: Sequence[str], *, ttl_ms: int = 0) -> list[KVStoreError | None]:
         """Pin each key on every node holding it; per key None or the first error."""
         if ttl_ms < 0:
             raise InvalidArgument(f"ttl_ms must be >= 0, got {ttl_ms}")
         return self._connections.send_ops(Op.PIN, ttl_ms, self.lookup(keys), _replica_nodes)
 
+    @_one_deadline
     def unpin(self, key: str, *, soft: bool = False) -> None:
         """Drop one hard pin of ``key`` (or, with ``soft``, its soft pin) on every node holding it.
 
@@ -299,10 +335,12 @@ class KVClient:
         if err is not None:
             raise err
 
+    @_one_deadline
     def batch_unpin(self, keys: Sequence[str], *, soft: bool = False) -> list[KVStoreError | None]:
         """Unpin each key on every node holding it; per key None or the first error."""
         return self._connections.send_ops(Op.UNPIN, int(soft), self.lookup(keys), _replica_nodes)
 
+    @_one_deadline
     def node_stats(self) -> dict[str, dict]:
         """Each live node's own stats, straight from the node (data-plane STATS op):
         node_id -> dict with per-tier ``tiers`` (used, free, evictable, ...) and ``counters``."""
@@ -331,10 +369,19 @@ class KVClient:
         return self._connections.warm_up(self._live_nodes(), timeout_s)
 
     # ---- other ops ----
+    @_one_deadline
     def exists(self, key: str) -> bool:
-        """True iff ``get(key)`` would return a value (never pins or refreshes it)."""
+        """True iff ``get(key)`` would return a value (never pins or refreshes it).
+
+        Raises:
+            InvalidArgument: a bad key (as ``get`` raises; :meth:`batch_exists`
+                answers False for it).
+            Unavailable.
+        """
+        validate_key(key)
         return self.batch_exists([key])[0]
 
+    @_one_deadline
     def batch_exists(self, keys: Sequence[str]) -> list[bool]:
         """Existence per key, in input order (one RPC per shard).
 
@@ -349,6 +396,7 @@ class KVClient:
                 raise r
         return out
 
+    @_one_deadline
     def remove(self, key: str, *, reason: RemoveReason | str = RemoveReason.REMOVE) -> None:
         """Delete ``key``; its memory is freed on the nodes once no reader holds it.
 
@@ -364,6 +412,7 @@ class KVClient:
         if err is not None:
             raise err
 
+    @_one_deadline
     def batch_remove(self, keys: Sequence[str], *, reason: RemoveReason | str = RemoveReason.REMOVE
                      ) -> list[KVStoreError | None]:
         """Delete each key; per key None or the error (NotFound).
@@ -399,6 +448,7 @@ class KVClient:
         (counts no access)."""
         yield from self._control.list(prefix, page_size)
 
+    @_one_deadline
     def stat(self) -> list[ShardStatus]:
         """Each master shard's stats (nodes, objects, counters)."""
         return self._control.stat()

@@ -4,9 +4,14 @@ Each thread has its own transport per node (a transport is not
 thread-safe), chosen when it connects: the node's shared-memory segment when
 it is on this host, else one-sided RDMA when the client has a device and the
 node serves it, else TCP. A transfer that fails makes its node *suspect*
-(tried last by reads for a while) and is reported to the master
+(tried last by reads, longer at each failure in a row:
+:mod:`kvstore.client.suspects`) and is reported to the master
 (``ReportFailure``), which quarantines a node that keeps failing while it
 heartbeats.
+
+Each wait on a node has a timeout: ``read_timeout_s``, or less where the
+caller says (what is left of its call's deadline, :mod:`kvstore.client.deadline`;
+a read that has another replica to try, :attr:`Connections.fallback_after_s`).
 
 Thread safety: a Connections may be shared by threads; each thread only
 ever sees its own transports. When a thread ends, its transports are
@@ -19,13 +24,14 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 import weakref
 from collections import defaultdict
 from typing import Callable, Iterable
 
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.client.control import Control
+from kvstore.client.deadline import of_call
+from kvstore.client.suspects import Suspects, fallback_after_s
 from kvstore.errors import KVStoreError, Unavailable, error_for_code
 from kvstore.transfer.base import Transport
 from kvstore.transfer.protocol import Op, local_address
@@ -76,13 +82,18 @@ class Connections:
         read_timeout_s: data-plane socket timeout (connect and each operation).
         rdma: ``(device, port, gid_index)`` to use RDMA with nodes that shared
             memory cannot reach, or None.
-        suspect_s: how long a node that failed a transfer stays suspect.
+        suspect_s: how long a node that failed a transfer stays suspect (twice
+            as long at each further failure in a row, up to
+            :data:`~kvstore.client.suspects.MAX_SUSPECT_S`).
         creds: the client's token (every data connection authenticates with it)
             and TLS files (for nodes whose TCP port speaks TLS).
 
     Attributes:
         host_id: this machine's id (equal to a node's: shared memory can reach it).
         suspect_until: node id -> monotonic time it stops being suspect.
+        fallback_after_s: how long a read waits for a replica when it has another
+            to try (:func:`kvstore.client.suspects.fallback_after_s`: a quarter of
+            ``read_timeout_s``, at least 1 s).
     """
 
     def __init__(self, control: Control, *, prefer_shm: bool, read_timeout_s: float,
@@ -94,22 +105,28 @@ class Connections:
         self.prefer_shm = prefer_shm
         self.read_timeout_s = read_timeout_s
         self.rdma = rdma
-        self.suspect_s = suspect_s
+        self.fallback_after_s = fallback_after_s(read_timeout_s)
         self.host_id = host_id()
-        self.suspect_until: dict[NodeId, float] = {}
+        self.suspects = Suspects(suspect_s)
+        self.suspect_until = self.suspects.until
         self._local = threading.local()
         # Each thread's transports; weak, so that a finished thread's go away with it.
         self._holders: weakref.WeakSet[_ThreadTransports] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._segments = SegmentMaps(CLIENT_PREFAULT_BYTES)   # one mapping per node, all threads
 
-    def transport(self, node: NodeAddress) -> Transport:
-        """This thread's transport to ``node``, connected on first use (or after it broke).
+    def transport(self, node: NodeAddress, timeout_s: float | None = None) -> Transport:
+        """This thread's transport to ``node``, connected on first use (or after it broke),
+        its waits (connect, each socket operation) bounded by ``timeout_s`` (default
+        ``read_timeout_s``) until the next call sets another.
 
         Raises:
             Unavailable: the node cannot be reached, or the client is closed.
         """
         self._control.check_open()
+        wait_s = self.read_timeout_s if timeout_s is None else timeout_s
+        if wait_s <= 0:
+            raise Unavailable(f"no time left to reach store node {node.node_id}")
         holder: _ThreadTransports | None = getattr(self._local, "transports", None)
         if holder is None:
             holder = self._local.transports = _ThreadTransports()
@@ -118,6 +135,9 @@ class Connections:
         cache = holder.map
         tr = cache.get(node.node_id)
         if tr is not None and not getattr(tr, "conn").broken and not _stale(tr):
+            sock = getattr(tr, "conn").sock
+            if sock.gettimeout() != wait_s:
+                sock.settimeout(wait_s)
             return tr
         if tr is not None:
             tr.close()
@@ -131,10 +151,11 @@ class Connections:
                 log.info("shared memory %s not usable (%s); using TCP", node.shm_name, exc)
             else:
                 try:
-                    conn = self.connect(node, unix_address=local_address(node.shm_name))
+                    conn = self.connect(node, unix_address=local_address(node.shm_name),
+                                        timeout_s=wait_s)
                 except Unavailable:
                     try:
-                        conn = self.connect(node)
+                        conn = self.connect(node, timeout_s=wait_s)
                     except Unavailable:
                         self._segments.release(segment)
                         raise
@@ -142,12 +163,14 @@ class Connections:
         if tr is None and self.rdma is not None:
             tr = self._rdma_transport(node)
         if tr is None:
-            tr = TcpTransport(self.connect(node))
+            tr = TcpTransport(self.connect(node, timeout_s=wait_s))
         cache[node.node_id] = tr
         return tr
 
-    def connect(self, node: NodeAddress, unix_address: str | None = None) -> NodeConnection:
-        """A new, authenticated data connection to ``node`` (TLS when its TCP port speaks it).
+    def connect(self, node: NodeAddress, unix_address: str | None = None,
+                timeout_s: float | None = None) -> NodeConnection:
+        """A new, authenticated data connection to ``node`` (TLS when its TCP port speaks
+        it), its socket timeout ``timeout_s`` (default ``read_timeout_s``).
 
         Raises:
             Unavailable: the node cannot be reached, or speaks TLS and this
@@ -160,7 +183,7 @@ class Connections:
                 raise Unavailable(f"node {node.node_id} speaks TLS: give the client a CA "
                                   f"(KVClient(tls=...) or $KVSTORE_TLS_CA)")
             tls = self._tls
-        return NodeConnection(node.host, node.data_port, self.read_timeout_s,
+        return NodeConnection(node.host, node.data_port, timeout_s or self.read_timeout_s,
                               unix_address=unix_address, token=self.creds.token, tls=tls)
 
     def _rdma_transport(self, node: NodeAddress) -> Transport | None:
@@ -189,12 +212,22 @@ class Connections:
 
     def node_failed(self, node: NodeAddress, key: str, err: KVStoreError) -> None:
         """A transfer of ``key`` with ``node`` failed (down, hung, broken): try the
-        node last for ``suspect_s``, and report it to the master shard of ``key``."""
-        self.suspect_until[node.node_id] = time.monotonic() + self.suspect_s
+        node last (:class:`~kvstore.client.suspects.Suspects`: for ``suspect_s``,
+        doubled at each failure in a row), and report it to the master shard of ``key``."""
+        self.suspects.failed(node.node_id)
         try:
             self._control.report_failure(key, node.node_id, str(err)[:200])
         except KVStoreError as exc:
             log.debug("could not report failure of %s: %s", node.node_id, exc)
+
+    def wait_s(self) -> float:
+        """``read_timeout_s`` cut to what is left of the running call's deadline."""
+        return of_call(self._control.timeout_s,
+                       self._control.failover_wait_s).bound(self.read_timeout_s)
+
+    def node_ok(self, node_id: NodeId) -> None:
+        """A transfer with ``node_id`` went through: it is no longer suspect."""
+        self.suspects.ok(node_id)
 
     # ---- value-less ops ----
     def send_ops(self, op: Op, size: int, metas: list[ObjectMeta | KVStoreError],
@@ -215,7 +248,7 @@ class Connections:
                     by_node[node.node_id].append((i, node, m))
         for node_id, lst in by_node.items():
             try:
-                conn = self.transport(lst[0][1]).conn
+                conn = self.transport(lst[0][1], self.wait_s()).conn
                 for _i, _node, m in lst:
                     conn.send(op, m.key, m.object_id, size)
                 replies = [conn.recv_header() for _ in lst]
@@ -254,7 +287,7 @@ class Connections:
             if node.node_id in out:
                 continue
             try:
-                conn = self.transport(node).conn
+                conn = self.transport(node, self.wait_s()).conn
                 conn.send(Op.STATS, "")
                 code, _oid, size, _ck, _off, msg = conn.recv_header()
                 if code != pb.OK:

@@ -2,7 +2,9 @@
 
 Every master call of the SDK goes through :class:`Control`. A shard is served
 by one or more masters (a leader and standbys): a call goes to the one that
-answered last and moves on to the next on UNAVAILABLE. Calls about keys are
+answered last and moves on to the next on UNAVAILABLE, by one retry rule
+(:class:`MasterRetry`, the asyncio SDK's too) and within the deadline of the
+SDK call it is part of (:mod:`kvstore.client.deadline`). Calls about keys are
 routed by each key's hash slot (:meth:`Control.routed`), and WRONG_SHARD is
 handled there, once, the same way for every routed call: the keys a master
 disowns (a per-key status, or a whole call) are routed again after one
@@ -33,9 +35,10 @@ import grpc
 from kvstore import rpc, wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.errors import (INDEX_INCOMPLETE, NO_LIVE_NODE, RETRYABLE, InvalidArgument,
-                            KVStoreError, NotFound, Unavailable, WrongShard, error_for_code,
-                            from_rpc_error)
+from kvstore.client.deadline import Deadline, of_call
+from kvstore.errors import (INDEX_INCOMPLETE, NO_LIVE_NODE, NODES_LATE, RETRYABLE,
+                            InvalidArgument, KVStoreError, NotFound, Unavailable, WrongShard,
+                            error_for_code, from_rpc_error)
 from kvstore.keys import validate_key
 from kvstore.rpc import MAX_KEYS_PER_CALL, ClientCredentials
 from kvstore.shardmap import ShardMap, ShardRange
@@ -43,7 +46,8 @@ from kvstore.types import NodeId, ObjectMeta, RemoveReason, ShardStatus
 
 log = logging.getLogger(__name__)
 
-#: Master RPC attempts on UNAVAILABLE (the only retryable error) with a one-master shard.
+#: Master RPC attempts on UNAVAILABLE (the only retryable error) with a one-master shard
+#: (a master asking to be waited on, :func:`waits`, is not counted).
 _MASTER_ATTEMPTS = 3
 
 R = TypeVar("R")
@@ -61,15 +65,81 @@ def retryable(err: KVStoreError) -> bool:
 
 def next_master(addresses: tuple[str, ...], at: int, err: KVStoreError) -> int:
     """Which of a shard's masters an HA call tries after ``addresses[at]`` answered the
-    retryable ``err``: the same one when it answered "index incomplete" (it won the
-    election and is warming up: waited on, not left for a cut-off old leader and a
-    whole RPC deadline), the leader a standby named ("(leader: X)"), else the next."""
-    if err.message.startswith(INDEX_INCOMPLETE):
+    retryable ``err``: the same one when it asked to be waited on (:func:`waits`), the
+    leader a standby named ("(leader: X)"), else the next."""
+    if waits(err):
         return at
     hint = _leader_hint(err.message)
     if hint in addresses and hint != addresses[at]:
         return addresses.index(hint)
     return (at + 1) % len(addresses)
+
+
+def waits(err: KVStoreError) -> bool:
+    """Whether ``err`` is a leading master's answer to wait on at the same master:
+    "index incomplete" (it just started or won the election and is warming up: not
+    left for a cut-off old leader and a whole RPC deadline) or "nodes late" (its
+    nodes missed their heartbeats just now, and may be back any moment)."""
+    return err.message.startswith((INDEX_INCOMPLETE, NODES_LATE))
+
+
+class MasterRetry:
+    """The one retry rule of a master call, for both SDKs: which of a shard's masters
+    the next attempt goes to, after what pause, and when the call gives up.
+
+    Only a retryable error (:func:`retryable`) is tried again, and only while the
+    call's deadline lets a new attempt start (:meth:`Deadline.may_retry`). A master
+    that asks to be waited on (:func:`waits`) is asked again after a short pause.
+    Otherwise, with several masters, the call moves on (:func:`next_master`),
+    pausing after each round over all of them; with one, it is tried
+    ``_MASTER_ATTEMPTS`` times in all, with a short backoff: a master that cannot
+    be reached fails the call within a fraction of a second, as it would fail the
+    next one.
+
+    Args:
+        addresses: the shard's masters.
+        at: the index of the one tried first (the last that answered).
+        deadline: the call's.
+
+    Attributes:
+        at: the index of the master the next attempt goes to.
+    """
+
+    def __init__(self, addresses: tuple[str, ...], at: int, deadline: Deadline):
+        self.addresses = addresses
+        self.at = at
+        self.deadline = deadline
+        self._failures = 0     # answers that were neither waited on nor the last
+
+    def attempt_s(self, timeout_s: float) -> float:
+        """The gRPC deadline of the next attempt: ``timeout_s`` cut to what the call has left.
+
+        Raises:
+            Unavailable: nothing is left.
+        """
+        t = self.deadline.bound(timeout_s)
+        if t <= 0.0:
+            raise Unavailable(f"the call's deadline passed before master "
+                              f"{self.addresses[self.at]} could be asked")
+        return t
+
+    def after(self, err: KVStoreError) -> float | None:
+        """The pause before the next attempt after ``err`` (:attr:`at` now names
+        where it goes), or None: the call fails with ``err``."""
+        if not retryable(err) or not self.deadline.may_retry():
+            return None
+        if waits(err):
+            return self._pause(0.05)
+        self._failures += 1
+        if len(self.addresses) == 1:
+            if self._failures >= _MASTER_ATTEMPTS:
+                return None
+            return self._pause(0.05 * 2 ** (self._failures - 1))
+        self.at = next_master(self.addresses, self.at, err)
+        return self._pause(0.1 if self._failures % len(self.addresses) == 0 else 0.0)
+
+    def _pause(self, s: float) -> float:
+        return min(s, max(0.0, self.deadline.left_s()))
 
 
 def _leader_hint(message: str) -> str:
@@ -78,15 +148,29 @@ def _leader_hint(message: str) -> str:
     return rest.rstrip(")") if sep else ""
 
 
+def _unroutable(key) -> InvalidArgument | None:
+    """Why ``key`` cannot be routed or sent to a master, or None."""
+    if not isinstance(key, str):
+        return InvalidArgument(f"key must be str, got {type(key).__name__}")
+    try:
+        key.encode()
+    except UnicodeEncodeError:
+        return InvalidArgument("key is not valid UTF-8 (a lone surrogate)", key=repr(key))
+    return None
+
+
 class Control:
     """Channels to the masters, and the routing of calls to them.
 
     Args:
         seeds: one shard's masters (``"a|b"`` split), asked for the shard map
             at start and whenever a master answers WRONG_SHARD.
-        timeout_s: deadline of each master RPC.
-        failover_wait_s: with a shard of several masters, how long a call
-            keeps trying them while a new leader is elected.
+        timeout_s: deadline of each master RPC attempt (cut to what is left of
+            the SDK call's deadline).
+        failover_wait_s: how long after an SDK call started it may still start
+            new attempts (another master while a new leader is elected, a master
+            warming up); its deadline is ``max(timeout_s, failover_wait_s)``
+            (:mod:`kvstore.client.deadline`).
         creds: the token and TLS files every master call carries.
 
     Attributes:
@@ -125,21 +209,38 @@ class Control:
     def call(self, addresses: tuple[str, ...], method: str, request):
         """Call the master RPC ``method`` of the shard served by ``addresses``.
 
-        Only UNAVAILABLE is retried (:data:`kvstore.errors.RETRYABLE`). With
-        several masters the call goes to the one that answered last, and on
-        UNAVAILABLE (down, not the leader, a new leader warming up) moves on
-        to the next, for up to ``failover_wait_s``; with one, it is tried
-        ``_MASTER_ATTEMPTS`` times with a short backoff.
+        Only UNAVAILABLE is retried (:data:`kvstore.errors.RETRYABLE`), by the rule
+        of :class:`MasterRetry`: the call goes to the master that answered last and,
+        with several, moves on to the next on UNAVAILABLE (down, not the leader)
+        while a new leader is elected; with one, it is tried ``_MASTER_ATTEMPTS``
+        times; a master warming up is waited on. All of it within the deadline of
+        the SDK call it is part of (:mod:`kvstore.client.deadline`), or, outside
+        any, a deadline of its own.
 
         Returns:
             The response message.
 
         Raises:
-            KVStoreError: the call's error (Unavailable once the retries are spent).
+            KVStoreError: the call's error (Unavailable once the retries are spent
+                or the deadline passed).
         """
-        if len(addresses) > 1:
-            return self._call_ha(addresses, method, request)
-        return self._call_one(addresses[0], method, request)
+        retry = MasterRetry(addresses, self._leader.get(addresses, 0),
+                            of_call(self.timeout_s, self.failover_wait_s))
+        while True:
+            at = retry.at
+            try:
+                resp = getattr(self._stub(addresses[at]), method)(
+                    request, timeout=retry.attempt_s(self.timeout_s))
+                self._leader[addresses] = at
+                return resp
+            except grpc.RpcError as exc:
+                err = from_rpc_error(exc)
+            pause = retry.after(err)
+            if pause is None:
+                raise err from None
+            if retry.at == at and len(addresses) > 1:
+                self._leader[addresses] = at     # it won the election and is warming up
+            time.sleep(pause)
 
     def _stub(self, address: str) -> pb_grpc.MasterStub:
         self.check_open()
@@ -150,51 +251,6 @@ class Control:
                 self._channels[address] = ch
                 stub = self._stubs[address] = pb_grpc.MasterStub(ch)
             return stub
-
-    def _call_ha(self, addresses: tuple[str, ...], method: str, request):
-        at = self._leader.get(addresses, 0)
-        deadline = time.monotonic() + self.failover_wait_s
-        tried = 0
-        while True:
-            try:
-                resp = getattr(self._stub(addresses[at]), method)(request, timeout=self.timeout_s)
-                self._leader[addresses] = at
-                return resp
-            except grpc.RpcError as exc:
-                err = from_rpc_error(exc)
-                if not retryable(err) or time.monotonic() > deadline:
-                    raise err from None
-            nxt = next_master(addresses, at, err)
-            if nxt == at:                    # it won the election and is warming up
-                self._leader[addresses] = at
-                time.sleep(0.05)
-                continue
-            at = nxt
-            tried += 1
-            if tried % len(addresses) == 0:
-                time.sleep(0.1)
-
-    def _call_one(self, address: str, method: str, request):
-        # A master rebuilding its index (just restarted) is waited out for up to
-        # failover_wait_s; any other Unavailable is tried _MASTER_ATTEMPTS times.
-        deadline = time.monotonic() + self.failover_wait_s
-        attempt = 0
-        while True:
-            try:
-                return getattr(self._stub(address), method)(request, timeout=self.timeout_s)
-            except grpc.RpcError as exc:
-                err = from_rpc_error(exc)
-                if not retryable(err):
-                    raise err from None
-                if err.message.startswith(INDEX_INCOMPLETE):
-                    if time.monotonic() > deadline:
-                        raise err from None
-                    time.sleep(0.05)
-                    continue
-                attempt += 1
-                if attempt == _MASTER_ATTEMPTS:
-                    raise err from None
-                time.sleep(0.05 * 2 ** (attempt - 1))
 
     # ---- the shard map and routing ----
     def _fetch_shard_map(self) -> ShardMap:
@@ -238,14 +294,16 @@ class Control:
         ``per_key_errors`` False (results that cannot hold an error: exists)
         it propagates.
 
-        A key that is not a ``str`` cannot be routed: its result is
-        ``invalid(InvalidArgument)`` and no master sees it (the masters check
-        every other rule of :func:`kvstore.keys.validate_key`).
+        A key that is not a ``str``, or not UTF-8 (a lone surrogate), cannot be
+        routed nor sent: its result is ``invalid(InvalidArgument)`` and no
+        master sees it (the masters check every other rule of
+        :func:`kvstore.keys.validate_key`).
         """
-        out: list = [None if isinstance(k, str) else
-                     invalid(InvalidArgument(f"key must be str, got {type(k).__name__}"))
-                     for k in keys]
-        todo = [i for i, k in enumerate(keys) if isinstance(k, str)]
+        out: list = [_unroutable(k) for k in keys]
+        todo = [i for i, r in enumerate(out) if r is None]
+        for i, r in enumerate(out):
+            if r is not None:
+                out[i] = invalid(r)
         for attempt in range(2):
             moved: list[int] = []
             for addresses, idxs in self._group(keys, todo):

@@ -10,13 +10,17 @@ cache trades away is the narrow case of a node the remover could not reach:
 it drops the value with its next heartbeat reply (<= 500 ms by default), or,
 cut off from its master too, stops serving before its master may declare it
 dead (:mod:`kvstore.store.lease`). Reads skip the master round trip, which
-dominates small and medium gets (``kvstore bench``).
+dominates small and medium gets (``kvstore bench``). A replica that failed a
+read another replica then answered is dropped from the entry
+(:meth:`MetaCache.drop_replicas`), so readers do not keep going back to a node
+they cannot reach while its master still lists it.
 
 Thread safety: all methods take the cache's lock.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 
@@ -54,6 +58,20 @@ class MetaCache:
     def drop(self, key: str) -> None:
         with self._lock:
             self._entries.pop(key, None)
+
+    def drop_replicas(self, key: str, object_id: int, node_ids) -> None:
+        """Forget the replicas on ``node_ids`` of ``key``'s entry (they failed a read
+        another replica answered), if it still names version ``object_id``; an entry
+        left without replicas goes."""
+        with self._lock:
+            meta = self._entries.get(key)
+            if meta is None or meta.object_id != object_id:
+                return
+            keep = tuple(r for r in meta.replicas if r.node.node_id not in node_ids)
+            if keep:
+                self._entries[key] = dataclasses.replace(meta, replicas=keep)
+            else:
+                del self._entries[key]
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 _WARNED: set[tuple[int, int]] = set()    # (replica_num, nodes) said once per process
 
 IDS_PER_GRANT = 4096
+#: Grants one placement fetches at most (others may use up each before it takes an id).
+_MAX_FETCHES = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,18 +164,22 @@ class Placements:
             WrongShard: ``addresses`` do not own ``key`` (a stale shard map).
         """
         slot = (addresses, replica_num)
-        with self._lock:
-            g = self._grants.get(slot)
-            fresh = g is not None and g.usable(time.monotonic()) and g.serves(key)
-        if not fresh:
-            self._fetch(slot, key=key)      # WrongShard when the shard does not own the key
-        with self._lock:
-            g = self._grants.get(slot)
-            oid, targets = take(g, key, size_bytes, replica_num, exclude,
-                                self.host_id if self.prefer_local else None)
-            refresh = g.wants_refresh(time.monotonic(), self.num_ids) and slot not in self._fetching
-            if refresh:
-                self._fetching.add(slot)
+        for fetches in range(_MAX_FETCHES + 1):
+            with self._lock:
+                g = self._grants.get(slot)
+                # After a fetch, a grant of another shard is take's error to raise.
+                if (g is not None and g.usable(time.monotonic()) and (g.serves(key) or fetches)
+                        or fetches == _MAX_FETCHES):
+                    oid, targets = take(g, key, size_bytes, replica_num, exclude,
+                                        self.host_id if self.prefer_local else None)
+                    refresh = (g.wants_refresh(time.monotonic(), self.num_ids)
+                               and slot not in self._fetching)
+                    if refresh:
+                        self._fetching.add(slot)
+                    break
+            # None yet, expired, or its ids used up (by other threads since this one
+            # fetched it, too): a new one. WrongShard when the shard does not own the key.
+            self._fetch(slot, key=key)
         if refresh:
             threading.Thread(target=self._fetch, args=(slot, True), daemon=True,
                              name="kvstore-grant").start()

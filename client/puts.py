@@ -31,6 +31,13 @@ waits for another: the shard holds nothing while a put's bytes move, and
 decides between two writers of a key when their STORED reports arrive. A
 value this client stored goes into its metadata cache.
 
+Deadline: a put (a batch put: all its waves) is one SDK call, with one deadline
+(:mod:`kvstore.client.deadline`): its master calls, its waits on nodes, its
+rounds and its waits for the shard to stop granting a node that failed it all
+end by it. A grant the shard refuses, or that its masters cannot be asked for
+(after the one retry rule of master calls,
+:class:`kvstore.client.control.MasterRetry`), fails the put at once.
+
 Thread safety: a PutProtocol may be shared by threads (its writes go through
 the calling thread's transports).
 """
@@ -44,11 +51,11 @@ from typing import Any, Sequence
 
 from kvstore.client.connections import Connections
 from kvstore.client.control import Control
+from kvstore.client.deadline import of_call
 from kvstore.client.meta_cache import MetaCache
 from kvstore.client.placement import Placements
-from kvstore.errors import (NO_LIVE_NODE, AlreadyPresent, InvalidArgument, KeyConflict,
-                            KVStoreError, NotFound, TooLarge, Unavailable,
-                            WrongShard)
+from kvstore.errors import (AlreadyPresent, InvalidArgument, KeyConflict, KVStoreError,
+                            NotFound, TooLarge, Unavailable, WrongShard)
 from kvstore.keys import validate_key
 from kvstore.rpc import MAX_REPLICAS
 from kvstore.transfer.base import WriteItem
@@ -71,7 +78,8 @@ class _Tries:
 
     failed: dict[int, frozenset] = field(default_factory=dict)
     map_refreshed: bool = False
-    #: Indices the shard itself refused to place ("no live store node"): final.
+    #: Indices whose grant the shard refused ("no live store node", ...) or its masters
+    #: could not be asked for (their retries spent): final.
     refused: set[int] = field(default_factory=set)
 
 
@@ -178,8 +186,8 @@ class PutProtocol:
             if w == len(waves):
                 waves.append([])
             waves[w].append(i)
+        dl = of_call(self._control.timeout_s, self._control.failover_wait_s)
         for wave in waves:
-            unavailable_until = time.monotonic() + self._control.failover_wait_s
             tries = _Tries()
             failed = tries.failed
             for _ in range(_MAX_ROUNDS):
@@ -189,17 +197,19 @@ class PutProtocol:
                     # Every node failed a value (a node died, a partition, a leader
                     # failover): ask the shard again, with a fresh grant, until its
                     # view changes (it stops granting a dead node after its ttl) or
-                    # failover_wait_s passed. A shard that answers no grant at all
-                    # ("no live store node") ends the wait at once.
+                    # the call's deadline ends the retries. A grant refused or not
+                    # had (tries.refused) ends the wait at once.
                     retry = [i for i in wave if isinstance(results[i], Unavailable)
                              and i not in tries.refused]
-                    if not retry or time.monotonic() > unavailable_until:
+                    if not retry or not dl.may_retry():
                         break
                     for i in retry:
                         failed.pop(i, None)
                     for shard in {self._control.shard_for_key(keys[i]).addresses for i in retry}:
                         self._placements.invalidate(shard)
-                    time.sleep(0.1)
+                    time.sleep(min(0.1, max(0.0, dl.left_s())))
+                elif not dl.may_retry():
+                    break                    # the call's deadline: the errors stand
                 wave = retry
         return results
 
@@ -229,9 +239,8 @@ class PutProtocol:
                 continue
             except KVStoreError as err:
                 if i not in failed:          # else: no node left; the last round's error stays
-                    results[i] = err
-                    if err.message.startswith(NO_LIVE_NODE):
-                        tries.refused.add(i)
+                    results[i] = err         # the shard's answer, or its masters' silence
+                    tries.refused.add(i)
                 continue
             for t in targets:
                 by_node[t.node_id].append((i, t))
@@ -240,12 +249,7 @@ class PutProtocol:
         for node_id, lst in by_node.items():
             items = [WriteItem(keys[i], oids[i], views[i], checksums[i], parents[i], replica_num)
                      for i, _ in lst]
-            try:
-                outcome = self.connections.transport(lst[0][1]).write_many(items)
-            except Unavailable as err:
-                self.connections.drop(node_id)
-                self.connections.node_failed(lst[0][1], keys[lst[0][0]], err)
-                outcome = [err] * len(items)
+            outcome = self._write(lst[0][1], items)
             for (i, _node), it in zip(lst, items):
                 if checksums[i] is None:
                     checksums[i] = it.checksum     # computed by the transport (or still None)
@@ -277,6 +281,26 @@ class PutProtocol:
                 self._placements.invalidate(shard_of[i])
             retry += wrong
         return retry
+
+    def _write(self, node: NodeAddress, items: list[WriteItem]) -> list[KVStoreError | None]:
+        """Write ``items`` to ``node``, waiting for its answers ``read_timeout_s`` at most,
+        cut to what is left of the call's deadline; per item None or the error. A node
+        that fails is suspect and reported (not when the deadline cut the wait)."""
+        c = self.connections
+        dl = of_call(self._control.timeout_s, self._control.failover_wait_s)
+        wait_s = dl.bound(c.read_timeout_s)
+        if wait_s <= 0:
+            return [Unavailable(f"the call's deadline passed before store node "
+                                f"{node.node_id} could be written", key=it.key) for it in items]
+        try:
+            outcome = c.transport(node, wait_s).write_many(items)
+        except Unavailable as err:
+            c.drop(node.node_id)
+            if dl.left_s() > 0:              # the node's failure, not the call's deadline
+                c.node_failed(node, items[0].key, err)
+            return [err] * len(items)
+        c.node_ok(node.node_id)
+        return outcome
 
     # ---- one value at a time (PartsWriter) ----
     def place(self, key: str, size_bytes: int, replica_num: int,

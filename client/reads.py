@@ -4,8 +4,14 @@ A read resolves each key's metadata (the metadata cache first, then one
 Lookup per shard for the misses), then reads each object from its replicas
 in order -- nodes that failed lately last, then same host first, then the
 fastest tier -- and falls back to the next replica when one fails. A read
-through a cached entry that misses (removed, evicted, replaced) drops the
-entry and is tried once more with fresh metadata from the master.
+that has another replica to try waits for one only
+:attr:`~kvstore.client.connections.Connections.fallback_after_s` (a quarter
+of ``read_timeout_s``), never past its call's deadline
+(:mod:`kvstore.client.deadline`). A replica that failed a read another one
+then answered leaves the cached entry (later reads of the key do not go back
+to it); a read through a cached entry that misses everywhere (removed,
+evicted, replaced) drops the entry and is tried once more with fresh
+metadata from the master.
 
 The single-key fast path (:meth:`Reads.get_into` on a cached key) skips
 the master and the batch machinery: one read of the first replica.
@@ -22,6 +28,7 @@ from typing import Any, Callable, Sequence
 
 from kvstore.client.connections import Connections
 from kvstore.client.control import Control
+from kvstore.client.deadline import of_call
 from kvstore.client.meta_cache import MetaCache
 from kvstore.errors import InvalidArgument, KVStoreError, Unavailable
 from kvstore.transfer.base import ReadItem
@@ -141,15 +148,7 @@ class Reads:
         node = (reps[0].node if len(reps) == 1 and not self._suspect
                 else self.read_order(meta)[0].node)
         item = ReadItem(meta.key, meta.object_id, meta.size_bytes, meta.checksum, view)
-        try:
-            tr = self._connections.transport(node)
-            verify = (tr.kind is TransportKind.TCP if self.verify_checksum is None
-                      else self.verify_checksum)
-            (err,) = tr.read_many([item], verify)
-        except Unavailable as exc:
-            self._connections.drop(node.node_id)
-            self._connections.node_failed(node, meta.key, exc)
-            err = exc
+        err = self._read_node(node, [item], len(reps) > 1)[0]
         if err is None:
             return meta.size_bytes
         if isinstance(err, InvalidArgument):
@@ -195,8 +194,9 @@ class Reads:
         """Read found objects into views, falling back across replicas."""
         out: list[KVStoreError | None] = [m if isinstance(m, KVStoreError) else None
                                           for m in metas]
-        # Candidate replicas per index, in read order.
+        # Candidate replicas per index, in read order; the nodes that failed each.
         cands: dict[int, list[NodeAddress]] = {}
+        failed: dict[int, set[NodeId]] = {}
         for i, m in enumerate(metas):
             if isinstance(m, KVStoreError):
                 continue
@@ -214,21 +214,46 @@ class Reads:
             for node_id, idxs in by_node.items():
                 items = [ReadItem(metas[i].key, metas[i].object_id, metas[i].size_bytes,
                                   metas[i].checksum, views[i]) for i in idxs]
-                try:
-                    tr = self._connections.transport(addr[node_id])
-                    verify = (tr.kind is TransportKind.TCP if self.verify_checksum is None
-                              else self.verify_checksum)
-                    res = tr.read_many(items, verify)
-                except Unavailable as err:
-                    self._connections.drop(node_id)
-                    self._connections.node_failed(addr[node_id], metas[idxs[0]].key, err)
-                    res = [err] * len(items)
+                res = self._read_node(addr[node_id], items,
+                                      all(len(cands[i]) > 1 for i in idxs))
                 for i, err in zip(idxs, res):
                     out[i] = err
                     # A bad destination fails the same way everywhere; anything else
                     # (node gone, object dropped, bad bytes) tries the next replica.
-                    if (err is not None and not isinstance(err, InvalidArgument)
-                            and len(cands[i]) > 1):
-                        nxt[i] = cands[i][1:]
+                    if err is not None and not isinstance(err, InvalidArgument):
+                        failed.setdefault(i, set()).add(node_id)
+                        if len(cands[i]) > 1:
+                            nxt[i] = cands[i][1:]
             cands = nxt
+        # A replica that failed where another one answered leaves the cached entry:
+        # later reads of the key do not wait for it again.
+        for i, nodes in failed.items():
+            if out[i] is None:
+                self._meta.drop_replicas(metas[i].key, metas[i].object_id, nodes)
         return out
+
+    def _read_node(self, node: NodeAddress, items: list[ReadItem],
+                   fallback: bool) -> list[KVStoreError | None]:
+        """Read ``items`` from ``node``, waiting ``fallback_after_s`` when each has
+        another replica to try (``fallback``), else ``read_timeout_s``; either cut to
+        what is left of the call's deadline. A node that fails is suspect and
+        reported (not when the call's deadline cut the wait); one that answers is not."""
+        c = self._connections
+        dl = of_call(self._control.timeout_s, self._control.failover_wait_s)
+        wanted_s = c.fallback_after_s if fallback else c.read_timeout_s
+        wait_s = dl.bound(wanted_s)
+        if wait_s <= 0:
+            return [Unavailable(f"the call's deadline passed before store node "
+                                f"{node.node_id} could be read", key=it.key) for it in items]
+        try:
+            tr = c.transport(node, wait_s)
+            verify = (tr.kind is TransportKind.TCP if self.verify_checksum is None
+                      else self.verify_checksum)
+            res = tr.read_many(items, verify)
+        except Unavailable as err:
+            c.drop(node.node_id)
+            if dl.left_s() > 0:              # the node's failure, not the call's deadline
+                c.node_failed(node, items[0].key, err)
+            return [err] * len(items)
+        c.node_ok(node.node_id)
+        return res

@@ -131,6 +131,11 @@ INDEX_INCOMPLETE = "index incomplete"
 #: For one more node ttl after the last node's heartbeats stopped the master
 #: answers a plain, retried Unavailable instead: that node may only have been late.
 NO_LIVE_NODE = "no live store node"
+#: How the Unavailable begins that a leading master answers instead, within one
+#: node ttl of the last node's heartbeats stopping (that node may only be late):
+#: the SDK waits it out on the same master, as :data:`INDEX_INCOMPLETE`, for as
+#: long as its call's deadline lets it retry.
+NODES_LATE = "every store node missed its heartbeats just now"
 
 
 def code_name(code: int) -> str:

@@ -138,7 +138,7 @@ class Election:
         self.term = 0                  # +1 each time this process becomes leader
         self.etcd_ok_at = time.monotonic()   # last etcd answer (start: grace of 2 ttls)
         self.term_revision = 0         # etcd revision of the winning transaction
-        self.leader_hint = ""          # the leader's address, as last seen
+        self._leader_seen = ""         # the leader's address, as last seen (see leader_hint)
         self._deadline = 0.0           # monotonic: serve until then
         self._lease = 0
         self._ttl = ttl_s
@@ -160,6 +160,14 @@ class Election:
 
     def is_leader(self) -> bool:
         return time.monotonic() < self._deadline
+
+    @property
+    def leader_hint(self) -> str:
+        """The shard leader's address as last seen, for refusals ("" when unknown).
+        Never this master's own once it stopped leading (its lease not renewed in
+        time): a master that stepped down does not send clients back to itself."""
+        seen = self._leader_seen
+        return "" if seen == self.address and not self.is_leader() else seen
 
     def etcd_reachable(self) -> bool:
         """Whether etcd answered within the last two lease ttls (a standby that cannot
@@ -187,7 +195,7 @@ class Election:
         lease, ttl = self.etcd.grant(self.ttl_s)
         won, current, revision = self.etcd.create_if_absent(self.key, self.address, lease)
         if not won:
-            self.leader_hint = current
+            self._leader_seen = current
             try:
                 self.etcd.revoke(lease)
             except EtcdError:
@@ -196,7 +204,7 @@ class Election:
         self._lease, self._ttl = lease, ttl
         self.term_revision = revision
         self.term += 1
-        self.leader_hint = self.address
+        self._leader_seen = self.address
         self._deadline = sent + ttl - self.margin_s
         log.info("shard leader: %s won %s (lease %x, ttl %d s, term %d)", self.address, self.key,
                  lease, ttl, self.term)

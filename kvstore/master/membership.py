@@ -21,7 +21,7 @@ import ipaddress
 import logging
 from dataclasses import dataclass, field
 
-from kvstore.errors import NO_LIVE_NODE, InvalidArgument, PermissionDenied, Unavailable
+from kvstore.errors import NO_LIVE_NODE, NODES_LATE, InvalidArgument, PermissionDenied, Unavailable
 from kvstore.types import CopyOrder, DropOrder, NodeAddress, NodeId, ObjectId, ObjectKey, TierStats
 
 log = logging.getLogger(__name__)
@@ -314,7 +314,7 @@ class Membership:
         heartbeats stopping. A node that was only late (a starved process, a brief
         partition) may be back any moment: until then, an Unavailable the SDKs retry."""
         if self.lost_ms and now_ms - self.lost_ms < self.node_ttl_ms:
-            return Unavailable("every store node missed its heartbeats just now; retry")
+            return Unavailable(f"{NODES_LATE}; retry")
         return Unavailable(NO_LIVE_NODE)
 
     def forget(self, now_ms: int) -> list[NodeId]:

@@ -10,6 +10,7 @@ import pytest
 
 from kvstore.client import KVClient
 from kvstore.client.aio import AsyncKVClient
+from kvstore.client.placement import IDS_PER_GRANT
 from kvstore.errors import InvalidArgument, KeyConflict, NotFound, TooLarge
 from kvstore.keys import value_checksum
 
@@ -104,6 +105,33 @@ def test_many_in_flight_batch_forms_in_input_order(master, key_prefix):
             assert await kv.put(key_prefix + "new", b"n") is False
             # Every node answered on one connection each.
             assert len(kv._conns) <= 2
+    run(go())
+
+
+def test_batch_put_of_more_keys_than_one_grant_holds(master, key_prefix):
+    # 5000 puts at once waited on one grant fetch and shared its 4096 ids: the
+    # 904 beyond them failed Unavailable('no placement grant').
+    n = IDS_PER_GRANT + 904
+    keys = [f"{key_prefix}{i}" for i in range(n)]
+
+    async def go():
+        async with AsyncKVClient(master) as kv:
+            res = await kv.batch_put(keys, [b"v" * 64] * n)
+            failed = [r for r in res if r is not None]
+            assert not failed, f"{len(failed)} of {n} puts failed, the first: {failed[0]!r}"
+            assert all(await kv.batch_exists(keys))
+    run(go())
+
+
+def test_exists_of_an_invalid_key_raises_as_get_does(master):
+    # As the sync SDK (test_roundtrip.py): exists raised nothing, it answered False.
+    async def go():
+        async with AsyncKVClient(master) as kv:
+            for bad in ("", "\ud800", "a\x00b", "k" * 513, 42):
+                with pytest.raises(InvalidArgument):
+                    await kv.get(bad)
+                with pytest.raises(InvalidArgument):
+                    await kv.exists(bad)
     run(go())
 
 

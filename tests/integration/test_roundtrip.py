@@ -91,6 +91,21 @@ def test_bad_replica_counts_and_keys_are_invalid_argument(kv, key_prefix):
     assert kv.batch_exists([key_prefix + "r"]) == [False]
 
 
+#: Keys no call accepts: empty, not UTF-8, a control char, too long, not a str.
+BAD_KEYS = ["", "\ud800", "a\x00b", "k" * 513, 42]
+
+
+def test_exists_of_an_invalid_key_raises_as_get_does(kv):
+    # exists(key) is True iff get(key) would return a value: where get raises
+    # InvalidArgument, so does exists (it answered False).
+    for bad in BAD_KEYS:
+        with pytest.raises(InvalidArgument):
+            kv.get(bad)
+        with pytest.raises(InvalidArgument):
+            kv.exists(bad)
+    assert kv.batch_exists(BAD_KEYS) == [False] * len(BAD_KEYS)   # a batch answers per key
+
+
 def test_batch_put_get_exists_per_key_status_in_input_order(kv, key_prefix):
     p = key_prefix
     present = {p + "a": b"A" * 10, p + "b": b"", p + "c": random_bytes(70 * KiB, 3)}
@@ -225,6 +240,8 @@ def test_bad_input_is_invalid_argument_and_loses_nothing(kv, key_prefix):
         lambda: kv.put(key_prefix + "obj", object()),
         lambda: kv.get(""),
         lambda: kv.get(123),
+        lambda: kv.exists(""),
+        lambda: kv.exists(123),
         lambda: kv.remove(""),
         lambda: kv.remove(b"bytes"),
         lambda: kv.get_into(key, bytearray(2047)),                  # too small
@@ -235,7 +252,7 @@ def test_bad_input_is_invalid_argument_and_loses_nothing(kv, key_prefix):
     for call in bad_calls:
         with pytest.raises(InvalidArgument):
             call()
-    assert kv.exists("") is False and kv.exists(123) is False
+    assert kv.batch_exists(["", 123]) == [False, False]     # a batch answers per key
     # Nothing lost, nothing created, and the connection still works.
     assert kv.get(key) == data
     assert [m.key for m in kv.list(key_prefix)] == [key]

@@ -73,3 +73,35 @@ def test_an_answer_to_no_request_breaks_the_connection():
                 await asyncio.sleep(0.01)
             assert conn.broken is not None and "not sent" in str(conn.broken)
     asyncio.run(go())
+
+
+def test_an_answer_given_up_on_never_lands_in_the_callers_memory():
+    # A read that stops waiting (its own short timeout: another replica to try) gets
+    # Unavailable at once; its answer comes later, in order, and is dropped -- not
+    # written into the buffer the caller has since handed to another read -- and
+    # the connection goes on.
+    async def serve(reader, writer):
+        await reader.readexactly(REQUEST.size + 4)          # GET "slow"
+        await reader.readexactly(REQUEST.size + 4)          # GET "next"
+        await asyncio.sleep(0.5)
+        writer.write(_answer(5, b"LATE!") + _answer(5, b"fresh"))
+        await writer.drain()
+        await asyncio.sleep(0.5)
+        writer.close()
+
+    async def go():
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        async with server:
+            port = server.sockets[0].getsockname()[1]
+            conn = await AsyncNodeConnection.open("127.0.0.1", port, timeout_s=5)
+            dest = bytearray(5)
+            with pytest.raises(Unavailable, match="within 0.2 s"):
+                await conn.request(Op.GET, "slow", into=memoryview(dest), timeout_s=0.2)
+            dest[:] = b"mine!"                              # the caller's again
+            other = bytearray(5)
+            got = await conn.request(Op.GET, "next", into=memoryview(other))
+            assert bytes(got[5]) == b"fresh" and other == b"fresh"
+            assert dest == b"mine!"                         # the late answer went nowhere
+            assert conn.broken is None
+            conn.close()
+    asyncio.run(go())
