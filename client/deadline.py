@@ -63,7 +63,7 @@ class Deadline:
         return max(0.0, min(timeout_s, self.end - time.monotonic()))
 
 
-_CURRENT: ContextVar[Deadline | None] = ContextVar("kvstore_call_deadline", default=None)
+_CURRENT: ContextVar[Deadline | None] = ContextVar("call_deadline", default=None)
 
 
 def current() -> Deadline | None:
