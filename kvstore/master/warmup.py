@@ -30,9 +30,12 @@ passed in.
 from __future__ import annotations
 
 import enum
+import logging
 from dataclasses import dataclass
 
 from kvstore.types import NodeId
+
+log = logging.getLogger(__name__)
 
 
 class WarmupState(enum.IntEnum):
@@ -117,6 +120,10 @@ class Warmup:
         for node in waiting:
             node.state = WarmupState.GAVE_UP
         self._whole = True
+        synced = [n for n in self.nodes.values() if n.state is WarmupState.SYNCED]
+        log.info("index whole %d ms after the term began: %d node(s) synced (%d inventory "
+                 "items), %d gave up", now_ms - self.start_ms, len(synced),
+                 sum(n.items_applied for n in synced), len(self.nodes) - len(synced))
         return True
 
     def left_ms(self, now_ms: int) -> int:
