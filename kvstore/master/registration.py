@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 from kvstore.errors import InvalidArgument, Unavailable
+from kvstore.process import freeze_survivors
 from kvstore.master.inventory import APPLY_SLICE, InventorySync
 from kvstore.master.limits import MAX_INVENTORY_CHUNK, check_inventory
 from kvstore.master.membership import NodeRegistration
@@ -134,6 +135,10 @@ class Registrations:
                 self.warmup.applied(node_id, len(part))
                 await asyncio.sleep(0)
             inv.next_seq += 1
+            # A chunk's entries out of the full collections' reach now, not at the next
+            # maintenance round: a full collection walks what was made since the last
+            # freeze (at 100k entries a second, 0.2 s of them took 40 ms of the loop).
+            freeze_survivors()
             if not last:
                 return inv.items_applied
             for _ in inv.sweep():
