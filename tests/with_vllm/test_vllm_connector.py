@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from kvstore.client import KVClient
-from kvstore.client.vllm_keys import kv_transfer_config
+from kvstore.client.integrations.vllm.keys import kv_transfer_config
 from kvstore.tools.launcher import start_store_cluster
 
 

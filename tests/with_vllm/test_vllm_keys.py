@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from kvstore.client.vllm_keys import (EngineIdentity, kv_transfer_config, matched_blocks,
-                                      request_keys)
+from kvstore.client.integrations.vllm.keys import (EngineIdentity, kv_transfer_config,
+                                                 matched_blocks, request_keys)
 
 IDENT = EngineIdentity(model="tiny", revision="r1", kv_dtype="float32", num_layers=2,
                        num_kv_heads=2, head_dim=32, block_size=32)
@@ -36,7 +36,7 @@ def test_any_namespace_difference_shares_no_block(other):
 
 
 def test_keys_do_not_depend_on_python_hash_seed():
-    code = ("from kvstore.client.vllm_keys import EngineIdentity, request_keys;"
+    code = ("from kvstore.client.integrations.vllm.keys import EngineIdentity, request_keys;"
             f"print(request_keys(EngineIdentity(**{dataclasses.asdict(IDENT)!r}), {TOKENS!r}, 'l', 's')[-1])")
     outs = {subprocess.run([sys.executable, "-c", code], env={"PYTHONHASHSEED": seed},
                            capture_output=True, text=True, check=True).stdout
@@ -54,12 +54,14 @@ def test_vllm_config_command_prints_the_config():
                           "127.0.0.1:7000", "--role", "kv_consumer"],
                          capture_output=True, text=True, check=True).stdout
     assert json.loads(out) == kv_transfer_config("127.0.0.1:7000", "kv_consumer")
-    assert json.loads(out)["kv_connector_module_path"] == "kvstore.client.vllm_connector"
+    assert (json.loads(out)["kv_connector_module_path"]
+            == "kvstore.client.integrations.vllm.connector")
     with pytest.raises(ValueError):
         kv_transfer_config("x:1", "both")
 
 
 def test_importing_the_client_does_not_import_vllm():
-    code = "import sys, kvstore.client, kvstore.client.vllm_keys; print('vllm' in sys.modules)"
+    code = ("import sys, kvstore.client, kvstore.client.integrations.vllm.keys; "
+            "print('vllm' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

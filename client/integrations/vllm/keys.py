@@ -69,7 +69,7 @@ def kv_transfer_config(master: str, role: str = "kv_both", **extra) -> dict:
     if role not in ("kv_both", "kv_producer", "kv_consumer"):
         raise ValueError(f"role must be kv_both, kv_producer or kv_consumer, got {role!r}")
     return {"kv_connector": "KVStoreConnector",
-            "kv_connector_module_path": "kvstore.client.vllm_connector",
+            "kv_connector_module_path": "kvstore.client.integrations.vllm.connector",
             "kv_role": role,
             # a block kvstore cannot deliver is recomputed (vLLM's default fails the request)
             "kv_load_failure_policy": "recompute",

@@ -2,7 +2,7 @@
 
 Load it out of tree with ``kvstore vllm-config --master HOST:PORT`` (the
 ``kv_transfer_config`` JSON). This module imports vLLM; ``kvstore.client``
-itself never imports it. Key namespacing is :mod:`kvstore.client.vllm_keys`.
+itself never imports it. Key namespacing is :mod:`kvstore.client.integrations.vllm.keys`.
 
 Scheduler side: one ``batch_exists`` per request over the prompt's full-block
 keys (all but the last token, which vLLM always computes) says how many
@@ -19,7 +19,7 @@ holds nothing and ``get_finished`` has nothing to report). At most
 shutdown every pending save is finished. Loads are synchronous. The copies
 go through reusable host buffers (pinned where CUDA is), one copy per layer
 slice each way, so vLLM's KV tensors may be on any device
-(:mod:`kvstore.client.kv_staging`). A store that is down, or a block that
+(:mod:`kvstore.client.integrations.vllm.staging`). A store that is down, or a block that
 cannot be read, is never raised into vLLM: the scheduler reports no hit,
 the worker reports the blocks in ``get_block_ids_with_load_errors`` so vLLM
 recomputes them; the first failure is logged, every one counted in
@@ -48,8 +48,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from kvstore.client.client import KVClient
-from kvstore.client.kv_staging import BlockLayout, HostBuffers, copies_done, copy_between, rows
-from kvstore.client.vllm_keys import EngineIdentity, matched_blocks, request_keys
+from kvstore.client.integrations.vllm.keys import EngineIdentity, matched_blocks, request_keys
+from kvstore.client.integrations.vllm.staging import (BlockLayout, HostBuffers, copies_done,
+                                                    copy_between, rows)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
