@@ -360,9 +360,9 @@ def resp_main(argv: list[str]) -> None:
     from kvstore.auth import TokenFile
     from kvstore.binding import check_binding
     from kvstore.client import KVClient
-    from kvstore.tools.resp.protocol import MAX_BULK_BYTES, MIN_BULK_BYTES, Limits
-    from kvstore.tools.resp.server import (DEFAULT_MAX_CLIENTS, MAX_CLIENTS, FrontConfig,
-                                           serve)
+    from kvstore.client.integrations.resp.protocol import MAX_BULK_BYTES, MIN_BULK_BYTES, Limits
+    from kvstore.client.integrations.resp.server import (DEFAULT_MAX_CLIENTS, MAX_CLIENTS,
+                                                         FrontConfig, serve)
 
     p = service_parser("resp", "Redis protocol (RESP2/RESP3) front of the store: redis-cli, "
                         "redis-py, redis-benchmark and LMCache's redis:// connector.",

@@ -1,11 +1,11 @@
-"""The RESP reader and encoder, without a network (kvstore.tools.resp.protocol)."""
+"""The RESP reader and encoder, without a network (kvstore.client.integrations.resp.protocol)."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvstore.tools.resp.protocol import (OK, CommandReader, Limits, ProtocolError, RespError,
-                                         Status, encode, split_inline)
+from kvstore.client.integrations.resp.protocol import (OK, CommandReader, Limits, ProtocolError,
+                                                       RespError, Status, encode, split_inline)
 
 
 def reader_of(data: bytes, chunk: int = 7, limits: Limits = Limits()) -> CommandReader:
@@ -100,8 +100,8 @@ def test_encoder_resp2_and_resp3():
 def test_readme_lists_every_command():
     import pathlib
 
-    from kvstore.tools.resp import server  # noqa: F401  (fills the command table)
-    from kvstore.tools.resp.table import COMMANDS
+    from kvstore.client.integrations.resp import server  # noqa: F401  (fills the command table)
+    from kvstore.client.integrations.resp.table import COMMANDS
 
     readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
     table = readme.split("## Redis clients", 1)[1].split("\n## ", 1)[0]
@@ -110,7 +110,7 @@ def test_readme_lists_every_command():
 
 
 def test_reply_buffers_are_reused_and_bounded():
-    from kvstore.tools.resp.data import ReplyBuffers
+    from kvstore.client.integrations.resp.data import ReplyBuffers
 
     pool = ReplyBuffers()
     pool.learn(1000)
@@ -138,7 +138,7 @@ def test_reply_buffers_are_reused_and_bounded():
 
 
 def test_glob_patterns_of_scan_and_keys():
-    from kvstore.tools.resp.verbs import glob_prefix, glob_regex
+    from kvstore.client.integrations.resp.verbs import glob_prefix, glob_regex
 
     assert glob_regex("k[a-c]?x*").fullmatch("kbzx123")
     assert glob_regex("k[^a]").fullmatch("kb") and not glob_regex("k[^a]").fullmatch("ka")

@@ -33,11 +33,11 @@ import time
 from dataclasses import dataclass, field
 
 from kvstore.auth import Role, TokenFile
-from kvstore.tools.resp import data, verbs  # noqa: F401  (they fill the command table)
-from kvstore.tools.resp.protocol import (CommandReader, Limits, ProtocolError, RespError,
-                                         encode)
-from kvstore.tools.resp.data import RUNS, ReplyBuffers
-from kvstore.tools.resp.table import Session, dispatch
+from kvstore.client.integrations.resp import data, verbs  # noqa: F401  (fill the command table)
+from kvstore.client.integrations.resp.protocol import (CommandReader, Limits, ProtocolError,
+                                                       RespError, encode)
+from kvstore.client.integrations.resp.data import RUNS, ReplyBuffers
+from kvstore.client.integrations.resp.table import Session, dispatch
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ Thread safety: verbs run on their connection's thread; the SDK client is shared.
 from __future__ import annotations
 
 from kvstore.errors import InvalidArgument, KeyConflict, KVStoreError, NotFound
-from kvstore.tools.resp.protocol import OK, RespError, Status
-from kvstore.tools.resp.table import command, dispatch, integer, store_error, text
+from kvstore.client.integrations.resp.protocol import OK, RespError, Status
+from kvstore.client.integrations.resp.table import command, dispatch, integer, store_error, text
 
 _NO_EXPIRY = ("kvstore has no expiry: objects live until DEL or eviction, "
               "so SET {opt} is refused (see README: Redis clients)")

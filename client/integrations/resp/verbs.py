@@ -16,9 +16,9 @@ import itertools
 import re
 
 from kvstore.errors import NotFound
-from kvstore.tools.resp.info import REDIS_VERSION, config_values, info_text
-from kvstore.tools.resp.protocol import OK, RespError, Status
-from kvstore.tools.resp.table import COMMANDS, command, integer, text
+from kvstore.client.integrations.resp.info import REDIS_VERSION, config_values, info_text
+from kvstore.client.integrations.resp.protocol import OK, RespError, Status
+from kvstore.client.integrations.resp.table import COMMANDS, command, integer, text
 
 MAX_CURSORS = 16
 MAX_SCAN_COUNT = 10_000

@@ -30,11 +30,11 @@ from typing import Callable
 from kvstore.auth import Role
 from kvstore.errors import (KeyConflict, KVStoreError, NoSpace, PermissionDenied,
                             Unauthenticated, Unavailable)
-from kvstore.tools.resp.protocol import RespError
+from kvstore.client.integrations.resp.protocol import RespError
 
 log = logging.getLogger(__name__)
 
-#: (front, session, args) -> reply value (see kvstore.tools.resp.protocol.encode).
+#: (front, session, args) -> reply value (see kvstore.client.integrations.resp.protocol.encode).
 Handler = Callable[..., object]
 
 

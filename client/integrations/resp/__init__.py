@@ -7,6 +7,9 @@
     info.py       INFO sections and CONFIG GET values
     server.py     the listener: a thread per connection, READY, signals
 
-It is a client of the store: it imports the SDK and the core, never the
-master's or the nodes' internals (the import contract checks it).
+It is a client of the store, an adapter for Redis clients (redis-cli, redis-py,
+LMCache's redis:// connector): it imports the SDK and the core, never the
+master's or the nodes' internals nor kvstore.tools (the import contract checks
+it). Its command line (flags, checks, ``serve``'s call) is ``resp_main`` in
+:mod:`kvstore.tools.cli.services`.
 """
