@@ -7,7 +7,7 @@ one takes the older one's place in the prefill queue: with a burst of
 arrivals (the Mooncake traces send many requests in the same millisecond)
 the engine then serves them in an order no one chose, and the TTFT of the
 burst depends on it. FAST'25's scheduler takes requests in arrival order, and
-so does the simulator (``kvstore.tools.simulate``), which is held against
+so does the simulator (``kvstore.tools.sim.simulate``), which is held against
 the cluster (``kvstore simulate-demo``).
 
 :class:`ArrivalOrder` hands each request a ticket at arrival; the request

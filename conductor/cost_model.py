@@ -20,7 +20,7 @@ that turn blocks into bytes and bound an instance (``kv_bytes_per_token``,
 
 Models are JSON files; ``source`` says where every number comes from.
 Bundled files live in ``conductor/data/cost_models`` and are named by their stem
-(``load_cost_model("llama2-70b-a800")``). ``tools/profile.py`` fits one from
+(``load_cost_model("llama2-70b-a800")``). ``tools/cli/profile.py`` fits one from
 the bundled torch engine with :func:`fit_prefill`, :func:`fit_decode` and
 :func:`fit_transfer` (weighted non-negative least squares).
 

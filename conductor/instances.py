@@ -1,7 +1,7 @@
 """The records the conductor schedules with: instances, requests, choices, rejections.
 
 Scheduler, policies, the live conductor (:mod:`kvstore.conductor.service`) and the
-simulator (:mod:`kvstore.tools.simulate`) talk through these small dataclasses only.
+simulator (:mod:`kvstore.tools.sim.simulate`) talk through these small dataclasses only.
 Who owns what::
 
     PrefillInstance / DecodeInstance   mutable, slotted; the live counters are

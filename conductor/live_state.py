@@ -4,7 +4,7 @@ The scheduler (:mod:`kvstore.conductor.scheduler`) decides every request from
 the same inputs wherever it runs: each prefill instance's ``busy_until_ms`` and
 ``queued_ms``, a cache view (how many leading blocks of the request each
 instance holds), and the decode forecaster. The simulator
-(``tools/simulate.py``) knows when each prefill starts and ends. The live
+(``tools/sim/simulate.py``) knows when each prefill starts and ends. The live
 conductor learns it from its own calls, and keeps the same fields by the same
 rules (:class:`PrefillQueues`), in milliseconds of its own monotonic clock::
 
@@ -36,7 +36,7 @@ and its choice is the least predicted queue plus prefill of the uncached tokens.
 
 :class:`DecisionLog` writes each arrival's decision with the state it was made
 from, one JSON object per line (``kvstore conductor --decision-log FILE``), so
-the simulator's scheduler can recompute it (``kvstore.tools.sim_parity``).
+the simulator's scheduler can recompute it (``kvstore.tools.sim.parity``).
 
 Thread safety: all of it belongs to the conductor's event loop.
 """

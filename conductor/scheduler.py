@@ -18,11 +18,11 @@ Mooncake FAST'25 §5, Algorithm 1, for one request::
 When the prefill ends, :meth:`Scheduler.admit_decode` checks ``d`` against its
 live load (the truth the early check forecast); a refusal there wastes the
 prefill. Online requests are checked against the SLOs; offline ones are never
-refused: the caller delays them (see ``tools/simulate.py``), and they may take
+refused: the caller delays them (see ``tools/sim/simulate.py``), and they may take
 a decode slot only while the batch stays within ``offline_tbt_fraction`` of
 the TBT SLO, so they never push an online request past it.
 
-One face: the simulator (``tools/simulate.py``) and the live conductor
+One face: the simulator (``tools/sim/simulate.py``) and the live conductor
 (``conductor/service.py``) both call :meth:`Scheduler.schedule` at arrival,
 :meth:`~Scheduler.admit_decode` when the prefill ends, and the event hooks.
 The simulator supplies a per-instance :class:`~kvstore.conductor.instances.CacheView`

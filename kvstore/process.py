@@ -2,7 +2,7 @@
 
 Every service process prints one line ``READY {json}`` on stdout once it
 listens (the JSON carries at least its address), then logs to stderr; a
-launcher (:mod:`kvstore.tools.processes`) waits for that line. A process it
+launcher (:mod:`kvstore.tools.cluster.processes`) waits for that line. A process it
 launched stops (as on SIGTERM) when the launcher is gone: a launcher killed
 (SIGKILL, the OOM killer) otherwise left its cluster running, gigabytes of
 segments included.

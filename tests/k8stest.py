@@ -206,7 +206,7 @@ def runs_kvstore(container: dict) -> bool:
     return any(a == "kvstore" and i + 1 < len(line) for i, a in enumerate(line))
 
 
-KVSTORE_HERE = (sys.executable, "-m", "kvstore.tools.cli")
+KVSTORE_HERE = (sys.executable, "-m", "kvstore.tools.cli.cli")
 
 
 def launch(pod: Pod, container: dict, docs: list[dict], root: Path,

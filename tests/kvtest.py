@@ -13,8 +13,8 @@ from typing import Iterator
 
 import pytest
 
-from kvstore.tools.launcher import StoreCluster, start_store_cluster
-from kvstore.tools.processes import service_args
+from kvstore.tools.cluster.launcher import StoreCluster, start_store_cluster
+from kvstore.tools.cluster.processes import service_args
 from kvstore.types import NodeStatus
 
 #: A started cluster (``procs``, ``master``, ``nodes``: node_id -> Child with its READY info).

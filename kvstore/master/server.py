@@ -1,6 +1,6 @@
 """A master shard's server: the gRPC service, its maintenance loop, leader election.
 
-Run as ``kvstore master`` (:mod:`kvstore.tools.services` parses the options into a
+Run as ``kvstore master`` (:mod:`kvstore.tools.cli.services` parses the options into a
 :class:`MasterConfig`)::
 
     kvstore master                                     one shard owning every slot

@@ -1,6 +1,6 @@
 """A store node's server: its tiers, its data server and its link to the masters.
 
-Run as ``kvstore node`` (:mod:`kvstore.tools.services` parses the options into
+Run as ``kvstore node`` (:mod:`kvstore.tools.cli.services` parses the options into
 a :class:`NodeConfig`). Tiers and their defaults::
 
     --dram 256MiB                      DRAM: shared-memory segment; every put lands here

@@ -2,7 +2,7 @@
 
     python netns_probe.py CLUSTER_JSON TOKENS_JSON
 
-CLUSTER_JSON is :meth:`~kvstore.tools.multihost.MultiHost.describe`'s;
+CLUSTER_JSON is :meth:`~kvstore.tools.cluster.multihost.MultiHost.describe`'s;
 TOKENS_JSON maps role -> token. TLS files come from ``$KVSTORE_TLS_*``.
 Prints one JSON object: check name -> what the server answered (a gRPC
 status name, an error class name, an HTTP status, or "ok").

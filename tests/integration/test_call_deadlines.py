@@ -27,8 +27,8 @@ from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.client.aio import AsyncKVClient
 from kvstore.client.client import KVClient
 from kvstore.errors import Unavailable
-from kvstore.tools.chaos import serving
-from kvstore.tools.launcher import start_store_cluster
+from kvstore.tools.faults.chaos import serving
+from kvstore.tools.cluster.launcher import start_store_cluster
 from kvtest import wait_for
 
 #: Every client here: timeout_s = failover_wait_s = this, so each call's deadline is it.

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from kvstore.tools.chaos import run_chaos
+from kvstore.tools.faults.chaos import run_chaos
 
 
 @pytest.mark.skipif(shutil.which("etcd") is None,

@@ -13,26 +13,27 @@ from kvstore.shardmap import ShardMap
 
 CASES = [
     # (argv after python -m, what the line says)
-    (["kvstore.tools.cli", "certs", "/proc/no-such-folder", "--host", "10.0.0.1"],
+    (["kvstore.tools.cli.cli", "certs", "/proc/no-such-folder", "--host", "10.0.0.1"],
      "No such file or directory"),
-    (["kvstore.tools.cli", "demo", "--block-tokens", "0", "--requests", "1"], "--block-tokens"),
-    (["kvstore.tools.cli", "demo", "--node-dram", "banana", "--requests", "1"], "not a byte size"),
+    (["kvstore.tools.cli.cli", "demo", "--block-tokens", "0", "--requests", "1"], "--block-tokens"),
+    (["kvstore.tools.cli.cli", "demo", "--node-dram", "banana", "--requests", "1"],
+     "not a byte size"),
     # kvstore up checks --dram before it starts a process (a master was left to fail alone)
-    (["kvstore.tools.cli", "up", "--dram", "abc"], "not a byte size"),
-    (["kvstore.tools.cli", "up", "--dram", "0"], "larger than 0 B"),
-    (["kvstore.tools.cli", "up", "--dram", "1000TiB"], "shared memory has"),
-    (["kvstore.tools.services", "node", "--master", "127.0.0.1:99999"], "port 1-65535"),
-    (["kvstore.tools.services", "node", "--master", "127.0.0.1", "--check-config"],
+    (["kvstore.tools.cli.cli", "up", "--dram", "abc"], "not a byte size"),
+    (["kvstore.tools.cli.cli", "up", "--dram", "0"], "larger than 0 B"),
+    (["kvstore.tools.cli.cli", "up", "--dram", "1000TiB"], "shared memory has"),
+    (["kvstore.tools.cli.services", "node", "--master", "127.0.0.1:99999"], "port 1-65535"),
+    (["kvstore.tools.cli.services", "node", "--master", "127.0.0.1", "--check-config"],
      "not an address"),
-    (["kvstore.tools.services", "master", "--shard-map", "garbage"], "not an address"),
-    (["kvstore.tools.services", "master", "--node-ttl-ms", "-5", "--check-config"],
+    (["kvstore.tools.cli.services", "master", "--shard-map", "garbage"], "not an address"),
+    (["kvstore.tools.cli.services", "master", "--node-ttl-ms", "-5", "--check-config"],
      "--node-ttl-ms"),
-    (["kvstore.tools.services", "master", "--shard-id", "5", "--check-config"], "--shard-id"),
-    (["kvstore.tools.services", "node", "--master", "127.0.0.1:1", "--dram", "99999999GiB",
+    (["kvstore.tools.cli.services", "master", "--shard-id", "5", "--check-config"], "--shard-id"),
+    (["kvstore.tools.cli.services", "node", "--master", "127.0.0.1:1", "--dram", "99999999GiB",
       "--check-config"], "shared memory has"),
 ]
 # The RESP front: every numeric option bounded, argparse's own errors one line too.
-_RESP = ["kvstore.tools.services", "resp", "--master", "127.0.0.1:1", "--check-config"]
+_RESP = ["kvstore.tools.cli.services", "resp", "--master", "127.0.0.1:1", "--check-config"]
 CASES += [
     (_RESP + ["--max-bulk", "0"], "--max-bulk must be 1KiB to 512MiB"),
     (_RESP + ["--max-bulk", "1023"], "--max-bulk must be 1KiB to 512MiB"),
@@ -47,9 +48,9 @@ CASES += [
     (_RESP + ["--port", "http"], "'http' is not a port"),
     (_RESP + ["--replica-num", "0"], "--replica-num must be 1 to 8"),
     (_RESP + ["--no-such-option"], "unrecognized arguments"),
-    (["kvstore.tools.cli", "resp", "--master", "127.0.0.1:1", "--max-bulk", "1000TiB"],
+    (["kvstore.tools.cli.cli", "resp", "--master", "127.0.0.1:1", "--max-bulk", "1000TiB"],
      "kvstore resp: error: --max-bulk must be 1KiB to 512MiB"),
-    (["kvstore.tools.cli", "resp", "--master", "127.0.0.1:1", "--max-bulk", "-5GiB"],
+    (["kvstore.tools.cli.cli", "resp", "--master", "127.0.0.1:1", "--max-bulk", "-5GiB"],
      "--max-bulk: expected one argument"),
 ]
 
@@ -92,7 +93,7 @@ def test_a_node_waiting_for_its_master_stops_on_sigterm():
     import signal
     import time
 
-    node = subprocess.Popen([sys.executable, "-m", "kvstore.tools.services", "node",
+    node = subprocess.Popen([sys.executable, "-m", "kvstore.tools.cli.services", "node",
                              "--master", "127.0.0.1:1", "--dram", "16MiB"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     time.sleep(1.5)

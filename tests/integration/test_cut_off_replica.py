@@ -24,7 +24,7 @@ import pytest
 
 from kvstore.client.aio import AsyncKVClient
 from kvstore.client.client import KVClient
-from kvstore.tools.launcher import start_store_cluster
+from kvstore.tools.cluster.launcher import start_store_cluster
 
 READ_TIMEOUT_S = 12.0
 #: How long the readers go on once the node stopped: past a few suspicion periods.

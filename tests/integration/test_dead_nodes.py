@@ -18,8 +18,8 @@ import pytest
 
 from kvstore.client import KVClient
 from kvstore.errors import NotFound
-from kvstore.tools.launcher import start_store_cluster
-from kvstore.tools.processes import free_port, service_args
+from kvstore.tools.cluster.launcher import start_store_cluster
+from kvstore.tools.cluster.processes import free_port, service_args
 from kvtest import wait_for
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ N = 30
 @pytest.fixture(scope="module")
 def result(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("demo") / "demo.json"
-    run = subprocess.run([sys.executable, "-m", "kvstore.tools.cli", "demo", "-n", str(N),
+    run = subprocess.run([sys.executable, "-m", "kvstore.tools.cli.cli", "demo", "-n", str(N),
                           "--warmup", "40", "--max-output-tokens", "4", "--node-dram", "64MiB",
                           "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -77,7 +77,7 @@ def test_the_simulator_predicts_the_demo_ttft(result):
     # (replay._dispatch, conductor.arrival_order), as the simulator does. Before
     # they did, the engines served a burst in any order and this short run's
     # error reached +89 %; with them, quiet runs were within 7 %.
-    run = subprocess.run([sys.executable, "-m", "kvstore.tools.cli", "simulate-demo",
+    run = subprocess.run([sys.executable, "-m", "kvstore.tools.cli.cli", "simulate-demo",
                           result["_file"], "--json"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
     sim = json.loads(run.stdout)

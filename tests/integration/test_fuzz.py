@@ -13,11 +13,11 @@ import json
 import subprocess
 import sys
 
-from kvstore.tools.fuzz.report import SURFACES
+from kvstore.tools.faults.fuzz.report import SURFACES
 
 
 def _fuzz(tmp_path, name: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "kvstore.tools.cli", "fuzz", "--inputs", "2000",
+    out = subprocess.run([sys.executable, "-m", "kvstore.tools.cli.cli", "fuzz", "--inputs", "2000",
                           "--seed", "1", "--json", "--log-dir", str(tmp_path / name)],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -34,7 +34,7 @@ import pytest
 
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.tools.processes import ProcessGroup, service_args
+from kvstore.tools.cluster.processes import ProcessGroup, service_args
 from kvstore.transfer.protocol import REQUEST, Op
 
 NODE_TOKEN = f"node-{secrets.token_hex(16)}"

@@ -17,8 +17,8 @@ import time
 import pytest
 
 from kvstore.client.client import KVClient
-from kvstore.tools.chaos import serving
-from kvstore.tools.launcher import start_store_cluster
+from kvstore.tools.faults.chaos import serving
+from kvstore.tools.cluster.launcher import start_store_cluster
 
 pytestmark = pytest.mark.skipif(shutil.which("etcd") is None,
                                 reason="etcd is not on PATH (apt-get install etcd-server); "

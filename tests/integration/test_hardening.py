@@ -15,7 +15,7 @@ import pytest
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.errors import Unavailable
-from kvstore.tools.processes import ProcessGroup, service_args
+from kvstore.tools.cluster.processes import ProcessGroup, service_args
 from kvstore.transfer.tcp import NodeConnection
 
 
@@ -185,7 +185,7 @@ def test_a_master_restart_answers_no_false_not_found_and_overwrites_nothing(tmp_
     import time
 
     from kvstore.client import KVClient, KeyConflict, Unavailable as SdkUnavailable
-    from kvstore.tools.launcher import start_store_cluster
+    from kvstore.tools.cluster.launcher import start_store_cluster
 
     with start_store_cluster(1, 2, dram="32MiB", log_dir=str(tmp_path)) as cluster:
         values = {f"live/{i}": os.urandom(4096 + i) for i in range(20)}
@@ -247,7 +247,7 @@ def crowded(tmp_path):
     import os
 
     from kvstore.client import KVClient
-    from kvstore.tools.launcher import start_store_cluster
+    from kvstore.tools.cluster.launcher import start_store_cluster
 
     with start_store_cluster(1, 1, dram="64MiB", eviction_policy="default",
                              node_args=("--write-timeout-s", "1"),
@@ -426,7 +426,7 @@ def test_the_accept_loop_survives_running_out_of_fds(tmp_path):
 @pytest.mark.parametrize("prefer_shm", [True, False])
 def test_no_reader_gets_a_value_once_remove_returned(tmp_path, prefer_shm):
     from kvstore.client import KVClient, NotFound
-    from kvstore.tools.launcher import start_store_cluster
+    from kvstore.tools.cluster.launcher import start_store_cluster
 
     with start_store_cluster(1, 2, dram="32MiB", log_dir=str(tmp_path)) as cluster:
         with KVClient(cluster.master, prefer_shm=prefer_shm) as writer, \

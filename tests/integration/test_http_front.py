@@ -36,8 +36,8 @@ from kvstore.client.models import model_config
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
 from kvstore.conductor.openai_schema import MAX_BODY_BYTES
-from kvstore.tools.launcher import ClusterSpec, LocalCluster
-from kvstore.tools.processes import ProcessGroup, service_args
+from kvstore.tools.cluster.launcher import ClusterSpec, LocalCluster
+from kvstore.tools.cluster.processes import ProcessGroup, service_args
 
 BLOCK_TOKENS = 16
 TOK = ByteTokenizer(model_config("tiny").vocab_size)

@@ -28,7 +28,7 @@ from kvstore.engines.generate import greedy_generate
 from kvstore.engines.model import LlamaModel
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
-from kvstore.tools.launcher import ClusterSpec, LocalCluster
+from kvstore.tools.cluster.launcher import ClusterSpec, LocalCluster
 
 BLOCK_TOKENS = 16
 NAME = "toy"
@@ -197,7 +197,7 @@ def test_folder_without_tokenizer_fails_at_startup(folder, tmp_path):
     for cmd in (["conductor", "--master", "127.0.0.1:1", "--prefill", "127.0.0.1:2",
                  "--decode", "127.0.0.1:3", "--model", str(bare), "--http-port", "0"],
                 ["http", "--conductor", "127.0.0.1:1", "--model", str(bare)]):
-        p = subprocess.run([sys.executable, "-m", "kvstore.tools.services", *cmd],
+        p = subprocess.run([sys.executable, "-m", "kvstore.tools.cli.services", *cmd],
                            capture_output=True, text=True, timeout=60)
         assert p.returncode == 2, p.stderr
         assert "has no tokenizer.json" in p.stderr and "Traceback" not in p.stderr

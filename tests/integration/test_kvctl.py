@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from kvstore.client import KVClient
 from kvstore.keys import key_slot, value_checksum
-from kvstore.tools.kvctl import EXIT_NOT_FOUND, app
+from kvstore.tools.cli.kvctl import EXIT_NOT_FOUND, app
 
 runner = CliRunner()
 
@@ -144,8 +144,9 @@ def test_errors_exit_codes(master):
 
 
 def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvstore.tools.kvctl", *args], capture_output=True,
-                          text=True, timeout=60, env=dict(os.environ, **(env or {})))
+    return subprocess.run([sys.executable, "-m", "kvstore.tools.cli.kvctl", *args],
+                          capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, **(env or {})))
 
 
 def test_subprocess_json_and_errors(master, objects, key_prefix):
@@ -167,7 +168,7 @@ def test_subprocess_json_and_errors(master, objects, key_prefix):
 def test_stats_counts_each_node_once_across_shards(tmp_path):
     # Every shard knows every node: the totals and the tier table must not add
     # the same node once per shard.
-    from kvstore.tools.launcher import start_store_cluster
+    from kvstore.tools.cluster.launcher import start_store_cluster
     c = start_store_cluster(masters=2, nodes=2, log_dir=str(tmp_path))
     try:
         out = kvctl_json(c.master, "stats")
@@ -219,7 +220,7 @@ def test_tables_keep_the_terminal_width(master):
     parent, child = pty.openpty()
     fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 60, 0, 0))
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    proc = subprocess.Popen([sys.executable, "-m", "kvstore.tools.kvctl", "--master", master,
+    proc = subprocess.Popen([sys.executable, "-m", "kvstore.tools.cli.kvctl", "--master", master,
                              "nodes"], stdout=child, stderr=subprocess.PIPE, env=env)
     os.close(child)
     out = b""

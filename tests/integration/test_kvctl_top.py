@@ -23,10 +23,10 @@ from typer.testing import CliRunner
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
 from kvstore.client import KVClient
-from kvstore.tools.kvctl import app
-from kvstore.tools.launcher import start_store_cluster
-from kvstore.tools.processes import free_ports, service_args
-from kvstore.tools.top import REQUESTS, Scraper, totals
+from kvstore.tools.cli.kvctl import app
+from kvstore.tools.cluster.launcher import start_store_cluster
+from kvstore.tools.cluster.processes import free_ports, service_args
+from kvstore.tools.cli.top import REQUESTS, Scraper, totals
 from kvtest import node_args, node_stats, wait_for
 
 METRICS = ("--metrics-port", "0")
@@ -72,7 +72,7 @@ def loaded(cluster):
 
 
 def _kvctl(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvstore.tools.kvctl", *args],
+    return subprocess.run([sys.executable, "-m", "kvstore.tools.cli.kvctl", *args],
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -196,7 +196,7 @@ def test_live_view_redraws_until_interrupted(cluster, loaded):
         return int(totals(scrape, REQUESTS, by="op").get("Stat", 0))
 
     before = stats_served()
-    proc = subprocess.Popen([sys.executable, "-m", "kvstore.tools.kvctl", "--master",
+    proc = subprocess.Popen([sys.executable, "-m", "kvstore.tools.cli.kvctl", "--master",
                              cluster.master, "top", "--interval", "0.2"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "COLUMNS": "100"})
@@ -217,7 +217,7 @@ def test_piped_output_is_a_table_per_interval(cluster, loaded, tmp_path):
     """Not a terminal: each sample is printed as it comes (nothing waits for Ctrl-C)."""
     out = tmp_path / "top.txt"
     with open(out, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "kvstore.tools.kvctl", "--master",
+        proc = subprocess.Popen([sys.executable, "-m", "kvstore.tools.cli.kvctl", "--master",
                                  cluster.master, "top", "--interval", "0.2"],
                                 stdout=f, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, "COLUMNS": "100"})

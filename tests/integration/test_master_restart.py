@@ -12,7 +12,7 @@ import time
 
 from kvstore.client.client import KVClient
 from kvstore.errors import KVStoreError
-from kvstore.tools.launcher import start_store_cluster
+from kvstore.tools.cluster.launcher import start_store_cluster
 from kvtest import wait_for
 
 

@@ -25,8 +25,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvstore.client import KVClient, NotFound
-from kvstore.tools.launcher import ClusterSpec, LocalCluster, start_store_cluster
-from kvstore.tools.processes import ProcessGroup, service_args
+from kvstore.tools.cluster.launcher import ClusterSpec, LocalCluster, start_store_cluster
+from kvstore.tools.cluster.processes import ProcessGroup, service_args
 
 OBSERVED = ("--metrics-port", "0")
 VALUE = 256 * 1024
@@ -250,7 +250,7 @@ def test_sigterm_flips_health_first_and_finishes_the_call_in_flight(tmp_path):
 
 
 def test_metrics_need_an_admin_or_metrics_token(tmp_path):
-    from kvstore.tools.multihost import make_credentials
+    from kvstore.tools.cluster.multihost import make_credentials
 
     creds = make_credentials(tmp_path / "creds", ["127.0.0.1"], tls=False)
     tokens = creds.tokens
@@ -277,7 +277,7 @@ def test_check_config_reads_the_files_and_serves_nothing(tmp_path):
     import sys
 
     def check(*argv):
-        return subprocess.run([sys.executable, "-m", "kvstore.tools.services", *argv,
+        return subprocess.run([sys.executable, "-m", "kvstore.tools.cli.services", *argv,
                                "--check-config"], capture_output=True, text=True, timeout=60)
 
     auth = tmp_path / "auth"
@@ -301,8 +301,8 @@ def test_a_public_metrics_port_needs_auth_at_start_too(tmp_path):
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, "-m", "kvstore.tools.services", "master", "--port", "0",
-                          "--metrics-port", "0", "--metrics-host", "0.0.0.0"],
+    run = subprocess.run([sys.executable, "-m", "kvstore.tools.cli.services", "master",
+                          "--port", "0", "--metrics-port", "0", "--metrics-host", "0.0.0.0"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "READY" not in run.stdout
     assert len(run.stderr.strip().splitlines()) == 1 and "--auth" in run.stderr

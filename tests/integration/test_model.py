@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kvstore.client import KVClient, KeyConflict, NotFound, Unavailable
-from kvstore.tools.launcher import start_store_cluster
+from kvstore.tools.cluster.launcher import start_store_cluster
 
 SEED = int(os.environ.get("KVSTORE_MODEL_SEED", "20261201"))
 EXAMPLES = int(os.environ.get("KVSTORE_MODEL_EXAMPLES", "3"))

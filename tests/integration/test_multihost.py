@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from kvstore.tools import netns
-from kvstore.tools.multihost import make_credentials, start_multihost
-from kvstore.tools.processes import ProcessGroup, service_args
-from kvstore.tools.report import mismatched_outputs
+from kvstore.tools.cluster import netns
+from kvstore.tools.cluster.multihost import make_credentials, start_multihost
+from kvstore.tools.cluster.processes import ProcessGroup, service_args
+from kvstore.tools.demo.report import mismatched_outputs
 
 REASON = netns.unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"multi-host tests: {REASON}")
@@ -68,7 +68,7 @@ def _netns_list() -> str:
 
 
 def test_nodes_advertise_their_hosts_addresses_and_identities(layout):
-    listed = layout.run_client([sys.executable, "-m", "kvstore.tools.kvctl", "--master",
+    listed = layout.run_client([sys.executable, "-m", "kvstore.tools.cli.kvctl", "--master",
                                 layout.seed, "nodes", "--json"], role="admin")
     assert listed.returncode == 0, listed.stderr
     nodes = {n["node_id"]: n for n in json.loads(listed.stdout)["nodes"]}
@@ -88,12 +88,12 @@ def test_replay_from_host_e_matches_loopback(layout, tmp_path):
     loop_out, far_out = tmp_path / "loopback.json", tmp_path / "multihost.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVSTORE_T")}
     # One mode on the trace's first requests at its 0.25x clock: what replay sends.
-    loop = subprocess.run([sys.executable, "-m", "kvstore.tools.cli", "demo", "--cache-only",
+    loop = subprocess.run([sys.executable, "-m", "kvstore.tools.cli.cli", "demo", "--cache-only",
                            "-n", str(REPLAY_REQUESTS), "--warmup", "0", "--window-start", "0",
                            "--time-scale", "0.25", "--out", str(loop_out)],
                           env=env, capture_output=True, text=True, timeout=600)
     assert loop.returncode == 0, loop.stdout[-2000:] + loop.stderr[-2000:]
-    far = layout.run_client([sys.executable, "-m", "kvstore.tools.cli", "replay", "--conductor",
+    far = layout.run_client([sys.executable, "-m", "kvstore.tools.cli.cli", "replay", "--conductor",
                              layout.conductor.address, "-n", str(REPLAY_REQUESTS), "--out",
                              str(far_out)], timeout_s=600)
     assert far.returncode == 0, far.stdout[-2000:] + far.stderr[-2000:]
@@ -136,7 +136,7 @@ def test_bad_credentials_are_refused_on_every_port(layout, tmp_path):
 def test_chaos_from_host_e_loses_nothing(layout, tmp_path):
     desc = tmp_path / "cluster.json"
     desc.write_text(json.dumps(layout.describe()))
-    run = layout.run_client([sys.executable, "-m", "kvstore.tools.cli", "chaos", "--json",
+    run = layout.run_client([sys.executable, "-m", "kvstore.tools.cli.cli", "chaos", "--json",
                              "--attach", str(desc), "--kill-node", "b0", "--duration-s", "20",
                              "--kill-node-at-s", "5", "--kill-leader-at-s", "11"],
                             timeout_s=300)
@@ -167,7 +167,7 @@ def test_binding_rules_in_a_namespace(lone_host, tmp_path):
         return lone_host.run("x", [sys.executable, "-m", *argv], env=env, capture_output=True,
                              text=True, timeout=120)
 
-    refused = run(["kvstore.tools.services", "master", "--host", host, "--port", "0"])
+    refused = run(["kvstore.tools.cli.services", "master", "--host", host, "--port", "0"])
     assert refused.returncode == 2
     assert len(refused.stderr.strip().splitlines()) == 1 and "--auth" in refused.stderr
     with ProcessGroup(log_dir=str(tmp_path / "logs")) as procs:
@@ -179,7 +179,7 @@ def test_binding_rules_in_a_namespace(lone_host, tmp_path):
         procs.start("node", service_args(
             "node", "--master", master.address, "--host", "0.0.0.0", "--node-id", "x0",
             "--auth", str(creds.auth_file)), prefix=on_x, env=dict(base, KVSTORE_TOKEN=creds.tokens["node"]))
-        kvctl = ["kvstore.tools.kvctl", "--master", master.address]
+        kvctl = ["kvstore.tools.cli.kvctl", "--master", master.address]
         anon = run([*kvctl, "nodes"])
         assert anon.returncode != 0 and "unauthenticated" in anon.stderr.lower(), anon.stderr
         nodes = run([*kvctl, "nodes", "--json"], role="admin")

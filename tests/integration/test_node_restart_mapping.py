@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 
 from kvstore.client import KVClient
-from kvstore.tools.launcher import start_store_cluster
+from kvstore.tools.cluster.launcher import start_store_cluster
 from kvtest import wait_for
 
 

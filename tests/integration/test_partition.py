@@ -19,8 +19,8 @@ import sys
 
 import pytest
 
-from kvstore.tools import netns
-from kvstore.tools.partition.scenario import run_partition
+from kvstore.tools.cluster import netns
+from kvstore.tools.faults.partition.scenario import run_partition
 
 REASON = netns.unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"partition tests: {REASON}")

@@ -14,9 +14,9 @@ from rich.console import Console
 from kvstore.engines.generate import greedy_generate
 from kvstore.engines.model import LlamaModel
 from kvstore.client.models import model_config
-from kvstore.tools.demo import run_demo
-from kvstore.tools.report import output_digest
-from kvstore.tools.trace import ScaleConfig, default_trace_path, load_trace, scale_trace
+from kvstore.tools.demo.run import run_demo
+from kvstore.tools.demo.report import output_digest
+from kvstore.tools.demo.trace import ScaleConfig, default_trace_path, load_trace, scale_trace
 
 N = 30
 

@@ -28,7 +28,7 @@ from kvstore.client import KVClient
 from kvstore.client.control import Control
 from kvstore.errors import AlreadyPresent, KeyConflict, NotFound
 from kvstore.keys import value_checksum
-from kvstore.tools.launcher import start_store_cluster
+from kvstore.tools.cluster.launcher import start_store_cluster
 from kvstore.transfer.protocol import Op
 from kvstore.transfer.tcp import NodeConnection
 from kvtest import wait_for

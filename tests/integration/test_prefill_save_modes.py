@@ -146,9 +146,9 @@ def test_streamed_demo_equals_single_process_greedy(tmp_path, model):
     from rich.console import Console
 
     from kvstore.engines.generate import greedy_generate
-    from kvstore.tools.demo import run_demo
-    from kvstore.tools.report import output_digest
-    from kvstore.tools.trace import ScaleConfig, default_trace_path, load_trace, scale_trace
+    from kvstore.tools.demo.run import run_demo
+    from kvstore.tools.demo.report import output_digest
+    from kvstore.tools.demo.trace import ScaleConfig, default_trace_path, load_trace, scale_trace
 
     n, out_tokens = 10, 4
     summary = run_demo(requests=n, trace=None, use_cache=True, out=None, time_scale=0.0,

@@ -19,7 +19,7 @@ from kvstore._proto import kvstore_pb2 as pb
 from kvstore.transfer.protocol import Op
 from kvstore.transfer.rdma_wire import OP_RDMA_CONNECT
 from kvstore.transfer.tcp import NodeConnection, TcpTransport
-from kvstore.tools.processes import service_args
+from kvstore.tools.cluster.processes import service_args
 from kvtest import cluster_running
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from kvstore.client.client import KVClient
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.tools.launcher import start_store_cluster
+from kvstore.tools.cluster.launcher import start_store_cluster
 from kvtest import wait_for
 
 

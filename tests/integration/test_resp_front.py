@@ -26,7 +26,7 @@ import redis.asyncio as aredis  # noqa: E402
 from redis.backoff import NoBackoff  # noqa: E402
 from redis.retry import Retry  # noqa: E402
 
-from kvstore.tools.processes import ProcessGroup, service_args  # noqa: E402
+from kvstore.tools.cluster.processes import ProcessGroup, service_args  # noqa: E402
 
 SIZES = (0, 1, 64 * 1024, 4 * 1024 * 1024)
 TOKENS = {role: f"{role}-{secrets.token_hex(16)}" for role in ("admin", "client", "node",

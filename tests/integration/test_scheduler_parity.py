@@ -5,7 +5,7 @@ conductor with a TTFT SLO and ``--decision-log``) serves three waves of
 concurrent requests that share prefixes, so the choices depend on queues,
 cached blocks and decode load. Every recorded decision is then recomputed by
 the scheduler the simulator builds, fed the recorded state
-(``kvstore.tools.sim_parity``): the prefill and decode instance, the
+(``kvstore.tools.sim.parity``): the prefill and decode instance, the
 rejection and the estimated TTFT must be equal for every request.
 """
 
@@ -19,8 +19,8 @@ import grpc
 
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
-from kvstore.tools.launcher import ClusterSpec, LocalCluster
-from kvstore.tools.sim_parity import recompute
+from kvstore.tools.cluster.launcher import ClusterSpec, LocalCluster
+from kvstore.tools.sim.parity import recompute
 
 BLOCK_TOKENS = 16
 

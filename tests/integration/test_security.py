@@ -150,7 +150,7 @@ def test_remove_and_evict_need_credentials_and_roles(cluster, tmp_path):
     # kvctl, as an operator would: no token, then a client token, then an admin token.
     base = dict(os.environ)
     base.pop("KVSTORE_TOKEN", None)
-    kvctl = [sys.executable, "-m", "kvstore.tools.kvctl", "--master", cluster.master]
+    kvctl = [sys.executable, "-m", "kvstore.tools.cli.kvctl", "--master", cluster.master]
     anon = subprocess.run([*kvctl, "ls"], env=base, capture_output=True, text=True, timeout=60)
     assert anon.returncode != 0 and "UNAUTHENTICATED" in anon.stderr.upper()
     evict = subprocess.run([*kvctl, "evict", key], env={**base, "KVSTORE_TOKEN": TOKENS["client"]},

@@ -1,8 +1,8 @@
 """An idle master and store node hold what they run, not torch (issue 31, bug 8).
 
 Both are started as real processes the two ways they are started: by the
-``kvstore`` command (``python -m kvstore.tools.cli``, which the console script
-runs) and by the launchers (``python -m kvstore.tools.services``). Once READY
+``kvstore`` command (``python -m kvstore.tools.cli.cli``, which the console script
+runs) and by the launchers (``python -m kvstore.tools.cli.services``). Once READY
 (the node registered), neither may have torch mapped: only the engines run a
 model. Their own memory (RssAnon + RssFile from /proc/PID/status) stays under
 100 MiB; the node's DRAM tier is shared memory (RssShmem) and is left out: it is
@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from kvstore.tools.processes import ProcessGroup
+from kvstore.tools.cluster.processes import ProcessGroup
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux /proc")
 
 #: How each entry point is run: ``python ARGS``.
-ENTRIES = {"kvstore": ("-m", "kvstore.tools.cli"), "launcher": ("-m", "kvstore.tools.services")}
+ENTRIES = {"kvstore": ("-m", "kvstore.tools.cli.cli"),
+           "launcher": ("-m", "kvstore.tools.cli.services")}
 OWN_MEMORY_LIMIT_MIB = 100
 
 

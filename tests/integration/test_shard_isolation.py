@@ -17,7 +17,7 @@ import pytest
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.client import KVClient, Unavailable
 from kvstore.keys import value_checksum
-from kvstore.tools.launcher import start_store_cluster
+from kvstore.tools.cluster.launcher import start_store_cluster
 from kvstore.transfer.protocol import Op
 from kvstore.transfer.tcp import NodeConnection
 

@@ -15,7 +15,7 @@ from kvstore.client.client import KVClient
 from kvstore.errors import KVStoreError, WrongShard
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.tools.launcher import start_store_cluster
+from kvstore.tools.cluster.launcher import start_store_cluster
 from kvstore.shardmap import ShardMap
 from kvtest import wait_for
 

@@ -27,7 +27,7 @@ from kvstore.client import KVClient, NotFound
 from kvstore.keys import value_checksum
 from kvstore.store.tiers.base import ObjectRecord
 from kvstore.store.tiers.ssd import SsdTier
-from kvstore.tools.processes import ChildFailed, ProcessGroup, service_args
+from kvstore.tools.cluster.processes import ChildFailed, ProcessGroup, service_args
 from kvtest import wait_for
 
 MiB = 1024 * 1024

@@ -24,9 +24,9 @@ from kvstore.keys import value_checksum
 from kvstore.store.data_server import DataServer
 from kvstore.store.node import StoreNode
 from kvstore.store.tiers.dram import DramTier
-from kvstore.tools import netns
-from kvstore.tools.launcher import start_store_cluster
-from kvstore.tools.processes import ProcessGroup, service_args
+from kvstore.tools.cluster import netns
+from kvstore.tools.cluster.launcher import start_store_cluster
+from kvstore.tools.cluster.processes import ProcessGroup, service_args
 from kvstore.transfer.protocol import REQUEST, RESPONSE, Op, local_address
 from kvtest import wait_for
 
@@ -112,7 +112,7 @@ def test_a_reader_that_stops_reading_is_dropped_and_its_object_freed(tmp_path, o
 
 def _tls_pair(tmp_path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     from kvstore.tls import TlsFiles, client_context, server_context
-    from kvstore.tools.certs import make_certs
+    from kvstore.tools.cluster.certs import make_certs
 
     certs = make_certs(tmp_path / "certs", ["127.0.0.1"])
     server = server_context(TlsFiles(str(certs.server_cert), str(certs.server_key)))

@@ -14,7 +14,7 @@ import random
 import signal
 
 from kvstore.client import KVClient, NotFound
-from kvstore.tools.processes import Child, ProcessGroup, free_port, service_args
+from kvstore.tools.cluster.processes import Child, ProcessGroup, free_port, service_args
 from kvtest import node_args, wait_for
 
 MiB = 1024 * 1024

@@ -16,7 +16,7 @@ import pytest
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
 from kvstore.client import KVClient
-from kvstore.tools.launcher import ClusterSpec, LocalCluster
+from kvstore.tools.cluster.launcher import ClusterSpec, LocalCluster
 
 
 @pytest.mark.parametrize("use_cache", [True, False])

@@ -13,7 +13,7 @@ from kvstore.client.client import KVClient
 
 
 def test_up_prints_addresses_serves_and_stops_on_ctrl_c(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "kvstore.tools.cli", "up", "--masters", "2",
+    proc = subprocess.Popen([sys.executable, "-m", "kvstore.tools.cli.cli", "up", "--masters", "2",
                              "--nodes", "2", "--dram", "32MiB", "--log-dir", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=dict(os.environ, COLUMNS="200"), start_new_session=True)

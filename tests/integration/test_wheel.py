@@ -60,7 +60,7 @@ def test_the_wheel_has_one_top_level_package(wheel):
     assert tops == {"kvstore", next(t for t in tops if t.endswith(".dist-info"))}
     # The folders beside kvstore/ are inside it, with their data.
     for path in ("kvstore/client/__init__.py", "kvstore/engines/model.py",
-                 "kvstore/conductor/scheduler.py", "kvstore/tools/cli.py",
+                 "kvstore/conductor/scheduler.py", "kvstore/tools/cli/cli.py",
                  "kvstore/_proto/kvstore_pb2.py", "kvstore/tools/data/conversation_trace.jsonl",
                  "kvstore/conductor/data/cost_models/tiny-cpu.json"):
         assert path in names, path
@@ -98,4 +98,4 @@ def test_only_kvstore_names_import_from_the_installed_wheel(env_python, tmp_path
                               "print(sorted(x.value for x in e(group='console_scripts') "
                               "if x.dist.name == 'kvstore'))"],
                              cwd=tmp_path, check=True, capture_output=True, text=True).stdout
-    assert "kvstore.tools.cli:main" in scripts and "kvstore.tools.kvctl:main" in scripts
+    assert "kvstore.tools.cli.cli:main" in scripts and "kvstore.tools.cli.kvctl:main" in scripts

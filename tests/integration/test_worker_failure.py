@@ -34,7 +34,7 @@ from kvstore.engines.model import LlamaModel
 from kvstore.client.models import model_config
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
-from kvstore.tools.launcher import ClusterSpec, LocalCluster
+from kvstore.tools.cluster.launcher import ClusterSpec, LocalCluster
 
 BLOCK_TOKENS = 16
 MAX_TOKENS = 4

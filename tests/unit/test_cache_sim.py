@@ -1,4 +1,4 @@
-"""Tests for kvstore.tools.cache_sim: prefix-hit replay, lookahead, Belady, the CLI."""
+"""Tests for kvstore.tools.sim.cache: prefix-hit replay, lookahead, Belady, the CLI."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from kvstore.tools.cache_sim import (
+from kvstore.tools.sim.cache import (
     SimResult,
     build_workload,
     simulate,
     simulate_cache_command,
     simulate_cache_main,
 )
-from kvstore.tools.trace import TraceRecord, default_trace_path, load_trace
+from kvstore.tools.demo.trace import TraceRecord, default_trace_path, load_trace
 
 
 def trace(*requests: list[int]) -> list[TraceRecord]:
@@ -110,7 +110,7 @@ def test_typer_command(tmp_path):
     app.command("simulate-cache")(simulate_cache_command)
 
     @app.command("other")
-    def other() -> None:  # a second command keeps typer in subcommand mode, as in kvstore.tools.cli
+    def other() -> None:  # a second command keeps typer in subcommand mode, as in kvstore's CLI
         pass
 
     path = tmp_path / "t.jsonl"

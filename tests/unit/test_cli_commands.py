@@ -12,7 +12,7 @@ SERVICES = ["master", "node", "prefill", "decode", "conductor", "http", "resp"]
 
 
 def test_the_tools_commands_keep_their_place():
-    from kvstore.tools.cli import app        # the whole app: the tools' commands included
+    from kvstore.tools.cli.cli import app        # the whole app: the tools' commands included
 
     names = list(typer.main.get_command(app).commands)
     assert names[:4] == ["demo", "up", "chaos", "bench"]
@@ -21,7 +21,7 @@ def test_the_tools_commands_keep_their_place():
 
 
 def test_importing_the_cli_loads_no_tool_and_no_torch():
-    code = ("import sys, kvstore.tools.cli\n"
+    code = ("import sys, kvstore.tools.cli.cli\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith("
             "('kvstore.tools.bench', 'kvstore.tools.sim', 'kvstore.tools.demo', "
             "'kvstore.engines'))))")

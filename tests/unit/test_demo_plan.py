@@ -6,10 +6,10 @@ import pytest
 
 from kvstore.conductor.cost_model import load_cost_model
 from kvstore.errors import InvalidArgument
-from kvstore.tools.demo_arrivals import plan_arrivals, retime
-from kvstore.tools.demo_warmup import store_fill
-from kvstore.tools.demo_window import pick_window, prefix_hits
-from kvstore.tools.trace import ScaleConfig, TraceRecord, intern_chains, scale_trace
+from kvstore.tools.demo.arrivals import plan_arrivals, retime
+from kvstore.tools.demo.warmup import store_fill
+from kvstore.tools.demo.window import pick_window, prefix_hits
+from kvstore.tools.demo.trace import ScaleConfig, TraceRecord, intern_chains, scale_trace
 
 
 def _rec(i: int, t_ms: int, ids: tuple[int, ...]) -> TraceRecord:

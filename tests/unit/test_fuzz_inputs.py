@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from kvstore.tools.fuzz.framing import End, plan
-from kvstore.tools.fuzz.frames import frame
-from kvstore.tools.fuzz.runner import WEIGHTS, batch_sizes, generator, split
-from kvstore.tools.fuzz.report import SURFACES
+from kvstore.tools.faults.fuzz.framing import End, plan
+from kvstore.tools.faults.fuzz.frames import frame
+from kvstore.tools.faults.fuzz.runner import WEIGHTS, batch_sizes, generator, split
+from kvstore.tools.faults.fuzz.report import SURFACES
 from kvstore.transfer.protocol import Op
 
 
@@ -111,7 +111,7 @@ def test_the_split_and_the_batches():
 def test_an_attached_cluster_is_read_from_its_description(tmp_path):
     import json
 
-    from kvstore.tools.fuzz.cluster import Target
+    from kvstore.tools.faults.fuzz.cluster import Target
 
     path = tmp_path / "cluster.json"
     path.write_text(json.dumps({"master": "10.0.0.1:50051", "node": "10.0.0.2:7000",

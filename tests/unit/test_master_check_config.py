@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvstore.tools.services import run
+from kvstore.tools.cli.services import run
 
 MAP = "a.example:7000|b.example:7000,c.example:7000|d.example:7000"
 

@@ -122,7 +122,7 @@ def test_the_port_serves_metrics_health_and_ready_with_tokens():
 def test_the_port_speaks_tls_with_the_service_certificate(tmp_path):
     pytest.importorskip("cryptography")
     from kvstore.tls import TlsFiles
-    from kvstore.tools.certs import make_certs
+    from kvstore.tools.cluster.certs import make_certs
 
     certs = make_certs(tmp_path, ["127.0.0.1"])
     m, h = ProcessMetrics("node"), Health()

@@ -10,7 +10,8 @@ import pytest
 
 from kvstore.master.server import create_server
 from kvstore.store.tiers.dram import remove_orphan_segments
-from kvstore.tools.processes import ChildFailed, ProcessGroup, ephemeral_port_range, free_ports
+from kvstore.tools.cluster.processes import (ChildFailed, ProcessGroup, ephemeral_port_range,
+                                             free_ports)
 from kvstore.transfer.shm import SHM_DIR
 
 
@@ -48,7 +49,7 @@ def test_orphan_segments_of_dead_processes_are_removed():
 @pytest.mark.parametrize("service, args", [("master", ["--port", "99999"]),
                                            ("node", ["--master", "a:1", "--port", "-1"])])
 def test_services_refuse_ports_out_of_range(service, args, capsys):
-    from kvstore.tools.services import SERVICES
+    from kvstore.tools.cli.services import SERVICES
 
     with pytest.raises(SystemExit) as exc:
         SERVICES[service](args)
@@ -77,7 +78,7 @@ def test_a_cluster_stops_when_its_launcher_is_killed(tmp_path):
     import time
 
     script = ("import os\n"
-              "from kvstore.tools.launcher import start_store_cluster\n"
+              "from kvstore.tools.cluster.launcher import start_store_cluster\n"
               f"c = start_store_cluster(1, 1, dram='16MiB', log_dir={str(tmp_path)!r})\n"
               "print(' '.join(str(ch.proc.pid) for ch in c.procs.children), flush=True)\n"
               "os.kill(os.getpid(), 9)\n")

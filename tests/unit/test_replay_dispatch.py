@@ -7,8 +7,8 @@ import time
 
 import numpy as np
 
-from kvstore.tools.replay import _dispatch
-from kvstore.tools.trace import ScaledRequest
+from kvstore.tools.demo.replay import _dispatch
+from kvstore.tools.demo.trace import ScaledRequest
 
 
 def _req(index: int, arrival_ms: float) -> ScaledRequest:

@@ -1,4 +1,4 @@
-"""Tests for kvstore.tools.report: replay results, summary and tables."""
+"""Tests for kvstore.tools.demo.report: replay results, summary and tables."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import xxhash
 from rich.console import Console
 from rich.table import Table
 
-from kvstore.tools.report import (
+from kvstore.tools.demo.report import (
     RequestResult,
     mismatched_outputs,
     output_digest,
@@ -122,7 +122,7 @@ def test_render_comparison_and_mismatches():
 
 
 def test_latency_stats_of_nothing_is_none_not_zero():
-    from kvstore.tools.report import latency_stats
+    from kvstore.tools.demo.report import latency_stats
 
     assert latency_stats([]) == {"mean": None, "p50": None, "p90": None, "p99": None}
     assert latency_stats([10.0, 20.0]) == {"mean": 15.0, "p50": 15.0, "p90": 19.0,

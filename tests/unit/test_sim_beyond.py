@@ -7,9 +7,9 @@ import json
 from typer.testing import CliRunner
 
 from kvstore.conductor.cost_model import load_cost_model
-from kvstore.tools.cli import app
-from kvstore.tools.sim_beyond import compare_beyond
-from kvstore.tools.trace import default_trace_path, load_trace
+from kvstore.tools.cli.cli import app
+from kvstore.tools.sim.beyond import compare_beyond
+from kvstore.tools.demo.trace import default_trace_path, load_trace
 
 ROWS = ["global-cache-aware", "+ lookahead prefetch", "+ hot-spot replication", "+ both",
         "infinite cache (bound)", "infinite cache + both", "shared infinite cache (ceiling)",

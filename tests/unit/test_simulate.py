@@ -1,4 +1,5 @@
-"""Tests for kvstore.tools.simulate and kvstore.tools.sim_cluster: determinism, online/offline, parts."""
+"""Tests for kvstore.tools.sim.simulate and kvstore.tools.sim.cluster: determinism,
+online/offline, parts."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from typer.testing import CliRunner
 
 from kvstore.conductor.cost_model import DEFAULT_COST_MODEL, load_cost_model
 from kvstore.conductor.instances import DecodeInstance
-from kvstore.tools.sim_cluster import DecodeBatch, LocalPool
-from kvstore.tools.simulate import SimConfig, simulate, simulate_command
-from kvstore.tools.trace import TraceRecord, default_trace_path, load_trace
+from kvstore.tools.sim.cluster import DecodeBatch, LocalPool
+from kvstore.tools.sim.simulate import SimConfig, simulate, simulate_command
+from kvstore.tools.demo.trace import TraceRecord, default_trace_path, load_trace
 
 COST = load_cost_model(DEFAULT_COST_MODEL)
 

@@ -1,4 +1,4 @@
-"""kvstore.tools.top: rates and quantiles from two fixed scrapes, the summary of two
+"""kvstore.tools.cli.top: rates and quantiles from two fixed scrapes, the summary of two
 samples, and the scraper against a real metrics port (token, TLS)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from kvstore.auth import TokenFile
 from kvstore.health import Health
 from kvstore.metrics import MetricsServer, ProcessMetrics
 from kvstore.tls import TlsFiles
-from kvstore.tools import top
+from kvstore.tools.cli import top
 from kvstore.types import NodeAddress, NodeStatus, ShardStatus, TierKind, TierStats
 
 BEFORE = """\
@@ -323,7 +323,7 @@ def test_scraper_sends_the_token_and_reports_refusals(tmp_path):
 
 
 def test_scraper_speaks_https_with_a_ca(tmp_path):
-    certs_mod = pytest.importorskip("kvstore.tools.certs")
+    certs_mod = pytest.importorskip("kvstore.tools.cluster.certs")
     pytest.importorskip("cryptography")
     certs = certs_mod.make_certs(tmp_path / "certs", ["127.0.0.1"])
     server = _server(tmp_path, TlsFiles(str(certs.server_cert), str(certs.server_key)))

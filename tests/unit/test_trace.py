@@ -1,4 +1,4 @@
-"""Tests for kvstore.tools.trace: trace loading and deterministic token synthesis."""
+"""Tests for kvstore.tools.demo.trace: trace loading and deterministic token synthesis."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from kvstore.tools.trace import (
+from kvstore.tools.demo.trace import (
     BUNDLED_TRACES,
     ScaleConfig,
     TraceRecord,
@@ -204,7 +204,7 @@ def test_load_trace_skips_blank_lines_and_limit(tmp_path):
 
 _DIGEST_SCRIPT = """
 import xxhash
-from kvstore.tools.trace import ScaleConfig, default_trace_path, load_trace, scale_trace
+from kvstore.tools.demo.trace import ScaleConfig, default_trace_path, load_trace, scale_trace
 h = xxhash.xxh64()
 for r in scale_trace(load_trace(default_trace_path("synthetic"), limit=50), ScaleConfig()):
     h.update(r.prompt_tokens.astype("<u4").tobytes())

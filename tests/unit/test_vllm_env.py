@@ -1,4 +1,4 @@
-"""tools/vllm_env.py, the recipe of the vLLM environment (its real run is .ci/run's,
+"""tools/cluster/vllm_env.py, the recipe of the vLLM environment (its real run is .ci/run's,
 before the tests): it needs only the standard library, so it runs from a checkout
 before kvstore is installed, and it never deletes a folder that is no venv."""
 
@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvstore.tools import vllm_env
+from kvstore.tools.cluster import vllm_env
 
 SCRIPT = Path(vllm_env.__file__)
 
@@ -20,7 +20,7 @@ def test_runs_with_the_standard_library_alone():
 
 def test_finds_the_checkout_it_belongs_to():
     root = vllm_env.default_checkout()
-    assert root is not None and (root / "tools" / "vllm_env.py").samefile(SCRIPT)
+    assert root is not None and (root / "tools" / "cluster" / "vllm_env.py").samefile(SCRIPT)
 
 
 def test_fresh_refuses_a_folder_that_is_no_virtual_environment(tmp_path):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kvstore.client import KVClient
-from kvstore.tools.processes import ProcessGroup, service_args
+from kvstore.tools.cluster.processes import ProcessGroup, service_args
 
 PYTHON = os.environ.get("KVSTORE_LMCACHE_PYTHON")
 if not PYTHON:

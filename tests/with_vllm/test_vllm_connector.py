@@ -3,7 +3,7 @@
 Each vLLM run is its own process (tests/with_vllm/vllm_run.py) with
 VLLM_ENABLE_V1_MULTIPROCESSING=0; the tiny random Llama and its tokenizer
 are built in the test's tmp dir. The runs use the interpreter named by
-$KVSTORE_VLLM_PYTHON (a virtual environment from ``tools/vllm_env.py``, as
+$KVSTORE_VLLM_PYTHON (a virtual environment from ``tools/cluster/vllm_env.py``, as
 .ci/run builds), else this one when it has vLLM; skipped when neither.
 This process needs no vLLM: it runs the store and compares the outputs.
 """
@@ -20,7 +20,7 @@ import pytest
 
 from kvstore.client import KVClient
 from kvstore.client.integrations.vllm.keys import kv_transfer_config
-from kvstore.tools.launcher import start_store_cluster
+from kvstore.tools.cluster.launcher import start_store_cluster
 
 
 def _vllm_python() -> str:
@@ -32,7 +32,8 @@ def _vllm_python() -> str:
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
     pytest.skip("vLLM is not installed here: build its environment with "
-                "`python3 tools/vllm_env.py VENV` and set KVSTORE_VLLM_PYTHON=VENV/bin/python",
+                "`python3 tools/cluster/vllm_env.py VENV` and set "
+                "KVSTORE_VLLM_PYTHON=VENV/bin/python",
                 allow_module_level=True)
 
 

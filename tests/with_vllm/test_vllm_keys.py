@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from kvstore.client.integrations.vllm.keys import (EngineIdentity, kv_transfer_config,
-                                                 matched_blocks, request_keys)
+                                                   matched_blocks, request_keys)
 
 IDENT = EngineIdentity(model="tiny", revision="r1", kv_dtype="float32", num_layers=2,
                        num_kv_heads=2, head_dim=32, block_size=32)
@@ -50,7 +50,7 @@ def test_matched_blocks_stops_at_first_hole():
 
 
 def test_vllm_config_command_prints_the_config():
-    out = subprocess.run([sys.executable, "-m", "kvstore.tools.cli", "vllm-config", "--master",
+    out = subprocess.run([sys.executable, "-m", "kvstore.tools.cli.cli", "vllm-config", "--master",
                           "127.0.0.1:7000", "--role", "kv_consumer"],
                          capture_output=True, text=True, check=True).stdout
     assert json.loads(out) == kv_transfer_config("127.0.0.1:7000", "kv_consumer")

@@ -82,7 +82,7 @@ def bench_command(
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from kvstore.tools.processes import ChildFailed
+    from kvstore.tools.cluster.processes import ChildFailed
 
     out, err = Console(), Console(stderr=True)
     try:

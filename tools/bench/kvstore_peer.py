@@ -113,7 +113,7 @@ class _Scraper:
         return self
 
     def _run(self) -> None:
-        from kvstore.tools.top import Scraper
+        from kvstore.tools.cli.top import Scraper
 
         scraper = Scraper()
         while not self._stop.wait(METRICS_SCRAPE_S):
@@ -139,8 +139,8 @@ class KvstorePeer(Peer):
 
     def __init__(self, cfg: BenchConfig, log_dir: str, secured: Secured | None = None):
         from kvstore.client import KVClient
-        from kvstore.tools.launcher import start_store_cluster
-        from kvstore.tools.processes import ProcessGroup
+        from kvstore.tools.cluster.launcher import start_store_cluster
+        from kvstore.tools.cluster.processes import ProcessGroup
 
         self.cfg = cfg
         self.run_id = uuid.uuid4().hex[:8]

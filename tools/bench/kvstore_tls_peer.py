@@ -6,7 +6,7 @@ Rows (``kvstore``), each the twin of a plain row at the same size and op::
     tcp-batch+tls  get, put   as ``tcp-batch``, over mutual TLS
 
 The run makes a throwaway CA and certificates
-(:func:`kvstore.tools.certs.make_certs`) and a token file in a temporary
+(:func:`kvstore.tools.cluster.certs.make_certs`) and a token file in a temporary
 folder, removed when the run ends. The master and the node serve with
 ``--tls-cert server.pem --tls-key server.key --tls-ca ca.pem --auth FILE``;
 the node holds the node token (``$KVSTORE_TOKEN``) and, as a client of the
@@ -39,7 +39,7 @@ def secure_folder(folder: str) -> Secured:
         RuntimeError: ``cryptography`` is not installed (``pip install 'kvstore[tls]'``).
     """
     from kvstore.tls import TlsFiles
-    from kvstore.tools.certs import make_certs
+    from kvstore.tools.cluster.certs import make_certs
 
     try:
         certs = make_certs(folder, ["127.0.0.1"])

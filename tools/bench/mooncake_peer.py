@@ -34,7 +34,7 @@ import time
 from kvstore.process import watch_parent
 from kvstore.tools.bench.harness import (BenchConfig, DataPath, MiB, Op, Peer, Pool, Row, System,
                                          stop_workers, timed, timed_row)
-from kvstore.tools.processes import free_port, stop_with_launcher, terminate
+from kvstore.tools.cluster.processes import free_port, stop_with_launcher, terminate
 
 HOST = "127.0.0.1"
 #: Local buffer of each Mooncake client (staging for get / put of Python buffers).

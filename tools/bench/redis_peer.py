@@ -19,7 +19,7 @@ import time
 from kvstore.sizes import format_size
 from kvstore.tools.bench.harness import (BenchConfig, DataPath, MiB, Op, Peer, Pool, Row, System,
                                          timed_row)
-from kvstore.tools.processes import free_port, stop_with_launcher, terminate
+from kvstore.tools.cluster.processes import free_port, stop_with_launcher, terminate
 
 
 class RedisPeer(Peer):

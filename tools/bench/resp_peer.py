@@ -40,8 +40,8 @@ class RespPeer(Peer):
     def __init__(self, cfg: BenchConfig, log_dir: str, redis_server: str, benchmark: str):
         import redis
 
-        from kvstore.tools.launcher import start_store_cluster
-        from kvstore.tools.processes import service_args
+        from kvstore.tools.cluster.launcher import start_store_cluster
+        from kvstore.tools.cluster.processes import service_args
 
         self.cfg, self.benchmark = cfg, benchmark
         self.store = start_store_cluster(1, 1, dram=cfg.node_dram, log_dir=f"{log_dir}/resp",

@@ -113,7 +113,7 @@ def run_scale(cfg: ScaleConfig) -> ScaleResult:
         ChildFailed: a process did not come up.
     """
     from kvstore.client import KVClient
-    from kvstore.tools.launcher import start_store_cluster
+    from kvstore.tools.cluster.launcher import start_store_cluster
 
     log_dir = cfg.log_dir or tempfile.mkdtemp(prefix="kvstore-scale-")
     dram = cfg.dram_bytes or (64 << 20 if cfg.ssd_bytes else

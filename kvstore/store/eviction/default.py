@@ -42,7 +42,7 @@ Four ideas, each from a known design:
    credit would only cost it capacity. A key's credit is fixed when it is
    (re)queued, so a change of the credit reaches the heap gradually.
 
-Measured with ``tools/cache_sim.py`` on the bundled Mooncake traces, this
+Measured with ``tools/sim/cache.py`` on the bundled Mooncake traces, this
 beats LRU at every capacity from 300 to 150k blocks (up to 2.1x at 3k
 blocks on the conversation trace) and never falls below it; ``protect_s =
 240`` is 2-4 times the median reuse interval of the traces' reused blocks
