@@ -60,6 +60,12 @@ def test_the_import_contract_holds(tree):
     ("kvstore/keys.py", "from kvstore.client import KVClient", "Layers point down"),
     ("kvstore/conductor/scheduler.py", "import kvstore.store.node", "only through the SDK"),
     ("kvstore/client/reads.py", "from kvstore.master import index", "wire protocol"),
+    ("kvstore/client/reads.py", "import kvstore.client.integrations.resp.server",
+     "never import an adapter"),
+    ("kvstore/store/node.py", "from kvstore.client.integrations.vllm import keys",
+     "never import an adapter"),
+    ("kvstore/client/integrations/resp/table.py", "import kvstore.store.node",
+     "Adapters (vLLM connector, Redis front) are clients"),
 ])
 def test_a_wrong_import_breaks_the_contract(tmp_path, module, bad_import, contract):
     tree = lint_imports.assemble(tmp_path)
