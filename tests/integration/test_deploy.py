@@ -41,17 +41,17 @@ BASE = DEPLOY / "kubernetes"
 K8S_VERSION = "1.33.0"
 ROLES = ("admin", "client", "node", "metrics")
 CHECK_TIMEOUT_S = 120.0
-README_BASE = "../kvstore/deploy/kubernetes"     # the base, as the README's overlay names it
+README_BASE = "../kvstore/deploy/kubernetes"     # the base, as docs/kubernetes.md's overlay names it
 
 
 # ---- rendering ----
 
 def with_secrets(tmp: Path, base: Path) -> Path:
-    """The README's overlay of ``base`` (its kustomization.yaml, word for word but
+    """The docs' overlay of ``base`` (docs/kubernetes.md's kustomization.yaml, word for word but
     for the path of the base), with freshly generated tokens."""
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "kubernetes.md").read_text()
     kustomization = re.search(r"cat > kustomization.yaml <<'YAML'\n(.*?)\nYAML\n", readme, re.S)
-    assert kustomization and README_BASE in kustomization.group(1), "README's overlay moved"
+    assert kustomization and README_BASE in kustomization.group(1), "docs/kubernetes.md's overlay moved"
     overlay = tmp / "overlay"
     overlay.mkdir()
     tokens = {role: secrets.token_hex(16) for role in ROLES}
