@@ -31,7 +31,7 @@ from kvstore.rpc import MAX_REPLICAS
 from kvstore.types import InventoryItem
 
 #: What one indexed object costs a master process (B), measured by ``kvstore scale``
-#: (64-byte values, 32-character keys, one replica): see the README's limits.
+#: (64-byte values, 32-character keys, one replica): see docs/operations.md, Scale and limits.
 MASTER_BYTES_PER_OBJECT = 850
 MAX_INVENTORY_CHUNK = 8192
 MAX_INVENTORY_OBJECT_ID = 2**63 - 1

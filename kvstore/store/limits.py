@@ -11,7 +11,7 @@ Objects recovered from the SSD at a restart are kept, beyond the limit too.
 
 from __future__ import annotations
 
-#: What one object costs a node process beyond its value (B): see the README's limits.
+#: What one object costs a node process beyond its value (B): see docs/operations.md, Scale and limits.
 NODE_BYTES_PER_OBJECT = 1100
 
 #: No limit.

@@ -40,7 +40,7 @@ def service_parser(name: str, description: str, client: bool = True,
     cls = OneLineParser if one_line else argparse.ArgumentParser
     p = cls(prog=f"kvstore {name}", description=description)
     p.add_argument("--log-level", default="INFO")
-    g = p.add_argument_group("security (see README: Running it across hosts)")
+    g = p.add_argument_group("security (see docs/security.md)")
     g.add_argument("--auth", default="", metavar="FILE",
                    help="authenticate every connection: a file of 'ROLE TOKEN' lines "
                         "(roles admin, client, node, metrics); re-read on SIGHUP")
@@ -64,7 +64,7 @@ def service_parser(name: str, description: str, client: bool = True,
     p.set_defaults(metrics_port=None, metrics_host="", drain_s=0.0)
     if not observed:
         return p
-    o = p.add_argument_group("observability (see README: Running it for real)")
+    o = p.add_argument_group("observability (see docs/operations.md)")
     o.add_argument("--metrics-port", type=port_number, default=None,
                    help="serve /metrics (Prometheus), /health and /ready on this port "
                         "(0: a free one; default: none)")

@@ -73,7 +73,7 @@ def master_main(argv: list[str]) -> None:
     p.add_argument("--lease-ttl-s", type=int, default=3, help="leader lease ttl")
     p.add_argument("--max-objects", type=int, default=0,
                    help="objects indexed at most; a new key beyond is NO_SPACE (0: half the "
-                        "memory at about 850 B each; see the README's limits)")
+                        "memory at about 850 B each; see docs/operations.md, Scale and limits)")
     p.add_argument("--state-dir", default="",
                    help="keep the shard's roster of nodes here (with --etcd: in etcd): a "
                         "restart serves once they are back, a fresh cluster at once")
@@ -153,7 +153,7 @@ def node_main(argv: list[str]) -> None:
     p.add_argument("--max-objects", type=int, default=0,
                    help="objects held at most (every tier): one more evicts the coldest where "
                         "a policy evicts, else is NO_SPACE (0: half the memory beside --dram at "
-                        "about 1100 B each; see the README's limits)")
+                        "about 1100 B each; see docs/operations.md, Scale and limits)")
     a = p.parse_args(argv)
     setup_logging(a.log_level)
     _check_node(a)

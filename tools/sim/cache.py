@@ -59,10 +59,10 @@ from kvstore.tools.demo.trace import TraceRecord, intern_chains, load_trace, res
 logger = logging.getLogger(__name__)
 
 DEFAULT_CAPACITIES = (1000, 3000, 10000, 30000, 100000)
-"""Capacities (in blocks) of the README table."""
+"""Capacities (in blocks) of the table in docs/tiers.md."""
 
 DEFAULT_POLICIES = ("lru", "lfu", "default", "belady")
-"""Policies of the README table; ``belady`` is the offline reference."""
+"""Policies of the table in docs/tiers.md; ``belady`` is the offline reference."""
 
 _NEVER = 1 << 62  # next use of a key that is never used again
 
@@ -304,7 +304,7 @@ def results_table(results: Sequence[SimResult], title: str):
 
 
 def markdown_table(results: Sequence[SimResult]) -> str:
-    """The same table as GitHub markdown (for the README)."""
+    """The same table as GitHub markdown (for docs/tiers.md)."""
     policies = list(dict.fromkeys(r.policy for r in results))
     capacities = list(dict.fromkeys(r.capacity_blocks for r in results))
     rate = {(r.policy, r.capacity_blocks): r.hit_rate for r in results}

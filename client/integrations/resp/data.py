@@ -1,7 +1,7 @@
 """The string verbs: GET, SET, MGET, MSET, SETNX, EXISTS, DEL, STRLEN, GETRANGE, ...
 
 Each maps onto the SDK (:class:`~kvstore.client.KVClient`) with kvstore's
-semantics, which the README ("Redis clients") writes down:
+semantics, which docs/redis.md writes down:
 
 - objects are immutable: SET of a stored key with equal bytes is ``OK``
   (the SDK's put answers False), with different bytes the KeyConflict error
@@ -23,7 +23,7 @@ from kvstore.client.integrations.resp.protocol import OK, RespError, Status
 from kvstore.client.integrations.resp.table import command, dispatch, integer, store_error, text
 
 _NO_EXPIRY = ("kvstore has no expiry: objects live until DEL or eviction, "
-              "so SET {opt} is refused (see README: Redis clients)")
+              "so SET {opt} is refused (see docs/redis.md)")
 
 
 class ReplyBuffers:

@@ -49,7 +49,7 @@ class Command:
     first_key: int = 0        # position of the first key argument (0: none)
     last_key: int = 0         # ... of the last (-1: the last argument)
     key_step: int = 0
-    summary: str = ""         # one line, for COMMAND DOCS and the README table
+    summary: str = ""         # one line, for COMMAND DOCS and the table in docs/redis.md
     group: str = "generic"
 
 
