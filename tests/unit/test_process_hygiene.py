@@ -71,6 +71,7 @@ def test_a_child_that_exits_before_ready_is_reported_as_exited(tmp_path):
     procs.stop()
 
 
+@pytest.mark.slow                   # starts a cluster, from a script fastlane.py cannot read
 def test_a_cluster_stops_when_its_launcher_is_killed(tmp_path):
     # A launcher killed with SIGKILL (the OOM killer took kvstore bench so) used to
     # leave its master and node running, the node's segment with them.
