@@ -67,10 +67,10 @@ def cluster_running(log_dir: str, **kwargs) -> Iterator[RunningCluster]:
         running.procs.stop()
 
 
-def wait_for(predicate, timeout_s: float = 5.0, interval_s: float = 0.05,
+def wait_for(predicate, timeout_s: float = 10.0, interval_s: float = 0.05,
              what: str = "the condition"):
     """Poll ``predicate()`` until it returns something truthy; returns it, or fails the test
-    (:func:`waits.wait_until` with this module's older default deadline)."""
+    (:func:`waits.wait_until`)."""
     return wait_until(predicate, timeout_s=timeout_s, interval_s=interval_s, what=what)
 
 
