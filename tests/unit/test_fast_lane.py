@@ -43,11 +43,11 @@ def test_tests_on_a_cluster_are_marked_slow_at_collection(pytester):
 def test_an_unmarked_test_that_starts_a_service_fails_before_it_starts(pytester):
     # Out of the static check's sight (no launcher named): the run-time check stops it.
     pytester.makepyfile(test_suite="""
-        from kvstore.tools import processes
+        from kvstore.tools.processes import SERVICES_MODULE, ProcessGroup
 
         def test_sneaky(tmp_path):
-            group = processes.ProcessGroup(str(tmp_path))
-            group.start("master", ["-m", processes.SERVICES_MODULE, "master"])
+            group = ProcessGroup(str(tmp_path))
+            group.start("master", ["-m", SERVICES_MODULE, "master"])
     """)
     result = pytester.runpytest_inprocess("-p", "fastlane", "-p", "no:asyncio")
     result.assert_outcomes(failed=1)
