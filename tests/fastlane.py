@@ -34,10 +34,9 @@ LAUNCHERS = frozenset({
     # tests/kvtest.py and the shared fixture
     "cluster_running", "start_cluster", "start_secured_cluster",
     # the launcher (kvstore.tools.launcher) and the process group's service command line
-    "start_store_cluster", "LocalCluster", "StoreCluster", "EtcdServer", "service_args",
+    "start_store_cluster", "LocalCluster", "EtcdServer", "service_args",
     # harnesses that start a cluster of their own
-    "serving", "run_chaos", "run_partition", "start_multihost", "run_demo", "run_bench",
-    "run_systems",
+    "run_chaos", "run_partition", "start_multihost", "run_demo", "run_bench", "run_systems",
 })
 
 #: Over this many seconds, a test belongs in the slow lane.
@@ -47,17 +46,13 @@ _SLOW_HELP = ("starts a cluster of processes but is not marked slow: add @pytest
               "(tests/fastlane.py explains the fast lane's rule)")
 
 
-#: Launchers named by a word too common to count as ``obj.word`` (``health.serving``).
-_BARE_ONLY = frozenset({"serving"})
-
-
 def _names(node: ast.AST) -> set[str]:
     """Every name a piece of code refers to (``x`` and the ``attr`` of ``y.attr``)."""
     out = set()
     for n in ast.walk(node):
         if isinstance(n, ast.Name):
             out.add(n.id)
-        elif isinstance(n, ast.Attribute) and n.attr not in _BARE_ONLY:
+        elif isinstance(n, ast.Attribute):
             out.add(n.attr)
     return out
 
