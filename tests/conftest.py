@@ -14,6 +14,9 @@ import pytest
 
 from kvtest import RunningCluster, cluster_running
 
+# pytester: tests/unit/test_fast_lane.py runs the fast lane's rule on a made-up suite.
+pytest_plugins = ["pytester"]
+
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory) -> RunningCluster:
@@ -62,3 +65,10 @@ def kv(make_client):
 def key_prefix() -> str:
     """A prefix no other test uses, so tests can share the cluster."""
     return f"t-{uuid.uuid4().hex[:12]}/"
+
+
+def pytest_configure(config):
+    # The fast lane's rule (tests/fastlane.py): cluster tests are marked slow at collection.
+    import fastlane
+    if not config.pluginmanager.is_registered(fastlane):
+        config.pluginmanager.register(fastlane, "fastlane")

@@ -7,15 +7,12 @@ Importable from every test module as ``kvtest`` (pytest puts ``tests/`` on
 from __future__ import annotations
 
 import contextlib
-
-import time
 from typing import Iterator
-
-import pytest
 
 from kvstore.tools.cluster.launcher import StoreCluster, start_store_cluster
 from kvstore.tools.cluster.processes import service_args
 from kvstore.types import NodeStatus
+from waits import wait_until
 
 #: A started cluster (``procs``, ``master``, ``nodes``: node_id -> Child with its READY info).
 RunningCluster = StoreCluster
@@ -70,16 +67,11 @@ def cluster_running(log_dir: str, **kwargs) -> Iterator[RunningCluster]:
         running.procs.stop()
 
 
-def wait_for(predicate, timeout_s: float = 5.0, interval_s: float = 0.05):
-    """Poll ``predicate()`` until it returns something truthy; returns it, or fails the test."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout_s} s")
-        time.sleep(interval_s)
+def wait_for(predicate, timeout_s: float = 10.0, interval_s: float = 0.05,
+             what: str = "the condition"):
+    """Poll ``predicate()`` until it returns something truthy; returns it, or fails the test
+    (:func:`waits.wait_until`)."""
+    return wait_until(predicate, timeout_s=timeout_s, interval_s=interval_s, what=what)
 
 
 def node_stats(kv) -> dict[str, NodeStatus]:

@@ -31,7 +31,7 @@ def main(address: str, key: str) -> None:
     assert len(idle.recv(RESPONSE.size, socket.MSG_WAITALL)) == RESPONSE.size
     print("ready", flush=True)
     while True:
-        time.sleep(60)
+        time.sleep(60)              # parked here, the connections open, until killed
 
 
 if __name__ == "__main__":

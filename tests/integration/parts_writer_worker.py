@@ -20,4 +20,4 @@ def write_first_layer(master: str, prefer_shm: bool, key: str, layers: int, laye
     w = kv.put_parts([key], [layers * layer_bytes])
     w.write(0, 0, b"\x01" * layer_bytes)
     opened.put(w.is_open(0) or repr(w.results[0]))
-    time.sleep(600)
+    time.sleep(600)                 # parked here, the part open, until the test kills it

@@ -110,7 +110,7 @@ def _read_for(get) -> tuple[float, int]:
             assert bytes(get(k)) == _value(k)
             slowest = max(slowest, time.monotonic() - t0)
             gets += 1
-        time.sleep(0.05)
+        time.sleep(0.05)                  # pacing: a reader's rounds, for READ_FOR_S
     return slowest, gets
 
 
@@ -123,5 +123,5 @@ async def _aread_for(get) -> tuple[float, int]:
             assert bytes(await get(k)) == _value(k)
             slowest = max(slowest, time.monotonic() - t0)
             gets += 1
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)         # pacing: a reader's rounds, for READ_FOR_S
     return slowest, gets

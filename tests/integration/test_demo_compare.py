@@ -13,6 +13,9 @@ import sys
 
 import pytest
 
+# `kvstore demo` in a subprocess starts a cluster with engines (out of fastlane.py's sight).
+pytestmark = pytest.mark.slow
+
 N = 30
 
 

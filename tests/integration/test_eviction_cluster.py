@@ -61,7 +61,7 @@ def test_pressure_never_returns_wrong_bytes(evicting, transport):
                              if e != (not isinstance(g, NotFound))]
             return not mismatches
         try:
-            wait_for(consistent, timeout_s=5)
+            wait_for(consistent, timeout_s=10)
         except BaseException:
             raise AssertionError(f"exists disagrees with get: {mismatches[:5]}")
         assert all(g == written[k] for k, g in zip(keys, kv.batch_get(keys))

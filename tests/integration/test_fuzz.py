@@ -13,7 +13,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from kvstore.tools.faults.fuzz.report import SURFACES
+
+# `kvstore fuzz` in a subprocess starts a cluster of its own (out of fastlane.py's sight).
+pytestmark = pytest.mark.slow
 
 
 def _fuzz(tmp_path, name: str) -> dict:

@@ -19,6 +19,7 @@ import pytest
 from kvstore.client.client import KVClient
 from kvstore.tools.faults.chaos import serving
 from kvstore.tools.cluster.launcher import start_store_cluster
+from waits import wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("etcd") is None,
                                 reason="etcd is not on PATH (apt-get install etcd-server); "
@@ -37,13 +38,11 @@ def leaders(c) -> list[list[bool]]:
 
 
 def wait_one_leader_per_shard(c, timeout_s=15.0) -> list[int]:
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def one_each():
         state = leaders(c)
-        if all(sum(s) == 1 for s in state):
-            return [s.index(True) for s in state]
-        assert time.monotonic() < deadline, state
-        time.sleep(0.2)
+        return state if all(sum(s) == 1 for s in state) else None
+    state = wait_until(one_each, timeout_s=timeout_s, interval_s=0.2, what="one leader per shard")
+    return [s.index(True) for s in state]
 
 
 def test_failover_keeps_data_and_service(ha):
@@ -84,7 +83,7 @@ def test_hung_leader_steps_down_and_never_serves_beside_the_new_one(ha):
         finally:
             os.kill(old.proc.pid, signal.SIGCONT)
         # Resumed, the old leader finds its lease expired: it must not serve.
-        for _ in range(10):
+        for _ in range(10):                      # watched for a second: never serving
             assert not serving(old.address)
             time.sleep(0.1)
         assert bytes(kv.get(key)) == b"during"
@@ -105,7 +104,7 @@ def _hung_etcd(ha) -> None:
     wait_one_leader_per_shard(ha)
     os.kill(ha.etcd.proc.pid, signal.SIGSTOP)
     try:
-        time.sleep(3.5)                  # > lease ttl (3 s): nobody can have renewed
+        time.sleep(3.5)                  # on purpose: > lease ttl (3 s), nobody can have renewed
         assert leaders(ha) == [[False, False], [False, False]]
     finally:
         os.kill(ha.etcd.proc.pid, signal.SIGCONT)

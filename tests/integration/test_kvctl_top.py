@@ -86,17 +86,19 @@ def _in_process_json(master: str, *args: str) -> dict:
 def top(cluster, loaded):
     """``kvctl top --once --json`` run while a client reads from n0 and looks keys up."""
     stop = threading.Event()
+    rounds = [0]
 
     def reads():
         with KVClient(cluster.master, prefer_shm=False, meta_cache_entries=0) as kv:
             while not stop.is_set():
                 kv.get(loaded["on_n0"])                       # a Lookup hit, a get on n0
                 kv.lookup([loaded["keys"][0], "top/missing"])   # a hit and a miss
+                rounds[0] += 1
 
     reader = threading.Thread(target=reads, daemon=True)
     reader.start()
     try:
-        time.sleep(0.2)                                       # the reads are under way
+        wait_for(lambda: rounds[0] > 0, what="the reads to be under way")
         t0 = time.monotonic()
         run = _kvctl("--master", cluster.master, "top", "--once", "--json", "--interval", "0.5",
                      "--conductor-metrics", cluster.conductor.info["metrics_address"])

@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvstore.client import KVClient, NotFound
 from kvstore.tools.cluster.launcher import ClusterSpec, LocalCluster, start_store_cluster
 from kvstore.tools.cluster.processes import ProcessGroup, service_args
+from waits import wait_until
 
 OBSERVED = ("--metrics-port", "0")
 VALUE = 256 * 1024
@@ -65,13 +66,7 @@ def grpc_health(address: str, service: str = "") -> str:
 
 
 def wait_for(pred, timeout_s: float = 15.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(pred, timeout_s=timeout_s, interval_s=0.1, what=what)
 
 
 # ---- the store ----

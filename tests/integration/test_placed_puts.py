@@ -111,7 +111,7 @@ size = 8 << 20
 conn = NodeConnection(host, port, timeout_s=10)
 conn.send(Op.PUT, key, oid, size, 12345, memoryview(bytes(size // 2)))   # half the value
 print("half", flush=True)
-time.sleep(60)
+time.sleep(60)                      # parked here until the test kills it
 """
 
 
@@ -211,6 +211,14 @@ def test_puts_cost_no_master_call_once_granted(three):
     assert after["grants"] - before["grants"] <= 3       # background refreshes only
 
 
+#: The clients' failover_wait_s in the tests of answers that must come "at once": a
+#: put that waited out an outage instead would take this long (60 s) ...
+WAIT_OUT_S = 60.0
+#: ... and one that did not comes well under this, on the busiest machine (the
+#: answers themselves take a node ttl or two, 1 to 2 s; their speed is the bench's).
+NOT_WAITED_OUT_S = 30.0
+
+
 def test_with_every_node_dead_puts_fail_within_the_node_ttl(tmp_path):
     # The sync and the asyncio client: a put whose only node died keeps asking the
     # shard until it stops granting that node (its ttl) and one ttl more (a node only
@@ -224,25 +232,25 @@ def test_with_every_node_dead_puts_fail_within_the_node_ttl(tmp_path):
     from kvstore.errors import Unavailable
 
     async def aio_put(master, key):
-        async with AsyncKVClient(master) as akv:
+        async with AsyncKVClient(master, failover_wait_s=WAIT_OUT_S) as akv:
             await akv.put(key, b"y" * 100)
 
     with start_store_cluster(masters=1, nodes=1, dram="16MiB", node_ttl_ms=1000,
                              log_dir=str(tmp_path / "logs")) as c:
-        with KVClient(c.master, prefer_shm=False) as kv:
+        with KVClient(c.master, prefer_shm=False, failover_wait_s=WAIT_OUT_S) as kv:
             kv.put("before", b"x" * 100)
             c.nodes["n0"].proc.kill()
             c.nodes["n0"].proc.wait()
             t0 = time.monotonic()
             with pytest.raises(Unavailable, match="no live store node"):
                 kv.put("during", b"y" * 100)
-            assert time.monotonic() - t0 < 8.0
+            assert time.monotonic() - t0 < NOT_WAITED_OUT_S       # two ttls, not the outage wait
             for put in (lambda: kv.put("after", b"y" * 100),
                         lambda: asyncio.run(aio_put(c.master, "after-aio"))):
                 t0 = time.monotonic()
                 with pytest.raises(Unavailable, match="no live store node"):
                     put()
-                assert time.monotonic() - t0 < 2.0
+                assert time.monotonic() - t0 < NOT_WAITED_OUT_S   # at once, not the outage wait
             with pytest.raises(NotFound, match="dead node"):
                 kv.get("before")
 
@@ -288,13 +296,13 @@ def test_a_full_store_answers_no_space_at_once_to_both_clients(tmp_path):
     from kvstore.errors import NoSpace
 
     async def aio_puts(master):
-        async with AsyncKVClient(master) as akv:
+        async with AsyncKVClient(master, failover_wait_s=WAIT_OUT_S) as akv:
             return await asyncio.gather(*(akv.put(f"full-aio-{i}", b"q" * (1 << 20))
                                           for i in range(5)), return_exceptions=True)
 
     with start_store_cluster(masters=1, nodes=1, dram="16MiB", eviction_policy="none",
                              log_dir=str(tmp_path / "logs")) as c:
-        with KVClient(c.master, prefer_shm=False) as kv:
+        with KVClient(c.master, prefer_shm=False, failover_wait_s=WAIT_OUT_S) as kv:
             for i in range(40):
                 try:
                     kv.put(f"fill-{i}", b"f" * (1 << 20))
@@ -307,4 +315,4 @@ def test_a_full_store_answers_no_space_at_once_to_both_clients(tmp_path):
                 kv.put("full-sync", b"q" * (1 << 20))
             got = asyncio.run(aio_puts(c.master))
             assert all(isinstance(g, NoSpace) for g in got), got
-            assert time.monotonic() - t0 < 3.0
+            assert time.monotonic() - t0 < NOT_WAITED_OUT_S          # no outage wait

@@ -356,7 +356,7 @@ def test_a_client_that_reads_no_replies_holds_a_bounded_part_of_the_front(fronts
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
         s.sendall(f"GET {key}\r\n".encode() * 60)
         peak = before
-        for _ in range(10):
+        for _ in range(10):                          # the peak, sampled over 2 s
             time.sleep(0.2)
             peak = max(peak, _rss_mib(fronts["open_pid"]))
         assert peak - before < 64, (before, peak)

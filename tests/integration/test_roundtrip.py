@@ -285,7 +285,7 @@ def test_no_space_when_full_then_remove_frees_memory(small, transport):
         # Fill both nodes exactly (4 x 1 MiB each). Placement follows the nodes'
         # heartbeats; a NoSpace while one node still has room is retried after one.
         for k, v in zip(keys, values):
-            wait_for(lambda: _put_or_none(kv, k, v), timeout_s=5.0)
+            wait_for(lambda: _put_or_none(kv, k, v), timeout_s=10)
         full = wait_for(lambda: (lambda s: s if all(n.used_bytes == 4 * MiB and n.num_objects == 4
                                                    for n in s.values()) else None)(node_stats(kv)))
         assert set(full) == {"n0", "n1"}

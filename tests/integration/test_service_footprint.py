@@ -18,7 +18,9 @@ import pytest
 
 from kvstore.tools.cluster.processes import ProcessGroup
 
-pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux /proc")
+# Starts a master and a node through `kvstore up` or the launcher's command line.
+pytestmark = [pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux /proc"),
+              pytest.mark.slow]
 
 #: How each entry point is run: ``python ARGS``.
 ENTRIES = {"kvstore": ("-m", "kvstore.tools.cli.cli"),

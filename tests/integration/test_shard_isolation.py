@@ -7,6 +7,7 @@ the healthy shard's keys when another shard cannot be reached.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -20,12 +21,31 @@ from kvstore.keys import value_checksum
 from kvstore.tools.cluster.launcher import start_store_cluster
 from kvstore.transfer.protocol import Op
 from kvstore.transfer.tcp import NodeConnection
+from waits import wait_until
 
 
 @pytest.fixture
 def two_shards(tmp_path):
     with start_store_cluster(masters=2, nodes=1, log_dir=str(tmp_path)) as c:
         yield c             # stopping resumes a master a test left stopped
+
+
+#: How long a node's write waits for its master's acknowledgement (DataServer's default).
+NODE_ACK_TIMEOUT_S = 2.0
+
+
+def _node_counters(host: str, port: int) -> dict:
+    """The node's own counters (its STATS op), over a connection of their own."""
+    conn = NodeConnection(host, port, timeout_s=5)
+    try:
+        conn.send(Op.STATS, "")
+        code, _oid, size, _ck, _off, msg = conn.recv_header()
+        assert code == pb.OK, msg
+        buf = bytearray(size)
+        conn.recv_value_into(size, memoryview(buf))
+        return json.loads(buf)["counters"]
+    finally:
+        conn.close()
 
 
 def keys_of(kv: KVClient, shard_id: int, n: int, prefix: str) -> list[str]:
@@ -55,11 +75,15 @@ def test_a_hung_shard_does_not_slow_the_writes_of_another(two_shards):
         waiter = threading.Thread(target=lambda: replies.append(stuck.recv_header()))
         waiter.start()
         try:
-            time.sleep(0.2)
+            # The node committed it (puts: "warm" and this one) and waits for shard 1.
+            wait_until(lambda: _node_counters(host, int(port))["puts"] >= 2,
+                       what="the node to take the write for the hung shard")
+            t0 = time.monotonic()
             for k in mine[1:]:
-                t0 = time.monotonic()
                 assert kv.put(k, b"v" * 1000) is True
-                assert time.monotonic() - t0 < 1.0, k      # not the hung shard's 2 s
+            # Each write that waited for the hung shard would take its ack timeout (2 s),
+            # 22 s for these 11: a bound that needs no fast machine.
+            assert time.monotonic() - t0 < len(mine[1:]) * NODE_ACK_TIMEOUT_S
         finally:
             os.kill(c.shards[1][0].proc.pid, signal.SIGCONT)
             waiter.join(timeout=10)

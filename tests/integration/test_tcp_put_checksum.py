@@ -37,7 +37,7 @@ def test_hashing_while_receiving_matches_the_checksum_of_the_value():
         a.sendall(value[:100])
         for off in range(100, len(value), 700_001):
             a.sendall(value[off:off + 700_001])
-            time.sleep(0.001)
+            time.sleep(0.001)           # pacing: the pieces arrive apart
         a.sendall(tail)
     th = threading.Thread(target=dribble)
     th.start()

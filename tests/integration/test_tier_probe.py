@@ -69,7 +69,7 @@ def test_exists_probes_do_not_stop_eviction(probed):
         for t in threads:
             t.start()
         try:
-            time.sleep(0.3)
+            wait_for(lambda: probes[0] > 0, what="the probes to run")
             calls_at_release = probes[0]
             for key, oid in held:                  # the readers let go, probes go on
                 conn.call(Op.SHM_RELEASE, key, oid)

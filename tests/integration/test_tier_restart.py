@@ -73,7 +73,7 @@ def test_ssd_contents_survive_a_node_restart(tmp_path):
 
             def dram_forgotten() -> bool:
                 return not any(kv.batch_exists(in_dram))
-            wait_for(dram_forgotten, timeout_s=5)
+            wait_for(dram_forgotten, timeout_s=10)
             assert all(kv.batch_exists(on_ssd))
             assert sorted(m.key for m in kv.list("r/")) == on_ssd
             for k in on_ssd:

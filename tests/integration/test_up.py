@@ -9,7 +9,12 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from kvstore.client.client import KVClient
+
+# `kvstore up` in a subprocess starts a cluster (out of fastlane.py's sight).
+pytestmark = pytest.mark.slow
 
 
 def test_up_prints_addresses_serves_and_stops_on_ctrl_c(tmp_path):

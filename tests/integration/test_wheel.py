@@ -20,6 +20,9 @@ import zipfile
 
 import pytest
 
+# Builds a wheel and installs it in a fresh environment: tens of seconds.
+pytestmark = pytest.mark.slow
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 

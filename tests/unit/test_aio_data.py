@@ -13,6 +13,7 @@ from kvstore._proto import kvstore_pb2 as pb
 from kvstore.client.aio_data import AsyncNodeConnection
 from kvstore.errors import Unavailable
 from kvstore.transfer.protocol import REQUEST, RESPONSE, Op
+from waits import await_until
 
 
 def _answer(size: int = 0, value: bytes = b"") -> bytes:
@@ -28,7 +29,7 @@ async def _peer(script):
             for i in range(0, len(reply), 3):
                 writer.write(reply[i:i + 3])
                 await writer.drain()
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)            # holds the connection open while the client reads
         writer.close()
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     return server, server.sockets[0].getsockname()[1]
@@ -67,11 +68,9 @@ def test_an_answer_to_no_request_breaks_the_connection():
         async with server:
             conn = await AsyncNodeConnection.open("127.0.0.1", port, timeout_s=5)
             await conn.request(Op.PING, "")
-            for _ in range(100):
-                if conn.broken is not None:
-                    break
-                await asyncio.sleep(0.01)
-            assert conn.broken is not None and "not sent" in str(conn.broken)
+            await await_until(lambda: conn.broken is not None, interval_s=0.01,
+                              what="the unasked answer to break the connection")
+            assert "not sent" in str(conn.broken)
     asyncio.run(go())
 
 
@@ -83,10 +82,11 @@ def test_an_answer_given_up_on_never_lands_in_the_callers_memory():
     async def serve(reader, writer):
         await reader.readexactly(REQUEST.size + 4)          # GET "slow"
         await reader.readexactly(REQUEST.size + 4)          # GET "next"
-        await asyncio.sleep(0.5)
+        # The client sent "next" after it gave up on "slow" (its 0.2 s): the answer
+        # written now comes late for it, with no sleep to make it so.
         writer.write(_answer(5, b"LATE!") + _answer(5, b"fresh"))
         await writer.drain()
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)            # holds the connection open while the client reads
         writer.close()
 
     async def go():

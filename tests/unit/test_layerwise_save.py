@@ -22,6 +22,7 @@ from kvstore.engines.kv_saver import (DEFAULT_SAVE_MODE, SAVE_MODES, LayerwiseSa
                               StreamedSaver, SyncSaver, hidden_ms, make_saver)
 from kvstore.engines.model import LlamaModel
 from kvstore.errors import NoSpace, Unavailable
+from waits import wait_until
 
 
 class _MemoryStore:
@@ -49,7 +50,7 @@ class _MemoryStore:
             self.values[k] = bytes(v.numpy().tobytes() if isinstance(v, torch.Tensor) else v)
             self.parents[k] = p
             out.append(None)
-        time.sleep(self.put_s)
+        time.sleep(self.put_s)                   # the put's own time (a fake store's latency)
         self.calls.append((t0, time.perf_counter(), list(keys)))
         return out
 
@@ -117,7 +118,7 @@ def test_streamed_gathers_min_batch_blocks_per_put():
         session = saver.begin()
         for job in _jobs(8):
             session.submit(job)
-            time.sleep(0.005)
+            time.sleep(0.005)                    # pacing: blocks arrive as compute makes them
         report = session.finish()
     finally:
         saver.close()
@@ -188,7 +189,7 @@ def test_abandon_waits_for_the_put_in_flight_and_drops_the_rest():
         session = saver.begin()
         for job in _jobs(5):
             session.submit(job)
-        time.sleep(0.02)                         # the first put is in flight
+        wait_until(lambda: store.threads, interval_s=0.005, what="the first put to start")
         session.abandon()
         returned = time.perf_counter()
         session.abandon()                        # idempotent

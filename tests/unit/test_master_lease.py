@@ -25,7 +25,7 @@ def test_lease_runs_from_the_send_time_and_ends_before_the_ttl():
     lease.renew(0, sent, ttl_ms=400)
     lease.check("k")
     assert lease.held_all()
-    time.sleep(0.4 * (1 - MARGIN) + 0.02)         # past sent + ttl - margin
+    time.sleep(0.4 * (1 - MARGIN) + 0.02)         # on purpose: past sent + ttl - margin, < ttl
     with pytest.raises(Unavailable, match="fenced"):
         lease.check("k")
 

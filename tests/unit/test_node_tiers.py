@@ -20,6 +20,7 @@ from kvstore.store.node import StoreNode
 from kvstore.types import TierKind
 from kvstore.store.tiers.dram import DramTier
 from kvstore.store.tiers.ssd import SsdTier
+from waits import wait_until
 
 KiB, MiB = 1024, 1024 * 1024
 DRAM = 64 * KiB
@@ -191,7 +192,7 @@ def test_prefetch_promotes_protects_and_counts(node):
     fill(node, 40, start=300)
     assert tier_of(node, key) is TierKind.SSD                    # no longer protected
     node.prefetch(late, deadline_ms=30)
-    time.sleep(0.06)
+    time.sleep(0.06)                  # on purpose: the prefetch's 30 ms deadline passes unread
     node.mover.settle()
     assert node.counters["prefetch_wasted"] == 1 and node.counters["prefetches"] == 2
     with pytest.raises(NotFound):
@@ -373,12 +374,13 @@ def test_concurrent_mix_never_returns_wrong_bytes(tmp_path, policy):
         assert errors == []
         assert node.counters["puts"] > 100 and node.counters["demotions"] > 0
         assert node.counters["promotions"] > 0
-        for _ in range(50):           # let the mover finish what it started
+        def settled() -> bool:        # the mover finished what it started
             node.mover.wake()
-            time.sleep(0.02)
+            st = node.stats()
+            return st.num_referenced == 0 and st.num_doomed == 0
+        wait_until(settled, interval_s=0.02, what="the mover to finish its moves")
         node.check_invariants()
         st = node.stats()
-        assert st.num_referenced == 0 and st.num_doomed == 0
         for t in st.tiers:
             assert t.used_bytes + t.free_bytes == t.capacity_bytes
     finally:

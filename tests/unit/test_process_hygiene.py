@@ -13,6 +13,7 @@ from kvstore.store.tiers.dram import remove_orphan_segments
 from kvstore.tools.cluster.processes import (ChildFailed, ProcessGroup, ephemeral_port_range,
                                              free_ports)
 from kvstore.transfer.shm import SHM_DIR
+from waits import wait_until
 
 
 async def test_a_second_master_on_a_busy_port_fails():
@@ -72,11 +73,10 @@ def test_a_child_that_exits_before_ready_is_reported_as_exited(tmp_path):
     procs.stop()
 
 
+@pytest.mark.slow                   # starts a cluster, from a script fastlane.py cannot read
 def test_a_cluster_stops_when_its_launcher_is_killed(tmp_path):
     # A launcher killed with SIGKILL (the OOM killer took kvstore bench so) used to
     # leave its master and node running, the node's segment with them.
-    import time
-
     script = ("import os\n"
               "from kvstore.tools.cluster.launcher import start_store_cluster\n"
               f"c = start_store_cluster(1, 1, dram='16MiB', log_dir={str(tmp_path)!r})\n"
@@ -86,10 +86,8 @@ def test_a_cluster_stops_when_its_launcher_is_killed(tmp_path):
                          timeout=120).stdout
     pids = [int(p) for p in out.split()]
     assert len(pids) == 2
-    deadline = time.monotonic() + 15
-    while any(_alive(p) for p in pids):
-        assert time.monotonic() < deadline, "the cluster outlived its launcher"
-        time.sleep(0.1)
+    wait_until(lambda: not any(_alive(p) for p in pids), timeout_s=15, interval_s=0.1,
+               what="the cluster to stop with its launcher")
     logs = "".join(p.read_text() for p in tmp_path.glob("*.log"))
     assert logs.count("is gone: stopping") == 2
 

@@ -69,7 +69,7 @@ def test_the_node_lease_bounds_unreferenced_reads(tier_and_reader):
     assert not slots.serves(a.serial)                # the shortest shard lease counts
     lease.renew(1, time.monotonic(), 200)
     assert slots.serves(a.serial)
-    time.sleep(0.25)
+    time.sleep(0.25)                                 # on purpose: the 200 ms lease lapses
     assert not slots.serves(a.serial)                # lapsed: back to the node (fenced there)
     lease.renew(1, time.monotonic(), 60_000)
     assert slots.serves(a.serial)

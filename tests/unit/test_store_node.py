@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -12,6 +11,7 @@ from kvstore.keys import value_checksum
 from kvstore.store.node import ObjectState, StoreNode
 from kvstore.store.stats import NodeCounter
 from kvstore.store.tiers.dram import DramTier
+from waits import wait_until
 
 KiB = 1024
 CAPACITY = 64 * KiB
@@ -290,12 +290,10 @@ def test_full_stats_recount_at_most_every_interval_and_refresh_usage_between(nod
     assert cached.used_bytes == node.stats().used_bytes > first.used_bytes
     assert cached.counters["puts"] == 2 and cached.num_objects == 2
     assert cached.tiers[0].num_reading == 0
-    time.sleep(0.05)             # > 50 x what counting two objects takes
-    node.full_stats(0.0)         # due: counted again, on a thread of its own
-    deadline = time.monotonic() + 10
-    while node.full_stats(3600.0).tiers[0].num_reading != 1:
-        assert time.monotonic() < deadline, "the count never ended"
-        time.sleep(0.01)
+    # With no interval the count is due again once 50 x the last count's time has
+    # passed; it runs on a thread of its own and a later call sees its result.
+    wait_until(lambda: node.full_stats(0.0).tiers[0].num_reading == 1, interval_s=0.01,
+               what="a recount that sees the held read")
     assert node.full_stats(3600.0).num_referenced == 1
     node.release(held)
 
