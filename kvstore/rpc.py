@@ -25,7 +25,8 @@ it is a secure channel (mutual TLS when it has a certificate).
 Bad input gets a typed status, never UNKNOWN (:class:`TypedErrors`, on
 every server): a request that cannot be parsed is INVALID_ARGUMENT, and a
 :class:`~kvstore.errors.KVStoreError` that escapes a handler gets its status
-from the one table in :mod:`kvstore.errors`.
+from the one table in :mod:`kvstore.errors`, with its ``ErrorDetail`` in the
+trailing metadata (:func:`abort`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import grpc
 
 from kvstore.auth import Role, TokenFile, allows, bearer, client_token  # noqa: F401 (bearer: re-exported)
 from kvstore.binding import split_address
-from kvstore.errors import KVStoreError, status_code
+from kvstore.errors import KVStoreError, error_detail, status_code
 from kvstore.tls import TlsFiles, grpc_channel_credentials, grpc_server_credentials
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -211,7 +212,7 @@ class TypedErrors(grpc.aio.ServerInterceptor):
                     reply = inner(request, context)
                     return await reply if inspect.isawaitable(reply) else reply
                 except KVStoreError as err:
-                    await context.abort(status_code(err), err.message)
+                    await abort(context, err)
 
             return grpc.unary_unary_rpc_method_handler(unary, **kw)
         inner_stream = handler.unary_stream
@@ -222,15 +223,23 @@ class TypedErrors(grpc.aio.ServerInterceptor):
                     async for item in inner_stream(request, context):
                         yield item
                 except KVStoreError as err:
-                    await context.abort(status_code(err), err.message)
+                    await abort(context, err)
         else:
             async def stream(request, context):       # a coroutine writing with context.write
                 await _refuse_undecodable(request, context)
                 try:
                     await inner_stream(request, context)
                 except KVStoreError as err:
-                    await context.abort(status_code(err), err.message)
+                    await abort(context, err)
         return grpc.unary_stream_rpc_method_handler(stream, **kw)
+
+
+async def abort(context, err: KVStoreError):
+    """Fail the call a grpc.aio servicer handles with ``err``: its gRPC status (the
+    one table), its message, and its ``ErrorDetail`` in the trailing metadata, so
+    the caller's :func:`kvstore.errors.from_rpc_error` raises the same class with
+    the same fields. Never returns (grpc raises to end the handler)."""
+    await context.abort(status_code(err), err.message, trailing_metadata=error_detail(err))
 
 
 async def _refuse_undecodable(request, context) -> None:

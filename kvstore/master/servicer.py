@@ -20,10 +20,10 @@ from typing import Callable
 
 import grpc
 
-from kvstore import wire
+from kvstore import rpc, wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.errors import INDEX_INCOMPLETE, OK_STATUS, KVStoreError, status_code, to_status
+from kvstore.errors import OK_STATUS, IndexIncomplete, KVStoreError, NotLeader, to_status
 from kvstore.master.counters import MasterCounter as C
 from kvstore.master.index import ObjectIndex
 from kvstore.master.membership import NodeHeartbeat, NodeRegistration
@@ -75,7 +75,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             express (an eviction is admin's).
 
     The warm-up (:mod:`kvstore.master.warmup`): after starting and after each
-    win, client RPCs answer UNAVAILABLE (:data:`~kvstore.errors.INDEX_INCOMPLETE`,
+    win, client RPCs answer UNAVAILABLE (:class:`~kvstore.errors.IndexIncomplete`,
     saying what is missing) until every node of the roster re-registered and
     its inventory is applied, or its ttl passed without it; node RPCs are
     served at once. So no key a live node holds is reported NotFound, and no
@@ -142,16 +142,18 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     async def _gate(self, context, client_rpc: bool = True) -> None:
         if not self.leading():
-            hint = self.election.leader_hint if self.election else ""
-            await context.abort(grpc.StatusCode.UNAVAILABLE,
-                                f"not the leader of shard {self.index.shard_id}"
-                                + (f" (leader: {hint})" if hint else ""))
+            await rpc.abort(context, self.not_leader())
         if client_rpc and self.warming_up():
             now = now_ms()
-            await context.abort(grpc.StatusCode.UNAVAILABLE,
-                                f"{INDEX_INCOMPLETE}: shard {self.index.shard_id}'s master "
-                                f"(re)started {now - self.term.start_ms} ms ago; "
-                                f"{self.term.describe(now)}")
+            await rpc.abort(context, IndexIncomplete(
+                f"index incomplete: shard {self.index.shard_id}'s master "
+                f"(re)started {now - self.term.start_ms} ms ago; {self.term.describe(now)}"))
+
+    def not_leader(self) -> NotLeader:
+        """This standby's refusal, naming the leader when the election knows it."""
+        hint = self.election.leader_hint if self.election else ""
+        return NotLeader(f"not the leader of shard {self.index.shard_id}"
+                         + (f" (leader is {hint})" if hint else ""), leader=hint)
 
     def _owner(self, context) -> str:
         """The fingerprint of the caller's token ("" without --auth)."""
@@ -168,7 +170,7 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     async def _refuse(self, context, err: KVStoreError):
         log.warning("refused: %s", err.message)
-        await context.abort(status_code(err), err.message)
+        await rpc.abort(context, err)
 
     # ---- node RPCs ----
     async def RegisterNode(self, request, context):

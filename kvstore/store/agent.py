@@ -37,7 +37,7 @@ import grpc
 from kvstore import rpc, wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.errors import Unavailable, error_for_code, from_rpc_error
+from kvstore.errors import IdTaken, Unavailable, error_for_code, from_rpc_error
 from kvstore.rpc import ClientCredentials
 from kvstore.shardmap import ShardMap
 from kvstore.store.event_stream import EventStream
@@ -543,8 +543,7 @@ class Agents:
 
 def _id_taken(exc: grpc.RpcError) -> bool:
     """A refusal because the node id is alive under another incarnation."""
-    return (exc.code() == grpc.StatusCode.PERMISSION_DENIED
-            and "registered by another live process" in (exc.details() or ""))
+    return isinstance(from_rpc_error(exc), IdTaken)
 
 
 def no_master_yet(tickets: list[Ticket], timeout_s: float) -> None:

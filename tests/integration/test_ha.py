@@ -14,9 +14,16 @@ import shutil
 import signal
 import time
 
+import asyncio
+
+import grpc
 import pytest
 
+from kvstore import rpc
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.client.client import KVClient
+from kvstore.errors import NotLeader, from_rpc_error
 from kvstore.tools.chaos import serving
 from kvstore.tools.launcher import start_store_cluster
 
@@ -44,6 +51,37 @@ def wait_one_leader_per_shard(c, timeout_s=15.0) -> list[int]:
             return [s.index(True) for s in state]
         assert time.monotonic() < deadline, state
         time.sleep(0.2)
+
+
+def _refusal_of(address: str) -> Exception:
+    """What a standby at ``address`` answers a Lookup, on a blocking channel."""
+    with rpc.channel(address) as ch:
+        with pytest.raises(grpc.RpcError) as info:
+            pb_grpc.MasterStub(ch).Lookup(pb.LookupRequest(keys=["k"]), timeout=5.0)
+    return from_rpc_error(info.value)
+
+
+async def _aio_refusal_of(address: str) -> Exception:
+    async with rpc.aio_channel(address) as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await pb_grpc.MasterStub(ch).Lookup(pb.LookupRequest(keys=["k"]), timeout=5.0)
+    return from_rpc_error(info.value)
+
+
+def test_a_standby_refuses_with_not_leader_naming_the_leader(ha):
+    who = wait_one_leader_per_shard(ha)
+    for shard, at in zip(ha.shards, who):
+        leader, standby = shard[at].address, shard[1 - at].address
+        deadline = time.monotonic() + 10     # a standby learns the leader from etcd's watch
+        while True:
+            sync_err = _refusal_of(standby)
+            assert isinstance(sync_err, NotLeader), repr(sync_err)
+            if sync_err.leader or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert sync_err.leader == leader       # a field, not text to parse
+        aio_err = asyncio.run(_aio_refusal_of(standby))
+        assert isinstance(aio_err, NotLeader) and aio_err.leader == leader
 
 
 def test_failover_keeps_data_and_service(ha):
