@@ -144,6 +144,12 @@ class Internal(KVStoreError):
     code = pb.INTERNAL
 
 
+class ProtocolError(Internal):
+    """The two ends of a connection disagree about it (a peer refused a request it
+    must accept, or sent a frame that is not one of ours): the connection is closed.
+    Raised on the receiving side only; on the wire it is INTERNAL."""
+
+
 # The one table: error class -> gRPC status code. The wire code is the class's
 # own ``code`` attribute.
 ERRORS: dict[type[KVStoreError], grpc.StatusCode] = {

@@ -116,3 +116,34 @@ def test_a_detail_that_does_not_fit_is_ignored():
     assert type(from_rpc_error(_Failed(grpc.StatusCode.ALREADY_EXISTS, "m",
                                        error_detail(AlreadyPresent("same"))))) is AlreadyPresent
     assert type(from_rpc_error(_Failed(grpc.StatusCode.ALREADY_EXISTS, "m"))) is KeyConflict
+
+
+def test_the_report_link_raises_the_masters_refusal_and_its_own_failures_as_classes():
+    import socket
+    import threading
+
+    from kvstore.errors import ProtocolError
+    from kvstore.transfer.report_link import Frame, LinkBroken, ReportLink, frame
+
+    assert issubclass(LinkBroken, Unavailable) and not issubclass(LinkBroken, grpc.RpcError)
+    answers = [error_frame(pb.NOT_LEADER, "not the leader of shard 0"), frame(Frame.ANSWER, b"\xff"),
+               b""]       # a refusal, an undecodable answer, then silence (closed)
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        for answer in answers:
+            conn, _ = srv.accept()
+            with conn:
+                conn.sendall(frame(Frame.HELLO, b""))
+                conn.recv(65536)
+                conn.sendall(answer)
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    link = ReportLink("127.0.0.1", srv.getsockname()[1])
+    req = pb.ReportEventsRequest(node_id="n0")
+    for expected in (NotLeader, ProtocolError, LinkBroken):
+        with pytest.raises(KVStoreError) as info:
+            link.report(req, 5.0)
+        assert type(info.value) is expected
+    t.join(timeout=5)
+    srv.close()
