@@ -29,7 +29,10 @@ The index is a cache of what the nodes hold (DESIGN.md): node events
 :mod:`kvstore.types` records; only the servicer sees protobuf.
 
 Thread safety: owned by the master's event loop; not locked. Pure: time is
-passed in as ``now_ms``, so tests drive it without a network or clock.
+passed in as ``now_ms``, so tests drive it without a network or clock. It is
+monotonic ms (:mod:`kvstore.clock`): every deadline, ttl and age here is measured
+on it; the servicer shows its instants (created, last access, last heartbeat)
+as unix ms in replies.
 """
 
 from __future__ import annotations
