@@ -39,7 +39,7 @@ import grpc
 
 from kvstore.auth import Role, TokenFile, allows, bearer, client_token  # noqa: F401 (bearer: re-exported)
 from kvstore.binding import split_address
-from kvstore.errors import KVStoreError, error_detail, status_code
+from kvstore.errors import InvalidArgument, KVStoreError, error_detail, status_code
 from kvstore.tls import TlsFiles, grpc_channel_credentials, grpc_server_credentials
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -52,6 +52,21 @@ MAX_KEYS_PER_CALL = 10_000
 
 #: Most replicas one put may ask for (GrantPlacement, a node's write frame).
 MAX_REPLICAS = 16
+
+
+def check_replica_num(replica_num: int, *, unset_ok: bool = False, key: str | None = None,
+                      what: str = "replica_num") -> None:
+    """The one bound on a put's replica count, wherever it is checked (the SDKs, the
+    master's grants and inventories, a node's write frame): 1 to :data:`MAX_REPLICAS`,
+    or 0 where ``unset_ok`` (a wire field not set: one replica).
+
+    Raises:
+        InvalidArgument: out of bounds (nothing was changed).
+    """
+    low = 0 if unset_ok else 1
+    if not low <= replica_num <= MAX_REPLICAS:
+        raise InvalidArgument(f"{what} must be in [{low}, {MAX_REPLICAS}], got {replica_num}",
+                              key=key)
 
 _MESSAGE_SIZES = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]

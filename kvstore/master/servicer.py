@@ -32,7 +32,7 @@ from kvstore.master.stall import LoopWatch
 from kvstore.master.term import Term
 from kvstore.auth import Role, fingerprint
 from kvstore.clock import SYSTEM_CLOCK, Clock
-from kvstore.rpc import MAX_KEYS_PER_CALL, MAX_REPLICAS, ServerSecurity, bearer, caller_role
+from kvstore.rpc import MAX_KEYS_PER_CALL, ServerSecurity, bearer, caller_role, check_replica_num
 from kvstore.types import NodeId, RemoveReason
 
 log = logging.getLogger(__name__)
@@ -279,10 +279,8 @@ class MasterServicer(pb_grpc.MasterServicer):
     # ---- client RPCs ----
     async def GrantPlacement(self, request, context):
         await self._gate(context)
-        if request.replica_num > MAX_REPLICAS:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"replica_num {request.replica_num} > {MAX_REPLICAS}")
         try:
+            check_replica_num(request.replica_num, unset_ok=True)
             grant, nodes = self.index.grant(request.replica_num or 1, request.num_ids or 1,
                                             self.clock.monotonic_ms(), request.key)
         except KVStoreError as err:
