@@ -47,7 +47,7 @@ from kvstore.client.suspects import Suspects, fallback_after_s
 from kvstore.errors import (InvalidArgument, KVStoreError, NotFound,
                             Unavailable, WrongShard, error_for_code, from_rpc_error)
 from kvstore.keys import key_list, validate_key, value_checksum
-from kvstore.rpc import MAX_KEYS_PER_CALL, MAX_REPLICAS, ClientCredentials, aio_channel
+from kvstore.rpc import MAX_KEYS_PER_CALL, ClientCredentials, aio_channel, check_replica_num
 from kvstore.shardmap import ShardMap
 from kvstore.tls import client_context
 from kvstore.transfer.buffers import readable_view, writable_view
@@ -403,8 +403,7 @@ class AsyncKVClient:
             InvalidArgument.
         """
         replicas = replica_num or self.replica_num
-        if not 1 <= replicas <= MAX_REPLICAS:
-            raise InvalidArgument(f"replica_num must be in [1, {MAX_REPLICAS}], got {replicas}")
+        check_replica_num(replicas)
         res = await self._put_one(key, value, replicas)    # no gather, no task of its own
         if isinstance(res, KVStoreError):
             raise res
@@ -425,8 +424,7 @@ class AsyncKVClient:
         if len(keys) != len(values):
             raise InvalidArgument(f"{len(keys)} keys but {len(values)} values")
         replicas = replica_num or self.replica_num
-        if not 1 <= replicas <= MAX_REPLICAS:
-            raise InvalidArgument(f"replica_num must be in [1, {MAX_REPLICAS}], got {replicas}")
+        check_replica_num(replicas)
         return await asyncio.gather(*(self._put_one(k, v, replicas) for k, v in zip(keys, values)))
 
     async def _put_one(self, key: str, value: Any, replica_num: int) -> bool | KVStoreError:

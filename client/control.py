@@ -36,8 +36,8 @@ from kvstore import rpc, wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.client.deadline import Deadline, of_call
-from kvstore.errors import (INDEX_INCOMPLETE, NO_LIVE_NODE, NODES_LATE, RETRYABLE,
-                            InvalidArgument, KVStoreError, NotFound, Unavailable, WrongShard,
+from kvstore.errors import (RETRYABLE, IndexIncomplete, InvalidArgument, KVStoreError, NodesLate,
+                            NoLiveNode, NotFound, NotLeader, Unavailable, WrongShard,
                             error_for_code, from_rpc_error)
 from kvstore.keys import validate_key
 from kvstore.rpc import MAX_KEYS_PER_CALL, ClientCredentials
@@ -59,17 +59,17 @@ def _as_is(err: KVStoreError) -> KVStoreError:
 
 def retryable(err: KVStoreError) -> bool:
     """Whether a master call that failed with ``err`` is tried again: an Unavailable,
-    except a master's answer that no store node is alive (:data:`NO_LIVE_NODE`)."""
-    return isinstance(err, RETRYABLE) and not err.message.startswith(NO_LIVE_NODE)
+    except a master's answer that no store node is alive (:class:`NoLiveNode`)."""
+    return isinstance(err, RETRYABLE) and not isinstance(err, NoLiveNode)
 
 
 def next_master(addresses: tuple[str, ...], at: int, err: KVStoreError) -> int:
     """Which of a shard's masters an HA call tries after ``addresses[at]`` answered the
     retryable ``err``: the same one when it asked to be waited on (:func:`waits`), the
-    leader a standby named ("(leader: X)"), else the next."""
+    leader a standby named (:attr:`NotLeader.leader`), else the next."""
     if waits(err):
         return at
-    hint = _leader_hint(err.message)
+    hint = err.leader if isinstance(err, NotLeader) else ""
     if hint in addresses and hint != addresses[at]:
         return addresses.index(hint)
     return (at + 1) % len(addresses)
@@ -80,7 +80,7 @@ def waits(err: KVStoreError) -> bool:
     "index incomplete" (it just started or won the election and is warming up: not
     left for a cut-off old leader and a whole RPC deadline) or "nodes late" (its
     nodes missed their heartbeats just now, and may be back any moment)."""
-    return err.message.startswith((INDEX_INCOMPLETE, NODES_LATE))
+    return isinstance(err, (IndexIncomplete, NodesLate))
 
 
 class MasterRetry:
@@ -140,12 +140,6 @@ class MasterRetry:
 
     def _pause(self, s: float) -> float:
         return min(s, max(0.0, self.deadline.left_s()))
-
-
-def _leader_hint(message: str) -> str:
-    """The leader a standby named in its refusal ("... (leader: host:port)"), or ""."""
-    _, sep, rest = message.rpartition("(leader: ")
-    return rest.rstrip(")") if sep else ""
 
 
 def _unroutable(key) -> InvalidArgument | None:

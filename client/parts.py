@@ -50,7 +50,7 @@ from kvstore.client.puts import MAX_NODES_TRIED, PutProtocol, Written, settle
 from kvstore.errors import (InvalidArgument, KVStoreError, NotFound, Unavailable,
                             error_for_code)
 from kvstore.keys import validate_key
-from kvstore.rpc import MAX_REPLICAS
+from kvstore.rpc import check_replica_num
 from kvstore.transfer.base import Transport, WriteItem
 from kvstore.transfer.buffers import readable_view
 from kvstore.transfer.protocol import Op
@@ -94,8 +94,7 @@ class PartsWriter:
         if len(keys) != len(sizes_bytes) or (parents is not None and len(parents) != len(keys)):
             raise InvalidArgument(f"{len(keys)} keys, {len(sizes_bytes)} sizes, "
                                   f"{len(parents) if parents is not None else '-'} parents")
-        if not 1 <= replica_num <= MAX_REPLICAS:
-            raise InvalidArgument(f"replica_num must be in [1, {MAX_REPLICAS}], got {replica_num}")
+        check_replica_num(replica_num)
         self._puts = puts
         self._replica_num = replica_num
         self._connections = puts.connections

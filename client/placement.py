@@ -34,10 +34,11 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from kvstore import wire
+from kvstore import sizes, wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.client.control import Control
-from kvstore.errors import KVStoreError, TooLarge, Unavailable
+from kvstore.errors import KVStoreError, Unavailable
+from kvstore.sizes import check_fits
 from kvstore.keys import NUM_SLOTS, key_slot
 from kvstore.types import NodeAddress, NodeId, ObjectId
 
@@ -102,12 +103,9 @@ def take(g: "Grant | None", key: str, size_bytes: int, replica_num: int,
         raise Unavailable("no placement grant", key=key)
     if not g.serves(key):
         raise Unavailable("the placement grant is another shard's (a stale shard map)", key=key)
-    fits = [n for n in g.nodes if n.max_object_bytes >= size_bytes]
-    if not fits:
-        biggest = max((n.max_object_bytes for n in g.nodes), default=0)
-        raise TooLarge(f"{size_bytes} B exceeds the largest object any node keeps "
-                       f"({biggest} B: under its high watermark)",
-                       key=key)
+    check_fits(size_bytes, max((n.max_object_bytes for n in g.nodes), default=0),
+               "any granted node", key=key)
+    fits = [n for n in g.nodes if sizes.fits(size_bytes, n.max_object_bytes)]
     cands = [n for n in fits if n.address.node_id not in exclude]
     if not cands:
         raise Unavailable(f"every node that could hold the value failed it ({len(fits)} tried)",

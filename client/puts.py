@@ -57,7 +57,7 @@ from kvstore.client.placement import Placements
 from kvstore.errors import (AlreadyPresent, InvalidArgument, KeyConflict, KVStoreError,
                             NotFound, TooLarge, Unavailable, WrongShard)
 from kvstore.keys import validate_key
-from kvstore.rpc import MAX_REPLICAS
+from kvstore.rpc import check_replica_num
 from kvstore.transfer.base import WriteItem
 from kvstore.transfer.buffers import readable_view
 from kvstore.types import (NodeAddress, NodeId, ObjectId, ObjectKey, ObjectMeta, Replica,
@@ -174,8 +174,7 @@ class PutProtocol:
             except KVStoreError as err:
                 results[i] = err
         replicas = replica_num or self.replica_num
-        if not 1 <= replicas <= MAX_REPLICAS:
-            raise InvalidArgument(f"replica_num must be in [1, {MAX_REPLICAS}], got {replicas}")
+        check_replica_num(replicas)
         # A key repeated in one batch is put in waves, one occurrence per wave:
         # the first wins, later ones are "already present" or KeyConflict, as
         # for any second put (a wave never places a key twice).

@@ -6,6 +6,16 @@ status code used in batch replies and on the TCP data plane) and a
 ``grpc.StatusCode`` (used when a whole RPC fails). ``ERRORS`` below is the
 only table that relates them (STYLE rule 11); retries are allowed only on
 :class:`Unavailable`, declared once in :data:`RETRYABLE`.
+
+A subclass that means more than its parent (a master warming up, a standby
+naming its leader, no live store node...) has a wire code of its own, so it
+crosses every path as itself: per-item statuses, the TCP data plane and the
+report link carry the code; a failed RPC carries its parent's gRPC status and,
+in the binary trailing metadata key :data:`ERROR_DETAIL_KEY`, an
+``ErrorDetail`` (the code and the fields: a standby's ``leader``), which
+:func:`from_rpc_error` decodes back into the class (bounded, checked against
+the status). Callers test the class (``isinstance``), never the message: the
+message is for people.
 """
 
 from __future__ import annotations
@@ -50,6 +60,43 @@ class Unavailable(KVStoreError):
     code = pb.UNAVAILABLE
 
 
+class IndexIncomplete(Unavailable):
+    """A leading master still rebuilding its index (just started, or a new leader
+    while the store nodes re-register): the SDK waits it out at the same master (up
+    to its failover_wait_s) instead of giving up after a few tries."""
+    code = pb.INDEX_INCOMPLETE
+
+
+class NodesLate(Unavailable):
+    """A leading master whose store nodes all missed their heartbeats within the
+    last node ttl: they may only be late, so the SDK waits on the same master, as
+    for :class:`IndexIncomplete`, while its call's deadline lets it retry."""
+    code = pb.NODES_LATE
+
+
+class NoLiveNode(Unavailable):
+    """A leading master with no live store node to place a value on: an answer, not
+    an outage of the master, so the SDK raises it at once (never retried)."""
+    code = pb.NO_LIVE_NODE
+
+
+class NotLeader(Unavailable):
+    """A standby master refused the call; ``leader`` is the leader's address
+    (host:port) when the standby knows it, else "". The SDK tries that one next."""
+    code = pb.NOT_LEADER
+
+    def __init__(self, message: str = "", *, key: str | None = None, redirect: str = "",
+                 leader: str = ""):
+        super().__init__(message, key=key, redirect=redirect)
+        self.leader = leader
+
+
+class Fenced(Unavailable):
+    """A store node that has not heard from its master shard for longer than its
+    lease: it refuses reads and writes until a master answers again."""
+    code = pb.FENCED
+
+
 class InvalidArgument(KVStoreError):
     """Bad input (empty key, wrong type, bad size); nothing was changed."""
     code = pb.INVALID_ARGUMENT
@@ -86,9 +133,21 @@ class PermissionDenied(KVStoreError):
     code = pb.PERMISSION_DENIED
 
 
+class IdTaken(PermissionDenied):
+    """A node registering under an id that another live process (another
+    incarnation) holds: the master keeps the live one."""
+    code = pb.ID_TAKEN
+
+
 class Internal(KVStoreError):
     """A broken invariant on the server side (a bug)."""
     code = pb.INTERNAL
+
+
+class ProtocolError(Internal):
+    """The two ends of a connection disagree about it (a peer refused a request it
+    must accept, or sent a frame that is not one of ours): the connection is closed.
+    Raised on the receiving side only; on the wire it is INTERNAL."""
 
 
 # The one table: error class -> gRPC status code. The wire code is the class's
@@ -98,6 +157,11 @@ ERRORS: dict[type[KVStoreError], grpc.StatusCode] = {
     TooLarge: grpc.StatusCode.OUT_OF_RANGE,
     NoSpace: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Unavailable: grpc.StatusCode.UNAVAILABLE,
+    IndexIncomplete: grpc.StatusCode.UNAVAILABLE,
+    NodesLate: grpc.StatusCode.UNAVAILABLE,
+    NoLiveNode: grpc.StatusCode.UNAVAILABLE,
+    NotLeader: grpc.StatusCode.UNAVAILABLE,
+    Fenced: grpc.StatusCode.UNAVAILABLE,
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     KeyConflict: grpc.StatusCode.ALREADY_EXISTS,
     AlreadyPresent: grpc.StatusCode.ALREADY_EXISTS,
@@ -105,13 +169,14 @@ ERRORS: dict[type[KVStoreError], grpc.StatusCode] = {
     ChecksumMismatch: grpc.StatusCode.DATA_LOSS,
     Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    IdTaken: grpc.StatusCode.PERMISSION_DENIED,
     Internal: grpc.StatusCode.INTERNAL,
 }
 
 _BY_CODE: dict[int, type[KVStoreError]] = {cls.code: cls for cls in ERRORS}
 _BY_GRPC: dict[grpc.StatusCode, type[KVStoreError]] = {}
-for _cls, _status in ERRORS.items():      # the first class of a status wins (KeyConflict)
-    _BY_GRPC.setdefault(_status, _cls)
+for _cls, _status in ERRORS.items():      # the first class of a status wins (KeyConflict,
+    _BY_GRPC.setdefault(_status, _cls)    # Unavailable, PermissionDenied)
 # Transport-level gRPC failures that mean "could not reach the server".
 _BY_GRPC[grpc.StatusCode.DEADLINE_EXCEEDED] = Unavailable
 _BY_GRPC[grpc.StatusCode.CANCELLED] = Unavailable
@@ -121,21 +186,10 @@ RETRYABLE: tuple[type[KVStoreError], ...] = (Unavailable,)
 #: ... and their gRPC codes, for callers that see a status code (the conductor).
 RETRYABLE_STATUS: frozenset[grpc.StatusCode] = frozenset(ERRORS[c] for c in RETRYABLE)
 
-#: How an Unavailable from a master that is rebuilding its index (just started,
-#: or a new leader, while the store nodes re-register) begins: the SDK waits
-#: that out (up to its failover_wait_s) instead of giving up after a few tries.
-INDEX_INCOMPLETE = "index incomplete"
-#: How an Unavailable begins that a leading master answers when no store node is
-#: alive to place a value on: an answer, not an outage of the master, so the SDK
-#: raises it at once (a node that died is out of the grants after the node ttl).
-#: For one more node ttl after the last node's heartbeats stopped the master
-#: answers a plain, retried Unavailable instead: that node may only have been late.
-NO_LIVE_NODE = "no live store node"
-#: How the Unavailable begins that a leading master answers instead, within one
-#: node ttl of the last node's heartbeats stopping (that node may only be late):
-#: the SDK waits it out on the same master, as :data:`INDEX_INCOMPLETE`, for as
-#: long as its call's deadline lets it retry.
-NODES_LATE = "every store node missed its heartbeats just now"
+#: The binary trailing-metadata key of a failed RPC's ``ErrorDetail``.
+ERROR_DETAIL_KEY = "kvstore-error-bin"
+#: An ``ErrorDetail`` longer than this is ignored (read as the plain status).
+MAX_ERROR_DETAIL_BYTES = 1024
 
 
 def code_name(code: int) -> str:
@@ -148,13 +202,16 @@ def code_name(code: int) -> str:
 
 
 def error_for_code(code: int, message: str = "", *, key: str | None = None,
-                   redirect: str = "") -> KVStoreError:
+                   redirect: str = "", leader: str = "") -> KVStoreError:
     """Build the exception for a wire ``Code`` (``OK`` is a caller bug; an unknown
-    code is :class:`Internal`)."""
+    code is :class:`Internal`). ``leader`` is kept by :class:`NotLeader` only."""
     if code == pb.OK:
         raise ValueError("error_for_code called with OK")
     cls = _BY_CODE.get(code, Internal)
-    return cls(message or code_name(code), key=key, redirect=redirect)
+    message = message or code_name(code)
+    if cls is NotLeader:
+        return NotLeader(message, key=key, redirect=redirect, leader=leader)
+    return cls(message, key=key, redirect=redirect)
 
 
 def to_status(err: KVStoreError) -> pb.Status:
@@ -171,9 +228,41 @@ def status_code(err: KVStoreError) -> grpc.StatusCode:
         (code for cls, code in ERRORS.items() if isinstance(err, cls)), grpc.StatusCode.INTERNAL)
 
 
+def error_detail(err: KVStoreError) -> tuple[tuple[str, bytes], ...]:
+    """The trailing metadata a failed RPC carries for ``err`` (its code and fields),
+    for ``context.abort(..., trailing_metadata=...)``."""
+    detail = pb.ErrorDetail(code=err.code, leader=getattr(err, "leader", ""),
+                            redirect=err.redirect)
+    return ((ERROR_DETAIL_KEY, detail.SerializeToString()),)
+
+
+def _detail_of(exc: grpc.RpcError) -> pb.ErrorDetail | None:
+    """The ``ErrorDetail`` of a failed RPC, or None (none, too large, undecodable)."""
+    try:
+        metadata = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    except Exception:              # a call that never reached a server has none to give
+        return None
+    for k, v in metadata or ():
+        if k == ERROR_DETAIL_KEY and isinstance(v, bytes) and len(v) <= MAX_ERROR_DETAIL_BYTES:
+            try:
+                return pb.ErrorDetail.FromString(v)
+            except Exception:      # protobuf's DecodeError: not a detail of ours
+                return None
+    return None
+
+
 def from_rpc_error(exc: grpc.RpcError) -> KVStoreError:
-    """Translate a failed RPC into the kvstore error it stands for."""
+    """Translate a failed RPC into the kvstore error it stands for: the class its
+    ``ErrorDetail`` names when that class's gRPC status is the call's, else the
+    first class of the status (:data:`ERRORS`)."""
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     details = exc.details() if hasattr(exc, "details") else str(exc)
+    message = details or str(code)
+    detail = _detail_of(exc)
+    if detail is not None:
+        cls = _BY_CODE.get(detail.code)
+        if cls is not None and ERRORS[cls] == code:
+            return error_for_code(detail.code, message, redirect=detail.redirect[:256],
+                                  leader=detail.leader[:256])
     cls = _BY_GRPC.get(code, Unavailable if code == grpc.StatusCode.UNKNOWN else Internal)
-    return cls(details or str(code))
+    return cls(message)

@@ -25,7 +25,8 @@ it is a secure channel (mutual TLS when it has a certificate).
 Bad input gets a typed status, never UNKNOWN (:class:`TypedErrors`, on
 every server): a request that cannot be parsed is INVALID_ARGUMENT, and a
 :class:`~kvstore.errors.KVStoreError` that escapes a handler gets its status
-from the one table in :mod:`kvstore.errors`.
+from the one table in :mod:`kvstore.errors`, with its ``ErrorDetail`` in the
+trailing metadata (:func:`abort`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import grpc
 
 from kvstore.auth import Role, TokenFile, allows, bearer, client_token  # noqa: F401 (bearer: re-exported)
 from kvstore.binding import split_address
-from kvstore.errors import KVStoreError, status_code
+from kvstore.errors import InvalidArgument, KVStoreError, error_detail, status_code
 from kvstore.tls import TlsFiles, grpc_channel_credentials, grpc_server_credentials
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -51,6 +52,21 @@ MAX_KEYS_PER_CALL = 10_000
 
 #: Most replicas one put may ask for (GrantPlacement, a node's write frame).
 MAX_REPLICAS = 16
+
+
+def check_replica_num(replica_num: int, *, unset_ok: bool = False, key: str | None = None,
+                      what: str = "replica_num") -> None:
+    """The one bound on a put's replica count, wherever it is checked (the SDKs, the
+    master's grants and inventories, a node's write frame): 1 to :data:`MAX_REPLICAS`,
+    or 0 where ``unset_ok`` (a wire field not set: one replica).
+
+    Raises:
+        InvalidArgument: out of bounds (nothing was changed).
+    """
+    low = 0 if unset_ok else 1
+    if not low <= replica_num <= MAX_REPLICAS:
+        raise InvalidArgument(f"{what} must be in [{low}, {MAX_REPLICAS}], got {replica_num}",
+                              key=key)
 
 _MESSAGE_SIZES = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
@@ -211,7 +227,7 @@ class TypedErrors(grpc.aio.ServerInterceptor):
                     reply = inner(request, context)
                     return await reply if inspect.isawaitable(reply) else reply
                 except KVStoreError as err:
-                    await context.abort(status_code(err), err.message)
+                    await abort(context, err)
 
             return grpc.unary_unary_rpc_method_handler(unary, **kw)
         inner_stream = handler.unary_stream
@@ -222,15 +238,23 @@ class TypedErrors(grpc.aio.ServerInterceptor):
                     async for item in inner_stream(request, context):
                         yield item
                 except KVStoreError as err:
-                    await context.abort(status_code(err), err.message)
+                    await abort(context, err)
         else:
             async def stream(request, context):       # a coroutine writing with context.write
                 await _refuse_undecodable(request, context)
                 try:
                     await inner_stream(request, context)
                 except KVStoreError as err:
-                    await context.abort(status_code(err), err.message)
+                    await abort(context, err)
         return grpc.unary_stream_rpc_method_handler(stream, **kw)
+
+
+async def abort(context, err: KVStoreError):
+    """Fail the call a grpc.aio servicer handles with ``err``: its gRPC status (the
+    one table), its message, and its ``ErrorDetail`` in the trailing metadata, so
+    the caller's :func:`kvstore.errors.from_rpc_error` raises the same class with
+    the same fields. Never returns (grpc raises to end the handler)."""
+    await context.abort(status_code(err), err.message, trailing_metadata=error_detail(err))
 
 
 async def _refuse_undecodable(request, context) -> None:

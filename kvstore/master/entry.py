@@ -18,9 +18,9 @@ class Entry:
     checksum: int                  # xxh3-64 of the value
     object_id: ObjectId            # names this version on the nodes
     replicas: list[NodeId] = field(default_factory=list)   # nodes holding it (some maybe dead)
-    created_ms: int = 0
+    created_ms: int = 0            # monotonic ms (kvstore.clock); unix ms in replies
     access_count: int = 0
-    last_access_ms: int = 0
+    last_access_ms: int = 0        # monotonic ms, as created_ms
     tiers: dict[NodeId, TierKind] = field(default_factory=dict)  # node -> tier serving it there
                                                                  # (from events; absent: DRAM)
     replica_num: int = 1           # replicas wanted; repair copies up to it

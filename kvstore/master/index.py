@@ -29,7 +29,10 @@ The index is a cache of what the nodes hold (DESIGN.md): node events
 :mod:`kvstore.types` records; only the servicer sees protobuf.
 
 Thread safety: owned by the master's event loop; not locked. Pure: time is
-passed in as ``now_ms``, so tests drive it without a network or clock.
+passed in as ``now_ms``, so tests drive it without a network or clock. It is
+monotonic ms (:mod:`kvstore.clock`): every deadline, ttl and age here is measured
+on it; the servicer shows its instants (created, last access, last heartbeat)
+as unix ms in replies.
 """
 
 from __future__ import annotations
@@ -189,8 +192,9 @@ class ObjectIndex:
     def grant(self, replica_num: int, num_ids: int, now_ms: int,
               key: str = "") -> tuple[Grant, list[NodeInfo]]:
         """A placement grant (:mod:`kvstore.master.grants`): ``num_ids`` fresh object
-        ids (at most MAX_IDS_PER_GRANT) and the nodes new bytes may go to,
-        most free space first.
+        ids (at most MAX_IDS_PER_GRANT) and the nodes new bytes may go to, in node id
+        order: which of them a value goes to is the one placement policy, the SDK's
+        rendezvous hash of the key over them (:mod:`kvstore.client.placement`).
 
         Raises:
             Unavailable: no live store node, or the ids are being reserved (retry).
@@ -206,7 +210,7 @@ class ObjectIndex:
         if not alive:
             raise self.membership.no_live_node(now_ms)
         nodes = self.membership.healthy_nodes(now_ms) or alive
-        nodes = sorted(nodes, key=lambda n: (-n.free_bytes, n.node_id))
+        nodes = sorted(nodes, key=lambda n: n.node_id)
         g = self.grants.issue(self._next_id, n, replica_num, now_ms)
         self._next_id += n
         self.counters[C.GRANTS] += 1
@@ -237,7 +241,7 @@ class ObjectIndex:
             replaced_dead = True
         if entry is not None:
             grant.decided_ids.add(event.object_id)
-            if entry.checksum == event.checksum and entry.size_bytes == event.size_bytes:
+            if _same_bytes(entry, event):
                 self.counters[C.PUTS_ALREADY_PRESENT] += 1
                 raise AlreadyPresent("equal bytes are stored", key=event.key)
             raise KeyConflict(f"key holds different bytes ({entry.size_bytes} B, checksum "
@@ -279,7 +283,7 @@ class ObjectIndex:
             # or replaced: a late copy, see grants.py).
             raise NotFound("no put of this object_id (removed or replaced, or its placement "
                            "grant is unknown here)", key=event.key)
-        if event.checksum != entry.checksum or event.size_bytes != entry.size_bytes:
+        if not _same_bytes(entry, event):
             raise KeyConflict(f"stored {event.size_bytes} B with checksum {event.checksum:#x}; "
                               f"the put announced {entry.size_bytes} B, {entry.checksum:#x}",
                               key=event.key)
@@ -456,3 +460,9 @@ class ObjectIndex:
         """
         self.repair_hint = True
         return sync_node_inventory(self, node_id, items, now_ms)
+
+
+def _same_bytes(entry: Entry, event: NodeEvent) -> bool:
+    """The one test of "equal bytes" (size and xxh3-64): a second put of them is
+    already present, and a replica of them is one more of the version."""
+    return entry.size_bytes == event.size_bytes and entry.checksum == event.checksum

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from kvstore.errors import InvalidArgument
-from kvstore.rpc import MAX_REPLICAS
+from kvstore.rpc import check_replica_num
 from kvstore.types import InventoryItem
 
 #: What one indexed object costs a master process (B), measured by ``kvstore scale``
@@ -51,9 +51,8 @@ def check_inventory(items: Sequence[InventoryItem]) -> None:
             a ``replica_num`` above :data:`kvstore.rpc.MAX_REPLICAS`.
     """
     for it in items:
-        if it.replica_num > MAX_REPLICAS:
-            raise InvalidArgument(f"inventory replica_num {it.replica_num} of {it.key[:64]!r} "
-                                  f"is above {MAX_REPLICAS}")
+        check_replica_num(it.replica_num, unset_ok=True,
+                          what=f"inventory replica_num of {it.key[:64]!r}")
         if not 0 < it.object_id <= MAX_INVENTORY_OBJECT_ID:
             raise InvalidArgument(f"inventory object id {it.object_id} of {it.key[:64]!r} is "
                                   f"outside [1, {MAX_INVENTORY_OBJECT_ID}]")

@@ -21,7 +21,7 @@ import ipaddress
 import logging
 from dataclasses import dataclass, field
 
-from kvstore.errors import NO_LIVE_NODE, NODES_LATE, InvalidArgument, PermissionDenied, Unavailable
+from kvstore.errors import IdTaken, InvalidArgument, NodesLate, NoLiveNode, Unavailable
 from kvstore.types import CopyOrder, DropOrder, NodeAddress, NodeId, ObjectId, ObjectKey, TierStats
 
 log = logging.getLogger(__name__)
@@ -151,7 +151,7 @@ class Membership:
 
         Raises:
             InvalidArgument: an address clients could not use (see :func:`check_address`).
-            PermissionDenied: the id is alive under another incarnation or token
+            IdTaken: the id is alive under another incarnation or token
                 (a second process claiming a live node's id is refused, not obeyed;
                 a restarted node is accepted once its old registration expired).
         """
@@ -176,7 +176,7 @@ class Membership:
         """Record a heartbeat; None when the node is unknown (it must register again).
 
         Raises:
-            PermissionDenied: not the registered incarnation or token.
+            IdTaken: not the registered incarnation or token.
         """
         info = self.nodes.get(beat.node_id)
         if info is None:
@@ -309,13 +309,13 @@ class Membership:
             info.last_heartbeat_ms = now_ms
 
     def no_live_node(self, now_ms: int) -> Unavailable:
-        """The error for a placement that finds no live node: final (:data:`NO_LIVE_NODE`;
+        """The error for a placement that finds no live node: final (:class:`NoLiveNode`;
         the SDKs raise it at once), except within ``node_ttl_ms`` of the last node's
         heartbeats stopping. A node that was only late (a starved process, a brief
         partition) may be back any moment: until then, an Unavailable the SDKs retry."""
         if self.lost_ms and now_ms - self.lost_ms < self.node_ttl_ms:
-            return Unavailable(f"{NODES_LATE}; retry")
-        return Unavailable(NO_LIVE_NODE)
+            return NodesLate("every store node missed its heartbeats just now; retry")
+        return NoLiveNode("no live store node")
 
     def forget(self, now_ms: int) -> list[NodeId]:
         """Remove nodes dead for longer than ``forget_ms`` (their heartbeats stopped
@@ -333,9 +333,10 @@ class Membership:
 
     @staticmethod
     def check_identity(info: NodeInfo, incarnation: str, owner: str) -> None:
-        """Raises PermissionDenied unless ``incarnation`` and ``owner`` are the registered ones."""
+        """Raises IdTaken (a PermissionDenied) unless ``incarnation`` and ``owner`` are the
+        registered ones."""
         if incarnation != info.incarnation or owner != info.owner:
-            raise PermissionDenied(
+            raise IdTaken(
                 f"node id {info.node_id} is registered by another live process "
                 f"({'another token' if owner != info.owner else 'another incarnation'}); "
                 f"refused until it stops or its registration expires")

@@ -23,7 +23,7 @@ import asyncio
 from collections import Counter
 
 from kvstore.master.counters import MasterCounter as C
-from kvstore.master.servicer import MasterServicer, now_ms
+from kvstore.master.servicer import MasterServicer
 from kvstore.metrics import ProcessMetrics, counter, gauge
 
 SCRAPE_TIMEOUT_S = 5.0
@@ -35,7 +35,7 @@ def snapshot(servicer: MasterServicer) -> list:
     index = servicer.index
     counts = Counter(servicer.past_counters)
     counts.update(index.counters)
-    now = now_ms()
+    now = servicer.clock.monotonic_ms()
     states = Counter()
     for info in index.membership.nodes.values():
         if not info.alive:

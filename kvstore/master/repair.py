@@ -30,6 +30,7 @@ from typing import Iterable, Iterator
 from kvstore.master.counters import MasterCounter as C
 from kvstore.master.entry import Entry
 from kvstore.master.index import ObjectIndex
+from kvstore.sizes import fits
 from kvstore.types import CopyOrder, CopyResult, NodeId
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ class RepairPlanner:
         membership = self.index.membership
         held = set(entry.replicas)
         targets = [n for n in membership.healthy_nodes(now_ms)
-                   if n.node_id not in held and n.max_object_bytes >= entry.size_bytes
+                   if n.node_id not in held and fits(entry.size_bytes, n.max_object_bytes)
                    and n.free_bytes >= entry.size_bytes]
         if not targets:
             return

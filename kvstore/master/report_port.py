@@ -114,10 +114,8 @@ class ReportPort:
             raise _Refused(pb.INVALID_ARGUMENT, "an undecodable report") from None
         servicer = self.servicer
         if not servicer.leading():
-            hint = servicer.election.leader_hint if servicer.election else ""
-            return error_frame(pb.UNAVAILABLE, f"not the leader of shard "
-                                               f"{servicer.index.shard_id}"
-                                               + (f" (leader: {hint})" if hint else ""))
+            refusal = servicer.not_leader()
+            return error_frame(refusal.code, refusal.message)
         servicer.index.counters[C.LINK_REPORTS] += 1
         try:
             return frame(Frame.ANSWER, servicer.apply_report(request, owner).SerializeToString())

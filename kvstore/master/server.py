@@ -20,6 +20,7 @@ import grpc
 
 from kvstore import rpc
 from kvstore.binding import advertised_host, check_binding
+from kvstore.clock import SYSTEM_CLOCK, Clock
 from kvstore.health import Health, State, drain
 from kvstore.metrics import MetricsConfig, ProcessMetrics, check_metrics_binding, start_metrics
 from kvstore.rpc import ServerSecurity
@@ -30,7 +31,7 @@ from kvstore.master.limits import default_max_objects
 from kvstore.master.membership import Membership
 from kvstore.master.roster import EtcdRoster, FileRoster, Roster
 from kvstore.master.report_port import ReportPort
-from kvstore.master.servicer import METHOD_ROLES, MasterServicer, now_ms
+from kvstore.master.servicer import METHOD_ROLES, MasterServicer
 from kvstore.process import (announce_ready, freeze_survivors, memory_limit_bytes,
                              wait_for_stop_signal)
 from kvstore.shardmap import ShardMap
@@ -48,7 +49,8 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
                         security: ServerSecurity | None = None, advertise_host: str = "",
                         metrics: ProcessMetrics | None = None,
                         health: Health | None = None, roster: Roster | None = None,
-                        report_port: int = 0) -> tuple[grpc.aio.Server, int, ObjectIndex]:
+                        report_port: int = 0,
+                        clock: Clock = SYSTEM_CLOCK) -> tuple[grpc.aio.Server, int, ObjectIndex]:
     """Build and start a master shard on ``host:port`` (0 = a free port).
 
     Without ``shard_map`` it is the only shard (every slot), named by its
@@ -67,6 +69,7 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
         roster: where the shard keeps its nodes (:mod:`kvstore.master.roster`; None:
             nowhere, so each term's warm-up waits the node ttl).
         report_port: the report link's port on ``host`` (0: a free one).
+        clock: the shard's clocks (:mod:`kvstore.clock`; tests step its wall clock).
 
     Returns:
         ``(server, port, index)``; stop with ``await server.stop(grace)``.
@@ -90,7 +93,7 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
                            shard_map, shard_id=shard_id, put_timeout_ms=put_timeout_ms,
                            max_objects=max_objects)
     servicer = MasterServicer(index, election=election, new_index=new_index, roster=roster,
-                              security=security)
+                              security=security, clock=clock)
     pb_grpc.add_MasterServicer_to_server(servicer, server)
     server.servicer = servicer      # for the maintenance loop and tests
     if health is not None:
@@ -113,23 +116,28 @@ async def _maintenance(servicer: MasterServicer, period_s: float,
     while True:
         await asyncio.sleep(period_s)
         freeze_survivors()        # the index's entries out of the cyclic GC's full scans
-        leading = servicer.leading()
-        if leading:
-            await servicer.term.load_roster()
-        warming = _show_health(servicer, health, leading)
-        if not leading:
-            continue
-        now = now_ms()
-        index, term = servicer.index, servicer.term
-        index.membership.expire(now)
-        term.registrations.expire()
-        gone = index.forget_nodes(now)
-        await _sliced(index.forget_steps())
-        await term.forget_in_roster(gone, now)
-        await term.reserve_ids()
-        index.expire_grants(now)
-        if not warming:
-            await _sliced(servicer.repairs.plan_steps(now))
+        await maintain(servicer, health)
+
+
+async def maintain(servicer: MasterServicer, health: Health | None = None) -> None:
+    """One round of :func:`_maintenance`, at the servicer's clock's monotonic time."""
+    leading = servicer.leading()
+    if leading:
+        await servicer.term.load_roster()
+    warming = _show_health(servicer, health, leading)
+    if not leading:
+        return
+    now = servicer.clock.monotonic_ms()
+    index, term = servicer.index, servicer.term
+    index.membership.expire(now)
+    term.registrations.expire()
+    gone = index.forget_nodes(now)
+    await _sliced(index.forget_steps())
+    await term.forget_in_roster(gone, now)
+    await term.reserve_ids()
+    index.expire_grants(now)
+    if not warming:
+        await _sliced(servicer.repairs.plan_steps(now))
 
 
 def _show_health(servicer: MasterServicer, health: Health | None, leading: bool) -> bool:
@@ -144,7 +152,7 @@ def _show_health(servicer: MasterServicer, health: Health | None, leading: bool)
             health.set(State.STARTING)     # cannot reach etcd: could never take over
         else:
             health.set(State.STANDBY)
-        health.detail = servicer.term.describe(now_ms()) if leading and warming else ""
+        health.detail = servicer.term.describe(servicer.clock.monotonic_ms()) if leading and warming else ""
     return warming
 
 

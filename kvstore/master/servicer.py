@@ -14,16 +14,15 @@ there, so it needs no lock.
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from typing import Callable
 
 import grpc
 
-from kvstore import wire
+from kvstore import rpc, wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.errors import INDEX_INCOMPLETE, OK_STATUS, KVStoreError, status_code, to_status
+from kvstore.errors import OK_STATUS, IndexIncomplete, KVStoreError, NotLeader, to_status
 from kvstore.master.counters import MasterCounter as C
 from kvstore.master.index import ObjectIndex
 from kvstore.master.membership import NodeHeartbeat, NodeRegistration
@@ -32,7 +31,8 @@ from kvstore.master.roster import Roster
 from kvstore.master.stall import LoopWatch
 from kvstore.master.term import Term
 from kvstore.auth import Role, fingerprint
-from kvstore.rpc import MAX_KEYS_PER_CALL, MAX_REPLICAS, ServerSecurity, bearer, caller_role
+from kvstore.clock import SYSTEM_CLOCK, Clock
+from kvstore.rpc import MAX_KEYS_PER_CALL, ServerSecurity, bearer, caller_role, check_replica_num
 from kvstore.types import NodeId, RemoveReason
 
 log = logging.getLogger(__name__)
@@ -53,10 +53,6 @@ METHOD_ROLES: dict[str, frozenset[Role]] = {
 }
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 def _status(result) -> pb.Status:
     return to_status(result) if isinstance(result, KVStoreError) else OK_STATUS
 
@@ -75,7 +71,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             express (an eviction is admin's).
 
     The warm-up (:mod:`kvstore.master.warmup`): after starting and after each
-    win, client RPCs answer UNAVAILABLE (:data:`~kvstore.errors.INDEX_INCOMPLETE`,
+    win, client RPCs answer UNAVAILABLE (:class:`~kvstore.errors.IndexIncomplete`,
     saying what is missing) until every node of the roster re-registered and
     its inventory is applied, or its ttl passed without it; node RPCs are
     served at once. So no key a live node holds is reported NotFound, and no
@@ -84,8 +80,10 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     def __init__(self, index: ObjectIndex, election=None,
                  new_index: Callable[[], ObjectIndex] | None = None,
-                 roster: Roster | None = None, security: ServerSecurity | None = None):
+                 roster: Roster | None = None, security: ServerSecurity | None = None,
+                 clock: Clock = SYSTEM_CLOCK):
         self.index = index
+        self.clock = clock           # monotonic for every deadline; wall only in replies
         self.security = security
         self.report_port = 0         # the report link's port (kvstore.master.report_port); 0: none
         self.repairs = RepairPlanner(index)
@@ -106,7 +104,7 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     def _new_term(self) -> None:
         """A term starts (the process, or a win): a fresh warm-up (kvstore.master.term)."""
-        self.term = Term(self.index, self.roster, now_ms())
+        self.term = Term(self.index, self.roster, self.clock.monotonic_ms())
 
     def leading(self) -> bool:
         """Whether this process serves the shard now; starts a new term's index when needed."""
@@ -138,20 +136,31 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     def warming_up(self) -> bool:
         """The index is not whole yet (see the class docstring)."""
-        return self.term.warming_up(now_ms())
+        return self.term.warming_up(self.clock.monotonic_ms())
 
     async def _gate(self, context, client_rpc: bool = True) -> None:
         if not self.leading():
-            hint = self.election.leader_hint if self.election else ""
-            await context.abort(grpc.StatusCode.UNAVAILABLE,
-                                f"not the leader of shard {self.index.shard_id}"
-                                + (f" (leader: {hint})" if hint else ""))
+            await rpc.abort(context, self.not_leader())
         if client_rpc and self.warming_up():
-            now = now_ms()
-            await context.abort(grpc.StatusCode.UNAVAILABLE,
-                                f"{INDEX_INCOMPLETE}: shard {self.index.shard_id}'s master "
-                                f"(re)started {now - self.term.start_ms} ms ago; "
-                                f"{self.term.describe(now)}")
+            now = self.clock.monotonic_ms()
+            await rpc.abort(context, IndexIncomplete(
+                f"index incomplete: shard {self.index.shard_id}'s master "
+                f"(re)started {now - self.term.start_ms} ms ago; {self.term.describe(now)}"))
+
+    def not_leader(self) -> NotLeader:
+        """This standby's refusal, naming the leader when the election knows it."""
+        hint = self.election.leader_hint if self.election else ""
+        return NotLeader(f"not the leader of shard {self.index.shard_id}"
+                         + (f" (leader is {hint})" if hint else ""), leader=hint)
+
+    def _meta_pb(self, meta) -> pb.ObjectMeta:
+        """An entry's metadata for a reply: its instants (monotonic in the index) as
+        unix ms, read on the wall clock now (another process compares them with its
+        own wall clock: a monotonic value never leaves this process)."""
+        msg = wire.object_meta_pb(meta)
+        msg.created_ms = self.clock.wall_of(msg.created_ms)
+        msg.last_access_ms = self.clock.wall_of(msg.last_access_ms)
+        return msg
 
     def _owner(self, context) -> str:
         """The fingerprint of the caller's token ("" without --auth)."""
@@ -168,7 +177,7 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     async def _refuse(self, context, err: KVStoreError):
         log.warning("refused: %s", err.message)
-        await context.abort(status_code(err), err.message)
+        await rpc.abort(context, err)
 
     # ---- node RPCs ----
     async def RegisterNode(self, request, context):
@@ -182,7 +191,7 @@ class MasterServicer(pb_grpc.MasterServicer):
                                tiers=tuple(wire.tier_stats(t) for t in request.tiers),
                                incarnation=request.incarnation, owner=self._owner(context))
         try:
-            sync_id = await self.term.registrations.register(reg, now_ms())
+            sync_id = await self.term.registrations.register(reg, self.clock.monotonic_ms())
         except KVStoreError as err:
             await self._refuse(context, err)
         return pb.RegisterNodeResponse(heartbeat_interval_ms=self.membership.heartbeat_interval_ms,
@@ -199,7 +208,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             self.membership.check_identity(info, request.incarnation, self._owner(context))
             # Bad input first: nothing of a chunk that is refused is applied.
             applied = await self.term.registrations.sync_chunk(
-                node_id, request.sync_id, request.seq, request.items, request.last, now_ms,
+                node_id, request.sync_id, request.seq, request.items, request.last, self.clock.monotonic_ms,
                 wire.inventory_item)
         except KVStoreError as err:
             await self._refuse(context, err)
@@ -217,8 +226,8 @@ class MasterServicer(pb_grpc.MasterServicer):
                              incarnation=request.incarnation, owner=self._owner(context),
                              leaving=request.leaving)
         try:
-            if self.membership.heartbeat(beat, now_ms()) is None:
-                self.term.warmup.heard(node_id, now_ms())     # alive: its registration comes
+            if self.membership.heartbeat(beat, self.clock.monotonic_ms()) is None:
+                self.term.warmup.heard(node_id, self.clock.monotonic_ms())     # alive: its registration comes
                 return pb.HeartbeatResponse(known=False)
             if request.leaving:
                 return pb.HeartbeatResponse(known=True)
@@ -259,7 +268,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             return pb.ReportEventsResponse(known=False)
         self.membership.check_identity(self.membership.nodes[node_id], request.incarnation, owner)
         events = [wire.node_event(e) for e in request.events]   # all or none: bad input first
-        now = now_ms()
+        now = self.clock.monotonic_ms()
         self.membership.touch(node_id, now)
         return pb.ReportEventsResponse(known=True, statuses=[
             _status(self.index.node_event(node_id, e, now)) for e in events])
@@ -270,12 +279,10 @@ class MasterServicer(pb_grpc.MasterServicer):
     # ---- client RPCs ----
     async def GrantPlacement(self, request, context):
         await self._gate(context)
-        if request.replica_num > MAX_REPLICAS:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"replica_num {request.replica_num} > {MAX_REPLICAS}")
         try:
+            check_replica_num(request.replica_num, unset_ok=True)
             grant, nodes = self.index.grant(request.replica_num or 1, request.num_ids or 1,
-                                            now_ms(), request.key)
+                                            self.clock.monotonic_ms(), request.key)
         except KVStoreError as err:
             await self._refuse(context, err)
         own = next(r for r in self.index.shard_map.ranges if r.shard_id == self.index.shard_id)
@@ -292,8 +299,8 @@ class MasterServicer(pb_grpc.MasterServicer):
         await self._gate(context)
         return pb.LookupResponse(results=[
             pb.LookupResult(status=to_status(r)) if isinstance(r, KVStoreError) else
-            pb.LookupResult(status=OK_STATUS, meta=wire.object_meta_pb(r))
-            for r in self.index.lookup(list(request.keys), now_ms())])
+            pb.LookupResult(status=OK_STATUS, meta=self._meta_pb(r))
+            for r in self.index.lookup(list(request.keys), self.clock.monotonic_ms())])
 
     async def Exists(self, request, context):
         await self._bounded(context, len(request.keys))      # bad input first
@@ -314,23 +321,25 @@ class MasterServicer(pb_grpc.MasterServicer):
         await self._gate(context)
         results = self.index.remove(list(request.keys), reason)
         return pb.RemoveResponse(statuses=[_status(r) for r in results], removed=[
-            pb.ObjectMeta() if isinstance(r, KVStoreError) else wire.object_meta_pb(r)
+            pb.ObjectMeta() if isinstance(r, KVStoreError) else self._meta_pb(r)
             for r in results])
 
     async def List(self, request, context):
         await self._gate(context)
         page, cursor = self.index.list(request.prefix, request.start_after, request.limit)
-        return pb.ListResponse(objects=[wire.object_meta_pb(m) for m in page], next_cursor=cursor)
+        return pb.ListResponse(objects=[self._meta_pb(m) for m in page], next_cursor=cursor)
 
     async def Stat(self, request, context):
         await self._gate(context, client_rpc=False)
         reply = wire.shard_status_pb(self.index.stat())
+        for node in reply.nodes:        # the index's instants are monotonic: shown as unix ms
+            node.last_heartbeat_ms = self.clock.wall_of(node.last_heartbeat_ms)
         reply.metrics_address = self.metrics_address
         reply.loop_stall_max_ms = self.loop_watch.max_ms
         reply.loop_stalls = self.loop_watch.stalls
         if self.warming_up():
             warmup = self.term.warmup
-            reply.warmup_left_ms = (warmup.left_ms(now_ms()) if self.term.roster_loaded
+            reply.warmup_left_ms = (warmup.left_ms(self.clock.monotonic_ms()) if self.term.roster_loaded
                                     else self.membership.node_ttl_ms)
             reply.warmup_nodes.extend(pb.WarmupNode(node_id=n.node_id, state=int(n.state),
                                                     items_applied=n.items_applied)
@@ -339,7 +348,7 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     async def ReportFailure(self, request, context):
         await self._gate(context, client_rpc=False)
-        now = now_ms()
+        now = self.clock.monotonic_ms()
         for node_id in request.node_ids:
             self.index.counters[C.TRANSFER_FAILURES_REPORTED] += 1
             if self.membership.report_failure(NodeId(node_id), now):

@@ -36,7 +36,7 @@ class Term:
     Args:
         index: the term's :class:`~kvstore.master.index.ObjectIndex`.
         roster: where the shard's nodes and object-id bound are kept.
-        start_ms: when the term started (wall clock ms, as the index's).
+        start_ms: when the term started (monotonic ms, as the index's).
     """
 
     def __init__(self, index, roster: Roster, start_ms: int):

@@ -37,7 +37,7 @@ import grpc
 from kvstore import rpc, wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.errors import Unavailable, error_for_code, from_rpc_error
+from kvstore.errors import IdTaken, KVStoreError, Unavailable, error_for_code, from_rpc_error
 from kvstore.rpc import ClientCredentials
 from kvstore.shardmap import ShardMap
 from kvstore.store.event_stream import EventStream
@@ -45,7 +45,7 @@ from kvstore.store.events import EventLog, Ticket
 from kvstore.store.lease import MasterLease
 from kvstore.store.node import StoreNode
 from kvstore.store.repair import Copier
-from kvstore.transfer.report_link import LinkBroken, ReportLink
+from kvstore.transfer.report_link import ReportLink
 from kvstore.types import EventKind, NodeAddress
 
 log = logging.getLogger(__name__)
@@ -174,22 +174,25 @@ class NodeAgent:
         if self.link is not None:
             try:
                 answer = self.link.report(req, timeout_s)
-            except LinkBroken as exc:
+            except KVStoreError as exc:
                 # Reports go on the stream for a back-off that doubles while the
                 # link keeps failing (a port that a firewall drops must not stall
                 # writers at every report), then on a link to the port the master
                 # last announced (a restarted master listens on another one).
                 self._link_backoff_s = min(LINK_BACKOFF_MAX_S, max(1.0, 2 * self._link_backoff_s))
                 self._link_retry_at = time.monotonic() + self._link_backoff_s
-                log.info("master %s: report link: %s (again in %.0f s at the earliest)",
-                         self.master, exc.details(), self._link_backoff_s)
+                log.info("master %s: report link: %s: %s (again in %.0f s at the earliest)",
+                         self.master, type(exc).__name__, exc, self._link_backoff_s)
                 self.link = None
                 raise
             self._link_backoff_s = 0.0
             return answer
         if self.stream.supported:
             return self.stream.report(req, timeout_s)
-        return self.stub.ReportEvents(req, timeout=timeout_s)
+        try:
+            return self.stub.ReportEvents(req, timeout=timeout_s)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
 
     def _use_port(self, port: int, renew: bool = False) -> None:
         """Report on the master's report link at ``port`` (0: none) from now on;
@@ -328,7 +331,9 @@ class NodeAgent:
                 delivery to this shard included); None: the agent's RPC timeout.
 
         Raises:
-            grpc.RpcError: the master did not answer (the events stay queued).
+            KVStoreError: the master did not answer or refused the report (the
+                events stay queued).
+            grpc.RpcError: a registration it needed failed.
         """
         timeout_s = self.rpc_timeout_s if timeout_s is None else min(timeout_s, self.rpc_timeout_s)
         deadline = time.monotonic() + timeout_s
@@ -435,8 +440,8 @@ class NodeAgent:
                     next_beat = time.monotonic() + self.interval_s
                 self.deliver()
                 outage.ended()
-            except grpc.RpcError as exc:
-                outage.failed(exc.code())
+            except (grpc.RpcError, KVStoreError) as exc:
+                outage.failed(_why(exc))
                 self.failover()
                 next_beat = time.monotonic() + self.min_beat_interval_s
             except Exception:   # a bug: keep the node reporting, say so loudly
@@ -531,8 +536,8 @@ class Agents:
             agent = self.agents[i]
             try:
                 agent.deliver(max(0.0, deadline - time.monotonic()))
-            except grpc.RpcError as exc:
-                log.debug("event delivery to %s failed: %s", agent.master, exc.code())
+            except (grpc.RpcError, KVStoreError) as exc:
+                log.debug("event delivery to %s failed: %s", agent.master, _why(exc))
 
     def stop(self) -> None:
         # A write still waiting now is not acknowledged (its master was not told).
@@ -541,10 +546,14 @@ class Agents:
             agent.stop()
 
 
+def _why(exc: grpc.RpcError | KVStoreError) -> str:
+    """A failed master call in a word, for the log (its status or class)."""
+    return exc.code().name if isinstance(exc, grpc.RpcError) else type(exc).__name__
+
+
 def _id_taken(exc: grpc.RpcError) -> bool:
     """A refusal because the node id is alive under another incarnation."""
-    return (exc.code() == grpc.StatusCode.PERMISSION_DENIED
-            and "registered by another live process" in (exc.details() or ""))
+    return isinstance(from_rpc_error(exc), IdTaken)
 
 
 def no_master_yet(tickets: list[Ticket], timeout_s: float) -> None:

@@ -25,6 +25,7 @@ import threading
 import grpc
 
 from kvstore._proto import kvstore_pb2 as pb
+from kvstore.errors import from_rpc_error
 from kvstore.transfer.report_link import LinkBroken
 
 
@@ -51,7 +52,7 @@ class EventStream:
             try:
                 for answer in call:
                     answers.put(answer)
-                answers.put(LinkBroken(grpc.StatusCode.DEADLINE_EXCEEDED, "the master ended the stream"))
+                answers.put(LinkBroken("the master ended the stream"))
             except grpc.RpcError as exc:
                 answers.put(exc)
 
@@ -62,8 +63,9 @@ class EventStream:
         """Send one report and wait for its answer.
 
         Raises:
-            grpc.RpcError: the stream failed or stayed silent for ``timeout_s``
-                (it is closed; the next report opens a new one).
+            LinkBroken: the stream ended or stayed silent for ``timeout_s`` (it is
+                closed; the next report opens a new one).
+            KVStoreError: the stream failed (its status's class; closed as well).
         """
         if self._call is None:
             self._open()
@@ -72,13 +74,15 @@ class EventStream:
             answer = self._answers.get(timeout=timeout_s)
         except queue.Empty:
             self.close()
-            raise LinkBroken(grpc.StatusCode.DEADLINE_EXCEEDED,
-                             f"no answer on the event stream within {timeout_s:.1f} s") from None
+            raise LinkBroken(f"no answer on the event stream within {timeout_s:.1f} s") from None
+        if isinstance(answer, LinkBroken):
+            self.close()
+            raise answer
         if isinstance(answer, grpc.RpcError):
             self.close()
             if answer.code() == grpc.StatusCode.UNIMPLEMENTED:
                 self.supported = False
-            raise answer
+            raise from_rpc_error(answer) from None
         return answer
 
     def close(self) -> None:

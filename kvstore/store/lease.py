@@ -35,7 +35,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from kvstore.errors import Unavailable
+from kvstore.errors import Fenced
 
 MARGIN = 0.05         # of the ttl: the node stops this much before the master may decide
 
@@ -89,10 +89,10 @@ class MasterLease:
         return all(now < t for t in self._until)
 
     def check(self, key: str) -> None:
-        """Raises Unavailable unless the lease of ``key``'s shard holds."""
+        """Raises Fenced (an Unavailable) unless the lease of ``key``'s shard holds."""
         shard = self.shard_of(key) if self.shard_of is not None else 0
         if time.monotonic() >= self._until[shard]:
-            raise Unavailable(
+            raise Fenced(
                 f"this node has not heard from its master shard for over "
                 f"{self.ttl_ms * (1.0 - MARGIN):.0f} ms: fenced (it serves again once a "
                 f"master answers)", key=key)

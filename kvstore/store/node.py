@@ -66,9 +66,9 @@ import logging
 import time
 from typing import Callable, Iterator, Sequence
 
-from kvstore.errors import (ChecksumMismatch, InvalidArgument, KeyConflict, NoSpace, NotFound,
-                            TooLarge)
+from kvstore.errors import ChecksumMismatch, InvalidArgument, KeyConflict, NoSpace, NotFound
 from kvstore.keys import value_checksum
+from kvstore.sizes import check_fits
 from kvstore.store.levels import DEFAULT_WATERMARKS, TierLevel, build_levels
 from kvstore.store.limits import NODE_BYTES_PER_OBJECT, UNLIMITED
 from kvstore.store.events import EventLog, Ticket
@@ -155,16 +155,13 @@ class StoreNode(NodeStatsView):
 
         Raises:
             InvalidArgument: negative size, or this version is being written.
-            TooLarge: larger than the whole DRAM tier.
+            TooLarge: larger than :meth:`max_object_bytes` (kvstore.sizes.check_fits).
             NoSpace: no room, even after evicting or demoting every object that
                 may go; the message says what holds the rest.
         """
         if size_bytes < 0:
             raise InvalidArgument(f"size_bytes must be >= 0, got {size_bytes}", key=key)
-        if size_bytes > self.max_object_bytes():
-            raise TooLarge(f"{size_bytes} B exceeds the largest object this node keeps, "
-                           f"{self.max_object_bytes()} B (capacity {self.tier.capacity_bytes} B; "
-                           f"an object must fit under a tier's high watermark)", key=key)
+        check_fits(size_bytes, self.max_object_bytes(), "this node", key=key)
         record = ObjectRecord(key, object_id, size_bytes, checksum, parent, replica_num)
         with self._table.cond:
             present = self._present_locked(key, object_id, checksum)

@@ -43,7 +43,7 @@ from kvstore._proto import kvstore_pb2 as pb
 from kvstore.auth import Role, TokenFile, new_nonce
 from kvstore.errors import (Internal, InvalidArgument, KVStoreError, NotFound, Unauthenticated,
                             Unavailable)
-from kvstore.rpc import MAX_REPLICAS
+from kvstore.rpc import check_replica_num
 from kvstore.store.events import Ticket
 from kvstore.store.node import StoreNode
 from kvstore.store.objects import StoredObject
@@ -440,8 +440,7 @@ class Session:
     def _check_put(self, key: str) -> None:
         """A write's frame: the lease holds, and its replica count (flags) is one a
         put may ask for, as the master would refuse that inventory."""
-        if self.replica_num > MAX_REPLICAS:
-            raise InvalidArgument(f"replica_num {self.replica_num} > {MAX_REPLICAS}", key=key)
+        check_replica_num(self.replica_num, unset_ok=True, key=key)
         self._check_lease(key)
 
     def _check_lease(self, key: str) -> None:

@@ -47,12 +47,10 @@ import enum
 import socket
 import struct
 
-import grpc
-
 from kvstore import tls as tlsmod
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.auth import proof
-from kvstore.errors import ERRORS, error_for_code
+from kvstore.errors import ProtocolError, Unauthenticated, Unavailable, error_for_code
 from kvstore.rpc import MAX_MESSAGE_BYTES, ClientCredentials
 
 HEADER = struct.Struct("!BI")
@@ -79,22 +77,10 @@ def error_frame(code: int, message: str) -> bytes:
     return frame(Frame.ERROR, bytes([code]) + message.encode()[:MAX_ERROR_BYTES - 1])
 
 
-class LinkBroken(grpc.RpcError):
+class LinkBroken(Unavailable):
     """A node's report was not answered: this link or the node's event stream
-    (:mod:`kvstore.store.event_stream`) failed, timed out or was refused
-    (``code()`` says which, as a gRPC status, so the agent handles it as it
-    handles a failed RPC)."""
-
-    def __init__(self, code: grpc.StatusCode, details: str):
-        super().__init__(details)
-        self._code = code
-        self._details = details
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
+    (:mod:`kvstore.store.event_stream`) failed, was closed or stayed silent. (A
+    master's refusal of a report is raised as its own class: NotLeader, IdTaken...)"""
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -143,8 +129,7 @@ class ReportLink:
                 raise ConnectionError(f"the master's first frame is {kind}, not HELLO")
             if nonce:
                 if not self.creds.token:
-                    raise LinkBroken(grpc.StatusCode.UNAUTHENTICATED,
-                                     "the master's report link needs a token")
+                    raise Unauthenticated("the master's report link needs a token")
                 sock.sendall(frame(Frame.PROVE, proof(self.creds.token, nonce)))
         except BaseException:
             self.close()
@@ -155,8 +140,10 @@ class ReportLink:
         """Send one report and wait (at most ``timeout_s``) for its answer.
 
         Raises:
-            LinkBroken: no answer (the link is closed; the next report opens a new
-                one), or the master refused the report (its code and reason).
+            LinkBroken: no answer (the link is closed; the next report opens a new one).
+            ProtocolError: an answer that is not one of ours (the link is closed).
+            KVStoreError: the master refused the report (its class: NotLeader,
+                IdTaken, Unauthenticated...; the link is closed).
         """
         try:
             if self._sock is None:
@@ -164,27 +151,24 @@ class ReportLink:
             self._sock.settimeout(timeout_s)
             self._sock.sendall(frame(Frame.REPORT, request.SerializeToString()))
             kind, body = self._read(MAX_MESSAGE_BYTES)
-        except LinkBroken:
+        except Unauthenticated:
             raise
         except socket.timeout:
             self.close()
-            raise LinkBroken(grpc.StatusCode.DEADLINE_EXCEEDED,
-                             f"no answer on the report link within {timeout_s:.1f} s") from None
+            raise LinkBroken(f"no answer on the report link within {timeout_s:.1f} s") from None
         except (OSError, ConnectionError) as exc:
             self.close()
-            raise LinkBroken(grpc.StatusCode.UNAVAILABLE, f"report link: {exc}") from None
+            raise LinkBroken(f"report link: {exc}") from None
         if kind == Frame.ANSWER:
             try:
                 return pb.ReportEventsResponse.FromString(body)
             except Exception:       # protobuf's DecodeError: not an answer of ours
                 self.close()
-                raise LinkBroken(grpc.StatusCode.INTERNAL,
-                                 "an undecodable answer on the report link") from None
+                raise ProtocolError("an undecodable answer on the report link") from None
         self.close()
         if kind == Frame.ERROR and body:
-            err = error_for_code(body[0] or pb.INTERNAL, body[1:].decode("utf-8", errors="replace"))
-            raise LinkBroken(ERRORS.get(type(err), grpc.StatusCode.UNKNOWN), err.message)
-        raise LinkBroken(grpc.StatusCode.INTERNAL, f"an unexpected report-link frame ({kind})")
+            raise error_for_code(body[0] or pb.INTERNAL, body[1:].decode("utf-8", errors="replace"))
+        raise ProtocolError(f"an unexpected report-link frame ({kind})")
 
     def close(self) -> None:
         if self._sock is not None:

@@ -24,8 +24,8 @@ from typing import Callable
 
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.auth import proof
-from kvstore.errors import (ChecksumMismatch, InvalidArgument, KVStoreError, Unavailable,
-                            error_for_code)
+from kvstore.errors import (ChecksumMismatch, InvalidArgument, KVStoreError, ProtocolError,
+                            Unavailable, code_name, error_for_code)
 from kvstore.keys import value_checksum
 from kvstore.transfer.base import ReadItem, Transport, WriteItem
 from kvstore.transfer.protocol import (REQUEST, RESPONSE, FrameReader, Op, hello_nonce_bytes,
@@ -220,7 +220,13 @@ class NodeConnection:
         return oid, size, checksum, offset
 
     def flush_owed(self) -> None:
-        """Read the replies still owed for deferred frames that were sent."""
+        """Read the replies still owed for deferred frames that were sent.
+
+        Raises:
+            ProtocolError: the node refused one (it holds no read reference the
+                client thinks it holds): the connection is closed.
+            Unavailable: the connection broke.
+        """
         while True:
             with self._lock:
                 if not self._owed:
@@ -228,7 +234,9 @@ class NodeConnection:
                 self._owed -= 1
             code, *_rest, msg = self._read_header()
             if code != pb.OK:
-                raise AssertionError(f"store node refused a deferred request: {msg}")
+                self.close()
+                raise ProtocolError(f"store node refused a deferred request: "
+                                    f"{code_name(code)}: {msg}")
 
     def close(self) -> None:
         """Close the socket; the connection counts as broken from now on."""

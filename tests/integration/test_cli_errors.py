@@ -47,7 +47,7 @@ CASES += [
     (_RESP + ["--port", "99999"], "99999 is not a port"),
     (_RESP + ["--port", "-1"], "-1 is not a port"),
     (_RESP + ["--port", "http"], "'http' is not a port"),
-    (_RESP + ["--replica-num", "0"], "--replica-num must be 1 to 8"),
+    (_RESP + ["--replica-num", "0"], "--replica-num must be in [1, 16], got 0"),
     (_RESP + ["--no-such-option"], "unrecognized arguments"),
     (["kvstore.tools.cli.cli", "resp", "--master", "127.0.0.1:1", "--max-bulk", "1000TiB"],
      "kvstore resp: error: --max-bulk must be 1KiB to 512MiB"),

@@ -14,9 +14,16 @@ import shutil
 import signal
 import time
 
+import asyncio
+
+import grpc
 import pytest
 
+from kvstore import rpc
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.client.client import KVClient
+from kvstore.errors import NotLeader, from_rpc_error
 from kvstore.tools.faults.chaos import serving
 from kvstore.tools.cluster.launcher import start_store_cluster
 from waits import wait_until
@@ -43,6 +50,37 @@ def wait_one_leader_per_shard(c, timeout_s=15.0) -> list[int]:
         return state if all(sum(s) == 1 for s in state) else None
     state = wait_until(one_each, timeout_s=timeout_s, interval_s=0.2, what="one leader per shard")
     return [s.index(True) for s in state]
+
+
+def _refusal_of(address: str) -> Exception:
+    """What a standby at ``address`` answers a Lookup, on a blocking channel."""
+    with rpc.channel(address) as ch:
+        with pytest.raises(grpc.RpcError) as info:
+            pb_grpc.MasterStub(ch).Lookup(pb.LookupRequest(keys=["k"]), timeout=5.0)
+    return from_rpc_error(info.value)
+
+
+async def _aio_refusal_of(address: str) -> Exception:
+    async with rpc.aio_channel(address) as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await pb_grpc.MasterStub(ch).Lookup(pb.LookupRequest(keys=["k"]), timeout=5.0)
+    return from_rpc_error(info.value)
+
+
+def test_a_standby_refuses_with_not_leader_naming_the_leader(ha):
+    who = wait_one_leader_per_shard(ha)
+    for shard, at in zip(ha.shards, who):
+        leader, standby = shard[at].address, shard[1 - at].address
+        deadline = time.monotonic() + 10     # a standby learns the leader from etcd's watch
+        while True:
+            sync_err = _refusal_of(standby)
+            assert isinstance(sync_err, NotLeader), repr(sync_err)
+            if sync_err.leader or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert sync_err.leader == leader       # a field, not text to parse
+        aio_err = asyncio.run(_aio_refusal_of(standby))
+        assert isinstance(aio_err, NotLeader) and aio_err.leader == leader
 
 
 def test_failover_keeps_data_and_service(ha):

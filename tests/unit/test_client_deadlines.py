@@ -12,7 +12,8 @@ from kvstore.client.control import _MASTER_ATTEMPTS, MasterRetry
 from kvstore.client.deadline import Deadline, call_scope, current, of_call, unscoped_context
 from kvstore.client.meta_cache import MetaCache
 from kvstore.client.suspects import MAX_SUSPECT_S, Suspects, fallback_after_s
-from kvstore.errors import INDEX_INCOMPLETE, NODES_LATE, NotFound, Unavailable
+from kvstore.errors import (IndexIncomplete, NodesLate, NoLiveNode, NotFound, NotLeader,
+                            Unavailable)
 from kvstore.types import NodeAddress, ObjectMeta, Replica, TierKind
 
 
@@ -54,18 +55,24 @@ def test_one_master_is_tried_a_few_times_then_the_call_fails():
 
 def test_a_master_asking_to_be_waited_on_is_waited_on_until_retries_end():
     retry = MasterRetry(("a:1", "b:1"), 1, Deadline.after(10.0, 15.0))
-    for msg in (INDEX_INCOMPLETE + ": warming", NODES_LATE + "; retry") * 5:
-        assert retry.after(_unavailable(msg)) == 0.05 and retry.at == 1
+    for err in (IndexIncomplete("warming"), NodesLate("retry")) * 5:
+        assert retry.after(err) == 0.05 and retry.at == 1
     over = MasterRetry(("a:1",), 0, Deadline(time.monotonic() - 0.1, time.monotonic() + 5))
-    assert over.after(_unavailable(INDEX_INCOMPLETE)) is None      # past failover_wait_s
+    assert over.after(IndexIncomplete("warming")) is None      # past failover_wait_s
+
+
+def test_no_live_node_is_an_answer_never_retried():
+    retry = MasterRetry(("a:1", "b:1"), 0, Deadline.after(10.0, 15.0))
+    assert retry.after(NoLiveNode("no live store node")) is None
 
 
 def test_several_masters_follow_the_leader_hint_and_pause_after_each_round():
     retry = MasterRetry(("a:1", "b:1", "c:1"), 0, Deadline.after(10.0, 15.0))
-    assert retry.after(_unavailable("not the leader of shard 0 (leader: c:1)")) == 0.0
+    # the text names no leader: the field does (a message is for people)
+    assert retry.after(NotLeader("not the leader of shard 0", leader="c:1")) == 0.0
     assert retry.at == 2
-    assert retry.after(_unavailable("not the leader of shard 0")) == 0.0 and retry.at == 0
-    assert retry.after(_unavailable("not the leader of shard 0")) == 0.1   # a round over all
+    assert retry.after(NotLeader("not the leader of shard 0")) == 0.0 and retry.at == 0
+    assert retry.after(NotLeader("not the leader of shard 0")) == 0.1   # a round over all
 
 
 def test_no_attempt_starts_once_the_deadline_passed():

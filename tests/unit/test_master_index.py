@@ -8,12 +8,14 @@ STORED (the helper ``stored``), as the nodes do.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import pytest
 
-from kvstore.errors import AlreadyPresent, InvalidArgument, KeyConflict, KVStoreError, NotFound, \
-    Unavailable
+from kvstore.client import placement
+from kvstore.errors import (AlreadyPresent, InvalidArgument, KeyConflict, KVStoreError, NodesLate,
+                            NoLiveNode, NotFound, Unavailable)
 from kvstore.master.index import ObjectIndex
 from kvstore.master.membership import Membership, NodeHeartbeat, NodeRegistration
 from kvstore.shardmap import ShardMap
@@ -68,12 +70,18 @@ class Plan:
 
 def start(index: ObjectIndex, key: str, size_bytes: int = 100, checksum: int = 7,
           now_ms: int = T0, replica_num: int = 1) -> Plan | KVStoreError:
+    """A grant for one put of ``key``, its targets chosen as the SDK chooses them (the one
+    placement policy: kvstore.client.placement.take over the granted nodes)."""
     try:
         grant, nodes = index.grant(replica_num, 1, now_ms, key)
+        g = placement.Grant(grant.first_object_id, grant.first_object_id + grant.num_ids,
+                            tuple(placement.GrantedNode(n.address, n.free_bytes,
+                                                        n.max_object_bytes) for n in nodes),
+                            time.monotonic(), 60.0)
+        oid, targets = placement.take(g, key, size_bytes, replica_num, frozenset(), None)
     except KVStoreError as err:
         return err
-    return Plan(ObjectId(grant.first_object_id), tuple(n.address for n in nodes[:replica_num]),
-                size_bytes, checksum, now_ms)
+    return Plan(oid, tuple(targets), size_bytes, checksum, now_ms)
 
 
 def stored(index: ObjectIndex, key: str, plan: Plan, nodes: list[str] | None = None,
@@ -217,10 +225,12 @@ def test_no_live_node_is_unavailable(index):
     assert "k" not in index.entries
 
 
-def test_a_grant_lists_the_most_free_nodes_first(index):
-    heartbeat(index.membership, "n0", T0, used_bytes=10 * MiB)
+def test_a_grant_lists_its_nodes_with_their_free_space_and_a_value_goes_where_it_fits(index):
+    heartbeat(index.membership, "n0", T0, used_bytes=60 * MiB)
     heartbeat(index.membership, "n1", T0, used_bytes=0)
-    assert start(index, "a", size_bytes=20 * MiB).targets[0].node_id == "n1"
+    _, nodes = index.grant(1, 1, T0)
+    assert [(n.node_id, n.free_bytes) for n in nodes] == [("n0", 4 * MiB), ("n1", 64 * MiB)]
+    assert {start(index, k, size_bytes=20 * MiB).targets[0].node_id for k in "abcdef"} == {"n1"}
 
 
 def test_stored_bytes_count_against_free_space_before_the_next_heartbeat(index):
@@ -269,14 +279,12 @@ def test_no_live_node_is_final_only_a_node_ttl_after_the_last_node_was_lost(inde
     dead_at = T0 + TTL_MS + 1
     assert sorted(m.expire(dead_at)) == ["n0", "n1"]
     for now in (dead_at, dead_at + TTL_MS - 1):
-        with pytest.raises(Unavailable, match="missed its heartbeats just now"):
+        with pytest.raises(NodesLate):
             index.grant(1, 8, now)
-        err = start(index, "k", now_ms=now)
-        assert isinstance(err, Unavailable) and "missed its heartbeats" in err.message
-    with pytest.raises(Unavailable, match="^no live store node"):
+        assert isinstance(start(index, "k", now_ms=now), NodesLate)
+    with pytest.raises(NoLiveNode):
         index.grant(1, 8, dead_at + TTL_MS)
-    err = start(index, "k", now_ms=dead_at + TTL_MS)
-    assert isinstance(err, Unavailable) and err.message.startswith("no live store node")
+    assert isinstance(start(index, "k", now_ms=dead_at + TTL_MS), NoLiveNode)
     heartbeat(m, "n0", dead_at + TTL_MS + 5)          # back: places again
     assert isinstance(start(index, "k", now_ms=dead_at + TTL_MS + 6), Plan)
 

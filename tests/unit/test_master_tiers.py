@@ -63,16 +63,17 @@ def test_a_demotion_right_after_the_store_is_kept(index):
 
 
 def test_inventory_forgets_dram_and_keeps_ssd(index):
-    a, b, c = put(index, "a"), put(index, "b"), put(index, "c")   # placed n0, n1, n0
-    assert [r.targets[0].node_id for r in (a, b, c)] == ["n0", "n1", "n0"]
-    # n0 restarts: only "a" survived (on its SSD); "c" was only in DRAM.
-    lost, indexed = index.sync_node_inventory("n0", [item("a", a.object_id)], T0)
-    assert (lost, indexed) == (1, 0)
-    assert tiers(index, "a") == {"n0": TierKind.SSD}
-    assert lookup_error(index, "c") is NotFound and index.exists(["a", "b", "c"]) == [
-        True, True, False]
+    placed = {k: put(index, k) for k in (f"k{i}" for i in range(12))}   # rendezvous-placed
+    on_n0 = [k for k, r in placed.items() if r.targets[0].node_id == "n0"]
+    a, c = on_n0[:2]
+    b = next(k for k, r in placed.items() if r.targets[0].node_id == "n1")
+    # n0 restarts: only a survived (on its SSD); c and n0's others were only in DRAM.
+    lost, indexed = index.sync_node_inventory("n0", [item(a, placed[a].object_id)], T0)
+    assert (lost, indexed) == (len(on_n0) - 1, 0)
+    assert tiers(index, a) == {"n0": TierKind.SSD}
+    assert lookup_error(index, c) is NotFound and index.exists([a, b, c]) == [True, True, False]
     assert index.sync_node_inventory("n0", [], T0) == (1, 0)      # and now nothing at all
-    assert lookup_error(index, "a") is NotFound
+    assert lookup_error(index, a) is NotFound
 
 
 def test_inventory_indexes_unknown_objects_and_bumps_ids(index):
@@ -104,9 +105,10 @@ def test_inventory_of_a_replaced_or_removed_version_is_dropped(index):
     index.start_term(100)                  # ids only grow: an older version has a smaller one
     new = put(index, "k", checksum=9)
     all_drops(index)
+    other = "n1" if new.targets[0].node_id == "n0" else "n0"     # away when "k" was put
     stale = item("k", new.object_id - 1, checksum=1)
-    index.sync_node_inventory("n1", [stale], T0)
-    assert ("k", stale.object_id) in all_drops(index)["n1"]
+    index.sync_node_inventory(other, [stale], T0)
+    assert ("k", stale.object_id) in all_drops(index)[other]
     assert index.counters["stale_replicas_dropped"] == 1
     # Removed while its node was away: the drop order stands, the object stays gone.
     r = put(index, "gone")

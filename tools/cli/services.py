@@ -24,6 +24,8 @@ import sys
 from typing import Callable
 
 from kvstore.process import exit_with_launcher, setup_logging
+from kvstore.errors import InvalidArgument
+from kvstore.rpc import MAX_REPLICAS, check_replica_num
 from kvstore.sizes import parse_size
 from kvstore.tools.cli.service_options import (check_common, checked, client_creds, port_number,
                                                require, secured, service_parser)
@@ -377,13 +379,17 @@ def resp_main(argv: list[str]) -> None:
     p.add_argument("--max-bulk", default=f"{MAX_BULK_BYTES >> 20}MiB",
                    help=f"longest value or argument a client may send, {bulk_range} "
                         "(default 512MiB: Redis' proto-max-bulk-len and largest string)")
-    p.add_argument("--replica-num", type=int, default=1, help="replicas per SET, 1 to 8")
+    p.add_argument("--replica-num", type=int, default=1,
+                   help=f"replicas per SET, 1 to {MAX_REPLICAS}")
     a = p.parse_args(argv)
     setup_logging(a.log_level)
     check_common(a)
     require(1 <= a.max_clients <= MAX_CLIENTS,
              f"--max-clients must be 1 to {MAX_CLIENTS}, got {a.max_clients}")
-    require(1 <= a.replica_num <= 8, f"--replica-num must be 1 to 8, got {a.replica_num}")
+    try:
+        check_replica_num(a.replica_num, what="--replica-num")
+    except InvalidArgument as exc:
+        raise ValueError(exc.message) from None
     require(not (a.tls_cert or a.tls_key or a.tls_ca),
              "the RESP front serves plaintext only (TLS: put a TLS proxy in front)")
     try:

@@ -98,7 +98,8 @@ def store_error(err: KVStoreError) -> RespError:
     text = f"{type(err).__name__}: {err}"
     if isinstance(err, KeyConflict):
         text += " (kvstore objects are immutable: DEL the key first)"
-    return RespError(text, _PREFIX.get(type(err), "ERR"))
+    prefix = next((p for cls, p in _PREFIX.items() if isinstance(err, cls)), "ERR")
+    return RespError(text, prefix)
 
 
 def _arity_ok(cmd: Command, n: int) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import grpc
 
 from kvstore import rpc
+from kvstore.errors import ERROR_DETAIL_KEY
 from kvstore.tools.faults.fuzz.grpc_inputs import GrpcInput
 from kvstore.tools.faults.fuzz.report import SurfaceStats
 
@@ -83,9 +84,10 @@ class GrpcDriver:
             try:
                 future.result()
                 code = grpc.StatusCode.OK
-                details = ""
+                details, answered = "", True
             except grpc.RpcError as exc:
                 code, details = exc.code(), exc.details() or ""
+                answered = any(k == ERROR_DETAIL_KEY for k, _ in exc.trailing_metadata() or ())
             self.stats.answers[code.name] += 1
             if code is grpc.StatusCode.DEADLINE_EXCEEDED:
                 self.stats.no_answer += 1
@@ -94,7 +96,7 @@ class GrpcDriver:
                 self.stats.unexpected += 1
                 self.stats.note(f"{item.kind} {item.method} ({item.credentials.split(':')[0]}): "
                                 f"UNKNOWN {details}; body {item.body[:64].hex()}")
-            elif code is grpc.StatusCode.UNAVAILABLE and "connect" in details.lower():
+            elif code is grpc.StatusCode.UNAVAILABLE and not answered:   # not the server's answer
                 self.stats.refused += 1
 
     def close(self) -> None:

@@ -46,7 +46,8 @@ import grpc
 from kvstore import rpc
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.errors import KVStoreError, NotFound, Unavailable
+from kvstore.errors import (Fenced, IndexIncomplete, KVStoreError, NotFound, NotLeader,
+                            Unavailable, from_rpc_error)
 from kvstore.tls import TlsFiles, client_context
 from kvstore.tools.faults.chaos import value_for
 from kvstore.transfer.protocol import Op
@@ -77,10 +78,10 @@ def master_state(stub, timeout_s: float = 0.5) -> str:
         stub.Exists(pb.ExistsRequest(keys=[]), timeout=timeout_s)
         return "leader"
     except grpc.RpcError as exc:
-        details = exc.details() or ""
-        if "not the leader" in details:
+        err = from_rpc_error(exc)
+        if isinstance(err, NotLeader):
             return "standby"
-        if "index incomplete" in details:
+        if isinstance(err, IndexIncomplete):
             return "warming"
         return "unreachable"
 
@@ -107,7 +108,7 @@ def watch_node(node: str, address: str, token: str | None, tls, stop: threading.
         except NotFound:
             state = "serving"
         except Unavailable as exc:
-            state = "fenced" if "fenced" in exc.message else "unreachable"
+            state = "fenced" if isinstance(exc, Fenced) else "unreachable"
             if state == "unreachable" and conn is not None:
                 conn.close()
                 conn = None
