@@ -24,7 +24,7 @@ import ssl
 import time
 
 from kvstore.auth import proof
-from kvstore.client.core.framing import AnswerReader, Malformed, encode_request
+from kvstore.client.core.framing import AnswerReader, encode_request
 from kvstore.client.core.replies import Reply
 from kvstore.errors import KVStoreError, Unavailable
 from kvstore.rpc import MAX_MESSAGE_BYTES
@@ -166,14 +166,11 @@ class AsyncNodeConnection(asyncio.BufferedProtocol):
         return self._reader.buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
-        try:
-            answers = self._reader.received(nbytes)
-        except Malformed as exc:
-            self._break(Unavailable(f"a malformed answer from the node: {exc}"))
-            return
-        for fut, reply in answers:
+        for fut, reply in self._reader.received(nbytes):
             if not fut.done():
                 fut.set_result(reply)
+        if self._reader.malformed is not None:
+            self._break(Unavailable(f"a malformed answer from the node: {self._reader.malformed}"))
 
     def _check_overdue(self) -> None:
         """The connection's one timer: the oldest answer overdue breaks the connection."""

@@ -67,6 +67,7 @@ class AnswerReader:
         self._value: bytearray | memoryview | None = None
         self._value_view: memoryview | None = None
         self._got = 0
+        self.malformed: Malformed | None = None   # why the connection cannot be trusted
 
     def expect(self, token, op: Op, max_value_bytes: int, into: memoryview | None) -> None:
         """A request was sent; ``token`` comes back with its answer."""
@@ -102,22 +103,26 @@ class AnswerReader:
         return self._view[self._end:]
 
     def received(self, nbytes: int) -> list[tuple[object, Reply]]:
-        """``nbytes`` landed in :meth:`buffer`: the answers now whole, in order.
-
-        Raises:
-            Malformed: see the module doc.
+        """``nbytes`` landed in :meth:`buffer`: the answers now whole, in order. What
+        follows a malformed answer is not decoded: :attr:`malformed` says why.
         """
         out: list[tuple[object, Reply]] = []
+        try:
+            self._received(nbytes, out)
+        except Malformed as exc:
+            self.malformed = exc
+        return out
+
+    def _received(self, nbytes: int, out: list) -> None:
         if self._value_view is not None:
             self._got += nbytes
             if self._got < len(self._value):
-                return out
+                return
             value, self._value, self._value_view = self._value, None, None
             out.append(self._answer(self._head, value))
         else:
             self._end += nbytes
         self._parse(out)
-        return out
 
     def _parse(self, out: list) -> None:
         ahead = self._view

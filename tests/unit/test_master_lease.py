@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from kvstore.client.control import _leader_hint
+from kvstore.client.core.failover import leader_hint as _leader_hint
 from kvstore.errors import Unavailable
 from kvstore.store.lease import MARGIN, MasterLease
 
