@@ -30,6 +30,7 @@ from typing import Callable, Iterable
 
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.client.control import Control
+from kvstore.client.core.reads import report_node
 from kvstore.client.deadline import of_call
 from kvstore.client.suspects import Suspects, fallback_after_s
 from kvstore.errors import KVStoreError, Unavailable, error_for_code
@@ -219,6 +220,27 @@ class Connections:
             self._control.report_failure(key, node.node_id, str(err)[:200])
         except KVStoreError as exc:
             log.debug("could not report failure of %s: %s", node.node_id, exc)
+
+    def transfer(self, node: NodeAddress, items: list, wanted_s: float, verb: str,
+                 move: Callable[[Transport], list]) -> list[KVStoreError | None]:
+        """``move(transport)`` with ``node`` (read or write ``items``), waiting ``wanted_s``
+        at most, cut to what is left of the call's deadline; per item None or the
+        error. A node that fails is suspect and reported (by the core's rule,
+        :func:`~kvstore.client.core.reads.report_node`); one that answers is not."""
+        dl = of_call(self._control.timeout_s, self._control.failover_wait_s)
+        wait_s = dl.bound(wanted_s)
+        if wait_s <= 0:
+            return [Unavailable(f"the call's deadline passed before store node "
+                                f"{node.node_id} could be {verb}", key=it.key) for it in items]
+        try:
+            out = move(self.transport(node, wait_s))
+        except Unavailable as err:
+            self.drop(node.node_id)
+            if report_node(err, dl):
+                self.node_failed(node, items[0].key, err)
+            return [err] * len(items)
+        self.node_ok(node.node_id)
+        return out
 
     def wait_s(self) -> float:
         """``read_timeout_s`` cut to what is left of the running call's deadline."""

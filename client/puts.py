@@ -57,11 +57,10 @@ from typing import Any, Sequence
 from kvstore.client.connections import Connections
 from kvstore.client.control import Control
 from kvstore.client.core.puts import WAIT_S, PutAttempt, Step, replica_count, waves
-from kvstore.client.core.reads import report_node
 from kvstore.client.deadline import of_call
 from kvstore.client.meta_cache import MetaCache
 from kvstore.client.placement import Placements
-from kvstore.errors import InvalidArgument, KVStoreError, Unavailable, WrongShard
+from kvstore.errors import InvalidArgument, KVStoreError, WrongShard
 from kvstore.keys import validate_key
 from kvstore.transfer.base import WriteItem
 from kvstore.transfer.buffers import readable_view
@@ -206,20 +205,8 @@ class PutProtocol:
         cut to what is left of the call's deadline; per item None or the error. A node
         that fails is suspect and reported (not when the deadline cut the wait)."""
         c = self.connections
-        dl = of_call(self._control.timeout_s, self._control.failover_wait_s)
-        wait_s = dl.bound(c.read_timeout_s)
-        if wait_s <= 0:
-            return [Unavailable(f"the call's deadline passed before store node "
-                                f"{node.node_id} could be written", key=it.key) for it in items]
-        try:
-            outcome = c.transport(node, wait_s).write_many(items)
-        except Unavailable as err:
-            c.drop(node.node_id)
-            if report_node(err, dl):
-                c.node_failed(node, items[0].key, err)
-            return [err] * len(items)
-        c.node_ok(node.node_id)
-        return outcome
+        return c.transfer(node, items, c.read_timeout_s, "written",
+                          lambda tr: tr.write_many(items))
 
     # ---- one value at a time (PartsWriter) ----
     def place(self, key: str, size_bytes: int, replica_num: int,

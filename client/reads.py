@@ -20,11 +20,9 @@ from typing import Any, Callable, Sequence
 
 from kvstore.client.connections import Connections
 from kvstore.client.control import Control
-from kvstore.client.core.reads import (ReadPlan, from_cache, read_order, report_node,
-                                      stale)
-from kvstore.client.deadline import of_call
+from kvstore.client.core.reads import ReadPlan, from_cache, read_order, stale
 from kvstore.client.meta_cache import MetaCache
-from kvstore.errors import InvalidArgument, KVStoreError, Unavailable
+from kvstore.errors import InvalidArgument, KVStoreError
 from kvstore.transfer.base import ReadItem
 from kvstore.transfer.buffers import writable_view
 from kvstore.types import NodeAddress, NodeId, ObjectMeta, Replica, TransportKind
@@ -207,21 +205,10 @@ class Reads:
         what is left of the call's deadline. A node that fails is suspect and
         reported (not when the call's deadline cut the wait); one that answers is not."""
         c = self._connections
-        dl = of_call(self._control.timeout_s, self._control.failover_wait_s)
-        wanted_s = c.fallback_after_s if fallback else c.read_timeout_s
-        wait_s = dl.bound(wanted_s)
-        if wait_s <= 0:
-            return [Unavailable(f"the call's deadline passed before store node "
-                                f"{node.node_id} could be read", key=it.key) for it in items]
-        try:
-            tr = c.transport(node, wait_s)
+
+        def read(tr) -> list[KVStoreError | None]:
             verify = (tr.kind is TransportKind.TCP if self.verify_checksum is None
                       else self.verify_checksum)
-            res = tr.read_many(items, verify)
-        except Unavailable as err:
-            c.drop(node.node_id)
-            if report_node(err, dl):
-                c.node_failed(node, items[0].key, err)
-            return [err] * len(items)
-        c.node_ok(node.node_id)
-        return res
+            return tr.read_many(items, verify)
+        return c.transfer(node, items, c.fallback_after_s if fallback else c.read_timeout_s,
+                          "read", read)
