@@ -1,18 +1,14 @@
 """``AsyncKVClient``: the SDK for asyncio programs, many operations in flight.
 
-The operations of :class:`~kvstore.client.client.KVClient` (put, get, get_into,
-batch forms, exists, lookup, remove), awaitable, by the same rules: this is a
-driver of the client core (:mod:`kvstore.client.core`), which decides master
-failover, routing and the WRONG_SHARD refresh, the read order and fallback,
-placement and the put's steps. Masters through ``grpc.aio``; data through one
-pipelined TCP connection per node (:mod:`kvstore.client.aio_data`), so 64
-gets or puts started at once keep 64 frames in flight on it.
+:class:`~kvstore.client.client.KVClient`'s operations, awaitable, by the same rules:
+a driver of the client core (:mod:`kvstore.client.core`: failover, routing, reads,
+placement, the put's steps), one deadline per call (:mod:`kvstore.client.deadline`).
+Masters through ``grpc.aio``; data through one pipelined TCP connection per node
+(:mod:`kvstore.client.aio_data`)::
 
     async with AsyncKVClient("127.0.0.1:7001") as kv:
         await kv.put("k", b"v")
         values = await asyncio.gather(*(kv.get(k) for k in keys))
-
-Every call has one deadline (:mod:`kvstore.client.deadline`), as the sync SDK's.
 
 Thread safety: one event loop (the one the client was entered in).
 """
@@ -94,8 +90,7 @@ class AsyncKVClient:
         self._fallback_after_s = fallback_after_s(timeout_s)
 
     async def __aenter__(self) -> "AsyncKVClient":
-        await self.start()
-        return self
+        return await self.start() or self
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
@@ -221,7 +216,7 @@ class AsyncKVClient:
     # ---- reads ----
     @_one_deadline
     async def get(self, key: str) -> bytearray:
-        """The value of ``key`` as a new bytearray. Raises: NotFound, ChecksumMismatch, Unavailable."""
+        """As :meth:`KVClient.get`. Raises: NotFound, ChecksumMismatch, Unavailable."""
         return await self._get_one(key, None)
 
     @_one_deadline

@@ -41,7 +41,7 @@ Deadline: a put (a batch put: all its waves) is one SDK call, with one deadline
 rounds and its waits for the shard to stop granting a node that failed it all
 end by it. A grant the shard refuses, or that its masters cannot be asked for
 (after the one retry rule of master calls,
-:class:`kvstore.client.control.MasterRetry`), fails the put at once.
+:class:`kvstore.client.core.failover.MasterRetry`), fails the put at once.
 
 Thread safety: a PutProtocol may be shared by threads (its writes go through
 the calling thread's transports).

@@ -35,6 +35,13 @@ class Reply:
     message: str = ""         # why, on an error
     value: bytes | bytearray | memoryview = b""   # an OK GET/STATS/AUTH_HELLO's bytes
 
+    @classmethod
+    def of_header(cls, header: tuple) -> "Reply":
+        """A reply from the sync transport's header tuple (code, object id, size,
+        checksum, offset, message): decoded here, read by name from here on."""
+        code, object_id, size, checksum, _offset, message = header
+        return cls(code, object_id, size, checksum, message)
+
     @property
     def ok(self) -> bool:
         return self.code == pb.OK

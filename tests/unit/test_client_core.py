@@ -10,6 +10,7 @@ import pytest
 
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.client.core.failover import Action, MasterRetry, classify, leader_hint
+from kvstore.client.core.framing import AnswerReader
 from kvstore.client.core.placement import Grant, GrantedNode, GrantUse, grant_use
 from kvstore.client.core.puts import (MAX_NODES_TRIED, Next, PutAttempt, Step, replica_count,
                                       settle, split_answers, waves)
@@ -21,6 +22,7 @@ from kvstore.errors import (INDEX_INCOMPLETE, NO_LIVE_NODE, AlreadyPresent, Chec
                             InvalidArgument, KeyConflict, NotFound, Unavailable, WrongShard)
 from kvstore.keys import NUM_SLOTS, value_checksum
 from kvstore.shardmap import ShardMap, ShardRange
+from kvstore.transfer.protocol import RESPONSE, Op
 from kvstore.types import NodeAddress, NodeId, ObjectMeta, Replica, TierKind
 
 
@@ -198,3 +200,50 @@ def test_puts_helpers():
     a, b = _node("a"), _node("b")
     written, failures = split_answers("k", [a, b], [Reply(pb.OK), Unavailable("down")])
     assert written == [a] and failures[0][0] == b
+
+
+# ---- framing ----
+def _feed(reader: AnswerReader, data: bytes, piece: int = 3) -> list:
+    """Hand ``data`` to ``reader`` as a transport would: at most ``piece`` bytes and
+    at most what its buffer takes at a time."""
+    out, at = [], 0
+    while at < len(data):
+        buf = reader.buffer()
+        n = min(piece, len(buf), len(data) - at)
+        buf[:n] = data[at:at + n]
+        at += n
+        out += reader.received(n)
+    return out
+
+
+def test_answers_are_decoded_in_request_order_however_they_are_split():
+    reader = AnswerReader()
+    into = memoryview(bytearray(8))
+    reader.expect("ping", Op.PING, 0, None)
+    reader.expect("get", Op.GET, 16, None)
+    reader.expect("into", Op.GET, 0, into)
+    data = (RESPONSE.pack(pb.OK, 0, 0, 0, 7, 0, 0, 0, 0)
+            + RESPONSE.pack(pb.OK, 0, 0, 0, 9, 5, 42, 0, 0) + b"hello"
+            + RESPONSE.pack(pb.NOT_FOUND, 0, 4, 0, 0, 0, 0, 0, 0) + b"gone")
+    got = dict(_feed(reader, data))
+    assert got["ping"].ok and got["get"].value == bytearray(b"hello")
+    assert got["get"].object_id == 9 and got["get"].checksum == 42
+    assert isinstance(got["into"].error("k"), NotFound) and got["into"].message == "gone"
+    assert not reader.pending and reader.malformed is None
+
+
+def test_what_no_node_sends_is_malformed_and_answers_before_it_still_arrive():
+    reader = AnswerReader()
+    reader.expect("a", Op.GET, 4, None)
+    assert _feed(reader, RESPONSE.pack(pb.OK, 0, 0, 0, 1, 99, 0, 0, 0), 64) == []
+    assert "at most 4 B" in str(reader.malformed)
+    reader = AnswerReader()
+    reader.expect("a", Op.PING, 0, None)
+    ok = RESPONSE.pack(pb.OK, 0, 0, 0, 0, 0, 0, 0, 0)
+    assert [t for t, _r in _feed(reader, ok + ok, 64)] == ["a"]
+    assert "not sent" in str(reader.malformed)
+
+
+def test_a_sync_header_becomes_a_reply():
+    reply = Reply.of_header((pb.NO_SPACE, 3, 10, 7, 0, "full"))
+    assert reply.object_id == 3 and reply.error("k").message == "full"
