@@ -76,12 +76,9 @@ def sdk(request):
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
-    c = start_store_cluster(masters=2, nodes=2, log_dir=str(tmp_path_factory.mktemp("sdk")))
-    try:
-        yield c
-        c.procs.check()
-    finally:
-        c.stop()
+    with start_store_cluster(masters=2, nodes=2,
+                             log_dir=str(tmp_path_factory.mktemp("sdk"))) as c:
+        yield c             # stopping resumes a process a test left stopped
 
 
 def _on_shard(kv, shard_id: int, tag: str) -> str:
@@ -170,12 +167,9 @@ def test_a_call_against_a_hung_master_ends_by_its_deadline(sdk, shards, request)
 def ha(tmp_path_factory):
     if shutil.which("etcd") is None and not os.environ.get("KVSTORE_ETCD"):
         pytest.skip("no etcd (KVSTORE_ETCD, or etcd on PATH)")
-    c = start_store_cluster(masters=1, nodes=1, standbys=1, etcd="local", node_ttl_ms=2000,
-                            log_dir=str(tmp_path_factory.mktemp("sdk-ha")))
-    try:
+    with start_store_cluster(masters=1, nodes=1, standbys=1, etcd="local", node_ttl_ms=2000,
+                             log_dir=str(tmp_path_factory.mktemp("sdk-ha"))) as c:
         yield c
-    finally:
-        c.stop()
 
 
 def test_calls_fail_over_to_the_new_leader(sdk, ha, request):
