@@ -25,6 +25,8 @@ from kvstore.errors import KeyConflict, NotFound, Unavailable
 from kvstore.shardmap import ShardMap
 from kvstore.tools.launcher import start_store_cluster
 
+pytestmark = pytest.mark.slow          # real clusters of processes
+
 
 class AioFromThread:
     """An AsyncKVClient whose calls a test makes as plain calls: each runs on an event
