@@ -28,11 +28,12 @@ import weakref
 from collections import defaultdict
 from typing import Callable, Iterable
 
-from kvstore._proto import kvstore_pb2 as pb
 from kvstore.client.control import Control
+from kvstore.client.core.reads import report_node
+from kvstore.client.core.replies import Reply
 from kvstore.client.deadline import of_call
 from kvstore.client.suspects import Suspects, fallback_after_s
-from kvstore.errors import KVStoreError, Unavailable, error_for_code
+from kvstore.errors import KVStoreError, Unavailable
 from kvstore.transfer.base import Transport
 from kvstore.transfer.protocol import Op, local_address
 from kvstore.transfer.shm import SegmentMaps, ShmTransport, host_id
@@ -220,6 +221,27 @@ class Connections:
         except KVStoreError as exc:
             log.debug("could not report failure of %s: %s", node.node_id, exc)
 
+    def transfer(self, node: NodeAddress, items: list, wanted_s: float, verb: str,
+                 move: Callable[[Transport], list]) -> list[KVStoreError | None]:
+        """``move(transport)`` with ``node`` (read or write ``items``), waiting ``wanted_s``
+        at most, cut to what is left of the call's deadline; per item None or the
+        error. A node that fails is suspect and reported (by the core's rule,
+        :func:`~kvstore.client.core.reads.report_node`); one that answers is not."""
+        dl = of_call(self._control.timeout_s, self._control.failover_wait_s)
+        wait_s = dl.bound(wanted_s)
+        if wait_s <= 0:
+            return [Unavailable(f"the call's deadline passed before store node "
+                                f"{node.node_id} could be {verb}", key=it.key) for it in items]
+        try:
+            out = move(self.transport(node, wait_s))
+        except Unavailable as err:
+            self.drop(node.node_id)
+            if report_node(err, dl):
+                self.node_failed(node, items[0].key, err)
+            return [err] * len(items)
+        self.node_ok(node.node_id)
+        return out
+
     def wait_s(self) -> float:
         """``read_timeout_s`` cut to what is left of the running call's deadline."""
         return of_call(self._control.timeout_s,
@@ -251,17 +273,11 @@ class Connections:
                 conn = self.transport(lst[0][1], self.wait_s()).conn
                 for _i, _node, m in lst:
                     conn.send(op, m.key, m.object_id, size)
-                replies = [conn.recv_header() for _ in lst]
+                errs = [Reply.of_header(conn.recv_header()).error(m.key) for _i, _n, m in lst]
             except Unavailable as err:
                 self.drop(node_id)
-                replies = [(err,)] * len(lst)
-            for (i, _node, m), reply in zip(lst, replies):
-                if isinstance(reply[0], KVStoreError):
-                    err = reply[0]
-                elif reply[0] != pb.OK:
-                    err = error_for_code(reply[0], reply[-1], key=m.key)
-                else:
-                    continue
+                errs = [err] * len(lst)
+            for (i, _node, _m), err in zip(lst, errs):
                 out[i] = out[i] or err
         return out
 
@@ -289,11 +305,11 @@ class Connections:
             try:
                 conn = self.transport(node, self.wait_s()).conn
                 conn.send(Op.STATS, "")
-                code, _oid, size, _ck, _off, msg = conn.recv_header()
-                if code != pb.OK:
-                    raise error_for_code(code, msg)
-                buf = bytearray(size)
-                conn.recv_value_into(size, memoryview(buf))
+                reply = Reply.of_header(conn.recv_header())
+                if not reply.ok:
+                    raise reply.error()
+                buf = bytearray(reply.size)
+                conn.recv_value_into(reply.size, memoryview(buf))
             except Unavailable:
                 self.drop(node.node_id)
                 raise

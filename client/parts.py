@@ -46,7 +46,8 @@ from typing import Any, Sequence
 import xxhash
 
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.client.puts import MAX_NODES_TRIED, PutProtocol, Written, settle
+from kvstore.client.core.puts import MAX_NODES_TRIED, settle
+from kvstore.client.puts import PutProtocol, Written
 from kvstore.errors import (InvalidArgument, KVStoreError, NotFound, Unavailable,
                             error_for_code)
 from kvstore.keys import validate_key

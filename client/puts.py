@@ -18,6 +18,11 @@ are in :mod:`kvstore.master.grants`)::
                   replaced by the next node of the grant, for a few rounds; an id
                   the shard does not know (a new leader) gets a new grant
 
+Every decision of a put (the targets, what its answers mean, what it does
+next) is the client core's (:mod:`kvstore.client.core.placement`,
+:mod:`kvstore.client.core.puts`); this module performs them with the sync
+SDK's transports, the writes of a round batched per node.
+
 Ordering: a target acknowledges a write only after its master shard made the
 object visible, and a put returns only after every target answered, so a
 returned put is visible to every reader (read-your-writes for everyone); no
@@ -36,7 +41,7 @@ Deadline: a put (a batch put: all its waves) is one SDK call, with one deadline
 rounds and its waits for the shard to stop granting a node that failed it all
 end by it. A grant the shard refuses, or that its masters cannot be asked for
 (after the one retry rule of master calls,
-:class:`kvstore.client.control.MasterRetry`), fails the put at once.
+:class:`kvstore.client.core.failover.MasterRetry`), fails the put at once.
 
 Thread safety: a PutProtocol may be shared by threads (its writes go through
 the calling thread's transports).
@@ -46,41 +51,21 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from kvstore.client.connections import Connections
 from kvstore.client.control import Control
+from kvstore.client.core.puts import WAIT_S, PutAttempt, Step, replica_count, waves
 from kvstore.client.deadline import of_call
 from kvstore.client.meta_cache import MetaCache
 from kvstore.client.placement import Placements
-from kvstore.errors import (AlreadyPresent, InvalidArgument, KeyConflict, KVStoreError,
-                            NotFound, TooLarge, Unavailable, WrongShard)
+from kvstore.errors import InvalidArgument, KVStoreError, WrongShard
 from kvstore.keys import validate_key
-from kvstore.rpc import check_replica_num
 from kvstore.transfer.base import WriteItem
 from kvstore.transfer.buffers import readable_view
 from kvstore.types import (NodeAddress, NodeId, ObjectId, ObjectKey, ObjectMeta, Replica,
                            TierKind)
-
-#: A value is tried on at most this many nodes (targets that failed it replaced) ...
-MAX_NODES_TRIED = 6
-#: ... in at most this many rounds.
-_MAX_ROUNDS = 64
-_REGRANTED = NodeId("")          # in a value's failed set: it was given a new grant once
-
-
-@dataclass(slots=True)
-class _Tries:
-    """What one wave of puts has tried so far: per value index the nodes that
-    could not take it (with _REGRANTED once it got a new grant), and whether the
-    wave refreshed the shard map (once at most)."""
-
-    failed: dict[int, frozenset] = field(default_factory=dict)
-    map_refreshed: bool = False
-    #: Indices whose grant the shard refused ("no live store node", ...) or its masters
-    #: could not be asked for (their retries spent): final.
-    refused: set[int] = field(default_factory=set)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,30 +78,6 @@ class Written:
     size_bytes: int
     checksum: int                    # xxh3-64 of the value
     nodes: tuple[NodeAddress, ...]   # the targets that acknowledged the bytes
-
-
-def settle(key: str, written: Sequence[NodeAddress],
-           failures: Sequence[tuple[NodeAddress, KVStoreError]]) -> tuple[bool | KVStoreError, str]:
-    """A placed put's result from its targets' answers, and what to do next.
-
-    Returns:
-        (True: some target acknowledged; False: already present; or the error),
-        and "" (done), "regrant" (the shard knows no grant of the id: a new grant, again) or
-        "elsewhere" (the targets could not take it: other nodes).
-    """
-    if written:
-        return True, ""
-    errs = [e for _n, e in failures]
-    if any(isinstance(e, AlreadyPresent) for e in errs):
-        return False, ""
-    decided = next((e for e in errs if isinstance(e, (KeyConflict, TooLarge, InvalidArgument))),
-                   None)
-    if decided is not None:
-        return decided, ""
-    err = errs[0] if errs else Unavailable("no target node accepted the value", key=key)
-    if any(isinstance(e, NotFound) for e in errs):
-        return err, "regrant"
-    return err, "elsewhere"
 
 
 class PutProtocol:
@@ -173,73 +134,30 @@ class PutProtocol:
                 todo.append(i)
             except KVStoreError as err:
                 results[i] = err
-        replicas = replica_num or self.replica_num
-        check_replica_num(replicas)
-        # A key repeated in one batch is put in waves, one occurrence per wave:
-        # the first wins, later ones are "already present" or KeyConflict, as
-        # for any second put (a wave never places a key twice).
-        waves: list[list[int]] = []
-        seen: dict[str, int] = {}
-        for i in todo:
-            w = seen[keys[i]] = seen.get(keys[i], -1) + 1
-            if w == len(waves):
-                waves.append([])
-            waves[w].append(i)
+        replicas = replica_count(replica_num, self.replica_num)
         dl = of_call(self._control.timeout_s, self._control.failover_wait_s)
-        for wave in waves:
-            tries = _Tries()
-            failed = tries.failed
-            for _ in range(_MAX_ROUNDS):
-                retry = self._round(keys, views, checksums, parents, wave, replicas, results,
-                                    tries)
-                if not retry:
-                    # Every node failed a value (a node died, a partition, a leader
-                    # failover): ask the shard again, with a fresh grant, until its
-                    # view changes (it stops granting a dead node after its ttl) or
-                    # the call's deadline ends the retries. A grant refused or not
-                    # had (tries.refused) ends the wait at once.
-                    retry = [i for i in wave if isinstance(results[i], Unavailable)
-                             and i not in tries.refused]
-                    if not retry or not dl.may_retry():
-                        break
-                    for i in retry:
-                        failed.pop(i, None)
-                    for shard in {self._control.shard_for_key(keys[i]).addresses for i in retry}:
-                        self._placements.invalidate(shard)
-                    time.sleep(min(0.1, max(0.0, dl.left_s())))
-                elif not dl.may_retry():
-                    break                    # the call's deadline: the errors stand
-                wave = retry
+        for wave in waves(keys, todo):
+            attempts = {i: PutAttempt(keys[i]) for i in wave}
+            while wave:
+                wave = self._round(keys, views, checksums, parents, wave, replicas, attempts, dl)
+            for i, a in attempts.items():
+                results[i] = a.result
         return results
 
     def _round(self, keys, views, checksums, parents, todo: list[int], replica_num: int,
-               results: list, tries: _Tries) -> list[int]:
-        """One place -> write round; returns the indices to try again.
-
-        ``tries.failed`` (per index, the nodes that could not take it) grows here;
-        an index that ran out of nodes, or of rounds, keeps its error.
-        """
-        failed = tries.failed
-        retry: list[int] = []
-        wrong: list[int] = []
+               attempts: dict[int, PutAttempt], dl) -> list[int]:
+        """One place -> write round, each value's next step by its
+        :class:`~kvstore.client.core.puts.PutAttempt`; returns the indices to place again."""
+        steps: dict[int, Step] = {}
         by_node: dict[NodeId, list[tuple[int, NodeAddress]]] = defaultdict(list)
         oids: dict[int, ObjectId] = {}
-        shard_of: dict[int, tuple[str, ...]] = {}
         for i in todo:
-            shard_of[i] = self._control.shard_for_key(keys[i]).addresses
             try:
                 oids[i], targets = self._placements.place(
-                    shard_of[i], keys[i], len(views[i]), replica_num, failed.get(i, frozenset()))
-            except WrongShard as err:
-                err.key = err.key or keys[i]
-                results[i] = err
-                if not tries.map_refreshed:
-                    wrong.append(i)          # again after one refresh of the shard map
-                continue
+                    self._control.shard_for_key(keys[i]).addresses, keys[i], len(views[i]),
+                    replica_num, attempts[i].exclude)
             except KVStoreError as err:
-                if i not in failed:          # else: no node left; the last round's error stays
-                    results[i] = err         # the shard's answer, or its masters' silence
-                    tries.refused.add(i)
+                steps[i] = attempts[i].place_failed(err, dl)
                 continue
             for t in targets:
                 by_node[t.node_id].append((i, t))
@@ -249,10 +167,9 @@ class PutProtocol:
             items = [WriteItem(keys[i], oids[i], views[i], checksums[i], parents[i], replica_num)
                      for i, _ in lst]
             outcome = self._write(lst[0][1], items)
-            for (i, _node), it in zip(lst, items):
+            for (i, node), it, err in zip(lst, items, outcome):
                 if checksums[i] is None:
                     checksums[i] = it.checksum     # computed by the transport (or still None)
-            for (i, node), err in zip(lst, outcome):
                 if err is None:
                     written[i].append(node)
                 else:
@@ -260,46 +177,36 @@ class PutProtocol:
         self.stored([Written(keys[i], oids[i], len(views[i]), checksums[i], tuple(written[i]))
                      for i in oids if written[i]])
         for i in oids:
-            results[i], then = settle(keys[i], written[i], outcomes[i])
-            if then == "regrant":
-                if _REGRANTED in failed.get(i, frozenset()):
-                    continue                 # refused twice: the error stands
-                self._placements.invalidate(shard_of[i])
-                failed[i] = failed.get(i, frozenset()) | {_REGRANTED}
-            if then:
-                bad = frozenset(n.node_id for n, e in outcomes[i] if not isinstance(e, NotFound))
-                failed[i] = failed.get(i, frozenset()) | bad
-                if len(failed[i]) < MAX_NODES_TRIED:
-                    retry.append(i)
-        if wrong:
-            # A grant asked of a shard that does not own the key (as for every
-            # routed call): the map is refreshed once, and those keys go again.
+            steps[i] = attempts[i].answered(written[i], outcomes[i], dl)
+        return self._perform(keys, steps, attempts, dl)
+
+    def _perform(self, keys, steps: dict[int, Step], attempts: dict[int, PutAttempt],
+                 dl) -> list[int]:
+        """Do what the values' steps ask (refresh the map, forget grants, wait) and
+        return the indices to place again. A WAIT is done only when no value can go
+        on at once: then every waiting value goes again after one pause."""
+        if Step.REFRESH_MAP in steps.values():
             self._control.refresh_shard_map()
-            tries.map_refreshed = True
-            for i in wrong:
-                self._placements.invalidate(shard_of[i])
-            retry += wrong
-        return retry
+        again = [i for i, s in steps.items() if s not in (Step.DONE, Step.WAIT)]
+        waiting = [i for i, s in steps.items() if s is Step.WAIT]
+        if waiting and not again:
+            time.sleep(min(WAIT_S, max(0.0, dl.left_s())))
+            for i in waiting:
+                attempts[i].waited()
+        forget = [i for i, s in steps.items() if s in (Step.REGRANT, Step.REFRESH_MAP)]
+        if waiting and not again:
+            forget += waiting
+        for shard in {self._control.shard_for_key(keys[i]).addresses for i in forget}:
+            self._placements.invalidate(shard)
+        return again + waiting
 
     def _write(self, node: NodeAddress, items: list[WriteItem]) -> list[KVStoreError | None]:
         """Write ``items`` to ``node``, waiting for its answers ``read_timeout_s`` at most,
         cut to what is left of the call's deadline; per item None or the error. A node
         that fails is suspect and reported (not when the deadline cut the wait)."""
         c = self.connections
-        dl = of_call(self._control.timeout_s, self._control.failover_wait_s)
-        wait_s = dl.bound(c.read_timeout_s)
-        if wait_s <= 0:
-            return [Unavailable(f"the call's deadline passed before store node "
-                                f"{node.node_id} could be written", key=it.key) for it in items]
-        try:
-            outcome = c.transport(node, wait_s).write_many(items)
-        except Unavailable as err:
-            c.drop(node.node_id)
-            if dl.left_s() > 0:              # the node's failure, not the call's deadline
-                c.node_failed(node, items[0].key, err)
-            return [err] * len(items)
-        c.node_ok(node.node_id)
-        return outcome
+        return c.transfer(node, items, c.read_timeout_s, "written",
+                          lambda tr: tr.write_many(items))
 
     # ---- one value at a time (PartsWriter) ----
     def place(self, key: str, size_bytes: int, replica_num: int,

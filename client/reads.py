@@ -1,17 +1,10 @@
-"""The client's read path: metadata, replica order, fallback across replicas.
+"""The sync SDK's read path: the blocking driver of the client core's read plan.
 
 A read resolves each key's metadata (the metadata cache first, then one
-Lookup per shard for the misses), then reads each object from its replicas
-in order -- nodes that failed lately last, then same host first, then the
-fastest tier -- and falls back to the next replica when one fails. A read
-that has another replica to try waits for one only
-:attr:`~kvstore.client.connections.Connections.fallback_after_s` (a quarter
-of ``read_timeout_s``), never past its call's deadline
-(:mod:`kvstore.client.deadline`). A replica that failed a read another one
-then answered leaves the cached entry (later reads of the key do not go back
-to it); a read through a cached entry that misses everywhere (removed,
-evicted, replaced) drops the entry and is tried once more with fresh
-metadata from the master.
+Lookup per shard for the misses), then reads each object by its
+:class:`~kvstore.client.core.reads.ReadPlan` (the replica order, the wait per
+replica, the fallback, the stale-cache retry: all of it decided there), the
+reads of one round batched per node.
 
 The single-key fast path (:meth:`Reads.get_into` on a cached key) skips
 the master and the batch machinery: one read of the first replica.
@@ -22,18 +15,17 @@ the transports are per thread).
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from typing import Any, Callable, Sequence
 
 from kvstore.client.connections import Connections
 from kvstore.client.control import Control
-from kvstore.client.deadline import of_call
+from kvstore.client.core.reads import ReadPlan, from_cache, read_order, stale
 from kvstore.client.meta_cache import MetaCache
-from kvstore.errors import InvalidArgument, KVStoreError, Unavailable
+from kvstore.errors import InvalidArgument, KVStoreError
 from kvstore.transfer.base import ReadItem
 from kvstore.transfer.buffers import writable_view
-from kvstore.types import TIER_READ_RANK, NodeAddress, NodeId, ObjectMeta, Replica, TransportKind
+from kvstore.types import NodeAddress, NodeId, ObjectMeta, Replica, TransportKind
 
 #: Where a read puts index ``i``'s value: a view, or a KVStoreError raised (a bad destination).
 ViewFor = Callable[[int, ObjectMeta], memoryview]
@@ -77,9 +69,7 @@ class Reads:
         Returns:
             (metas or errors, from_cache flags), in input order.
         """
-        metas: list = [self._meta.get(k) if isinstance(k, str) else None for k in keys]
-        cached = [m is not None for m in metas]
-        miss = [i for i, m in enumerate(metas) if m is None]
+        metas, cached, miss = from_cache(self._meta, keys)
         if miss:
             for i, r in zip(miss, self.lookup([keys[i] for i in miss])):
                 metas[i] = r
@@ -88,11 +78,7 @@ class Reads:
     def read_order(self, meta: ObjectMeta) -> list[Replica]:
         """Replicas in the order reads try them: nodes that failed lately last,
         then same host first, then by tier speed."""
-        now = time.monotonic()
-        suspect, here = self._suspect, self._host_id
-        return sorted(meta.replicas, key=lambda r: (suspect.get(r.node.node_id, 0.0) > now,
-                                                    r.node.host_id != here,
-                                                    TIER_READ_RANK.get(r.tier, len(TIER_READ_RANK))))
+        return read_order(meta, self._suspect, self._host_id)
 
     # ---- reads ----
     def get_many(self, keys: Sequence[str]) -> list[bytearray | KVStoreError]:
@@ -179,8 +165,7 @@ class Reads:
                         metas[i] = err
             for i, r in zip(idx, self._read([metas[i] for i in idx], views)):
                 res[i] = r
-            idx = [i for i in idx if cached[i] and res[i] is not None
-                   and not isinstance(res[i], InvalidArgument)]
+            idx = [idx[j] for j in stale([cached[i] for i in idx], [res[i] for i in idx])]
             if attempt or not idx:
                 break
             for i in idx:
@@ -191,46 +176,27 @@ class Reads:
         return metas, res
 
     def _read(self, metas: list, views: list[memoryview | None]) -> list[KVStoreError | None]:
-        """Read found objects into views, falling back across replicas."""
-        out: list[KVStoreError | None] = [m if isinstance(m, KVStoreError) else None
-                                          for m in metas]
-        # Candidate replicas per index, in read order; the nodes that failed each.
-        cands: dict[int, list[NodeAddress]] = {}
-        failed: dict[int, set[NodeId]] = {}
-        for i, m in enumerate(metas):
-            if isinstance(m, KVStoreError):
-                continue
-            cands[i] = [r.node for r in self.read_order(m)]
-        while cands:
+        """Read found objects into views, each by its plan; one round per replica rank,
+        the reads of a round batched per node."""
+        plans = [ReadPlan(m, () if isinstance(m, KVStoreError) else self.read_order(m))
+                 for m in metas]
+        todo = [i for i, p in enumerate(plans) if not p.done]
+        while todo:
             by_node: dict[NodeId, list[int]] = defaultdict(list)
-            addr: dict[NodeId, NodeAddress] = {}
-            for i, nodes in cands.items():
-                if not nodes:
-                    out[i] = out[i] or Unavailable("no replica could be read", key=metas[i].key)
-                    continue
-                by_node[nodes[0].node_id].append(i)
-                addr[nodes[0].node_id] = nodes[0]
-            nxt: dict[int, list[NodeAddress]] = {}
-            for node_id, idxs in by_node.items():
+            for i in todo:
+                by_node[plans[i].node.node_id].append(i)
+            for idxs in by_node.values():
                 items = [ReadItem(metas[i].key, metas[i].object_id, metas[i].size_bytes,
                                   metas[i].checksum, views[i]) for i in idxs]
-                res = self._read_node(addr[node_id], items,
-                                      all(len(cands[i]) > 1 for i in idxs))
+                res = self._read_node(plans[idxs[0]].node, items,
+                                      all(plans[i].has_fallback for i in idxs))
                 for i, err in zip(idxs, res):
-                    out[i] = err
-                    # A bad destination fails the same way everywhere; anything else
-                    # (node gone, object dropped, bad bytes) tries the next replica.
-                    if err is not None and not isinstance(err, InvalidArgument):
-                        failed.setdefault(i, set()).add(node_id)
-                        if len(cands[i]) > 1:
-                            nxt[i] = cands[i][1:]
-            cands = nxt
-        # A replica that failed where another one answered leaves the cached entry:
-        # later reads of the key do not wait for it again.
-        for i, nodes in failed.items():
-            if out[i] is None:
-                self._meta.drop_replicas(metas[i].key, metas[i].object_id, nodes)
-        return out
+                    plans[i].answered(err)
+            todo = [i for i in todo if not plans[i].done]
+        for i, p in enumerate(plans):
+            if p.stale_replicas():
+                self._meta.drop_replicas(metas[i].key, metas[i].object_id, p.stale_replicas())
+        return [p.error for p in plans]
 
     def _read_node(self, node: NodeAddress, items: list[ReadItem],
                    fallback: bool) -> list[KVStoreError | None]:
@@ -239,21 +205,10 @@ class Reads:
         what is left of the call's deadline. A node that fails is suspect and
         reported (not when the call's deadline cut the wait); one that answers is not."""
         c = self._connections
-        dl = of_call(self._control.timeout_s, self._control.failover_wait_s)
-        wanted_s = c.fallback_after_s if fallback else c.read_timeout_s
-        wait_s = dl.bound(wanted_s)
-        if wait_s <= 0:
-            return [Unavailable(f"the call's deadline passed before store node "
-                                f"{node.node_id} could be read", key=it.key) for it in items]
-        try:
-            tr = c.transport(node, wait_s)
+
+        def read(tr) -> list[KVStoreError | None]:
             verify = (tr.kind is TransportKind.TCP if self.verify_checksum is None
                       else self.verify_checksum)
-            res = tr.read_many(items, verify)
-        except Unavailable as err:
-            c.drop(node.node_id)
-            if dl.left_s() > 0:              # the node's failure, not the call's deadline
-                c.node_failed(node, items[0].key, err)
-            return [err] * len(items)
-        c.node_ok(node.node_id)
-        return res
+            return tr.read_many(items, verify)
+        return c.transfer(node, items, c.fallback_after_s if fallback else c.read_timeout_s,
+                          "read", read)

@@ -40,7 +40,7 @@ key that was removed meanwhile. The decided ids go with their grant.
 
 Placement still follows the shard's view: a grant lists only nodes it would
 place on itself, with their free space; the client picks ``replica_num``
-distinct nodes from it (:mod:`kvstore.client.placement`), and a node that
+distinct nodes from it (:mod:`kvstore.client.core.placement`), and a node that
 cannot take the bytes refuses them (NO_SPACE, fenced, gone) so the client
 tries the next. An id no live grant covers (a grant of a previous leader,
 expired long ago, or invented) is refused NOT_FOUND ("placement grant is

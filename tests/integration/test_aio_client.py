@@ -10,7 +10,7 @@ import pytest
 
 from kvstore.client import KVClient
 from kvstore.client.aio import AsyncKVClient
-from kvstore.client.placement import IDS_PER_GRANT
+from kvstore.client.core.placement import IDS_PER_GRANT
 from kvstore.errors import InvalidArgument, KeyConflict, NotFound, TooLarge
 from kvstore.keys import value_checksum
 

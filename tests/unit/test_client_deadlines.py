@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from kvstore.client.control import _MASTER_ATTEMPTS, MasterRetry
+from kvstore.client.core.failover import MASTER_ATTEMPTS as _MASTER_ATTEMPTS
+from kvstore.client.core.failover import MasterRetry
 from kvstore.client.deadline import Deadline, call_scope, current, of_call, unscoped_context
 from kvstore.client.meta_cache import MetaCache
 from kvstore.client.suspects import MAX_SUSPECT_S, Suspects, fallback_after_s
@@ -47,27 +48,27 @@ def _unavailable(msg: str = "down") -> Unavailable:
 
 
 def test_one_master_is_tried_a_few_times_then_the_call_fails():
-    retry = MasterRetry(("a:1",), 0, Deadline.after(10.0, 15.0))
+    retry = MasterRetry(("a:1",), {("a:1",): 0}, Deadline.after(10.0, 15.0))
     pauses = [retry.after(_unavailable()) for _ in range(_MASTER_ATTEMPTS)]
     assert pauses[:-1] == [0.05, 0.1][:_MASTER_ATTEMPTS - 1] and pauses[-1] is None
-    assert MasterRetry(("a:1",), 0, Deadline.after(10.0, 15.0)).after(NotFound("x")) is None
+    assert MasterRetry(("a:1",), {("a:1",): 0}, Deadline.after(10.0, 15.0)).after(NotFound("x")) is None
 
 
 def test_a_master_asking_to_be_waited_on_is_waited_on_until_retries_end():
-    retry = MasterRetry(("a:1", "b:1"), 1, Deadline.after(10.0, 15.0))
+    retry = MasterRetry(("a:1", "b:1"), {("a:1", "b:1"): 1}, Deadline.after(10.0, 15.0))
     for err in (IndexIncomplete("warming"), NodesLate("retry")) * 5:
         assert retry.after(err) == 0.05 and retry.at == 1
-    over = MasterRetry(("a:1",), 0, Deadline(time.monotonic() - 0.1, time.monotonic() + 5))
+    over = MasterRetry(("a:1",), {("a:1",): 0}, Deadline(time.monotonic() - 0.1, time.monotonic() + 5))
     assert over.after(IndexIncomplete("warming")) is None      # past failover_wait_s
 
 
 def test_no_live_node_is_an_answer_never_retried():
-    retry = MasterRetry(("a:1", "b:1"), 0, Deadline.after(10.0, 15.0))
+    retry = MasterRetry(("a:1", "b:1"), {("a:1", "b:1"): 0}, Deadline.after(10.0, 15.0))
     assert retry.after(NoLiveNode("no live store node")) is None
 
 
 def test_several_masters_follow_the_leader_hint_and_pause_after_each_round():
-    retry = MasterRetry(("a:1", "b:1", "c:1"), 0, Deadline.after(10.0, 15.0))
+    retry = MasterRetry(("a:1", "b:1", "c:1"), {("a:1", "b:1", "c:1"): 0}, Deadline.after(10.0, 15.0))
     # the text names no leader: the field does (a message is for people)
     assert retry.after(NotLeader("not the leader of shard 0", leader="c:1")) == 0.0
     assert retry.at == 2
@@ -76,7 +77,7 @@ def test_several_masters_follow_the_leader_hint_and_pause_after_each_round():
 
 
 def test_no_attempt_starts_once_the_deadline_passed():
-    retry = MasterRetry(("a:1",), 0, Deadline(time.monotonic() - 1, time.monotonic() - 0.5))
+    retry = MasterRetry(("a:1",), {("a:1",): 0}, Deadline(time.monotonic() - 1, time.monotonic() - 0.5))
     with pytest.raises(Unavailable, match="deadline passed"):
         retry.attempt_s(10.0)
 

@@ -1,4 +1,4 @@
-"""Target choice from a placement grant (kvstore.client.placement.take), without a network."""
+"""Target choice from a placement grant (kvstore.client.core.placement.take), without a network."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from kvstore.client import placement
-from kvstore.client.placement import Grant, GrantedNode, take
+from kvstore.client.core import placement
+from kvstore.client.core.placement import Grant, GrantedNode, take
 from kvstore.errors import TooLarge, Unavailable
 from kvstore.types import NodeAddress, NodeId
 

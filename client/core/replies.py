@@ -1,0 +1,91 @@
+"""Replies, decoded once: a node's answer as one :class:`Reply`, the masters'
+per-key replies as kvstore records or errors.
+
+Nothing past this module indexes a reply by position or reads a protobuf
+status: a node's answer is a :class:`Reply` (its fields by name, its error by
+:meth:`Reply.error`), and a master's Lookup, Exists and Remove replies are per
+key an :class:`~kvstore.types.ObjectMeta` / bool or the key's
+:class:`~kvstore.errors.KVStoreError` (with the redirect a WRONG_SHARD names).
+
+Thread safety: pure functions and frozen records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from kvstore import wire
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore.errors import KVStoreError, WrongShard, error_for_code
+from kvstore.keys import value_checksum
+from kvstore.types import ObjectMeta
+
+
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One answer of a store node to one request frame."""
+
+    code: int                 # kvstore.proto Code; OK = 0
+    object_id: int = 0
+    size: int = 0             # bytes: the value's (GET, STATS) or the object's
+    checksum: int = 0         # xxh3-64, where the op answers one
+    message: str = ""         # why, on an error
+    value: bytes | bytearray | memoryview = b""   # an OK GET/STATS/AUTH_HELLO's bytes
+
+    @classmethod
+    def of_header(cls, header: tuple) -> "Reply":
+        """A reply from the sync transport's header tuple (code, object id, size,
+        checksum, offset, message): decoded here, read by name from here on."""
+        code, object_id, size, checksum, _offset, message = header
+        return cls(code, object_id, size, checksum, message)
+
+    @property
+    def ok(self) -> bool:
+        return self.code == pb.OK
+
+    def error(self, key: str | None = None) -> KVStoreError | None:
+        """The answer's error for ``key``, or None when it is OK."""
+        return None if self.code == pb.OK else error_for_code(self.code, self.message, key=key)
+
+
+def value_error(reply: Reply, meta: ObjectMeta) -> KVStoreError | None:
+    """Why a GET's ``reply`` is not ``meta``'s value (its error, a size or checksum
+    that differs: CHECKSUM_MISMATCH), or None: the value is whole and intact."""
+    if reply.code != pb.OK:
+        return reply.error(meta.key)
+    if reply.size != meta.size_bytes or value_checksum(reply.value) != meta.checksum:
+        return error_for_code(pb.CHECKSUM_MISMATCH, "value read does not match its checksum",
+                              key=meta.key)
+    return None
+
+
+def status_error(status: pb.Status, key: str) -> KVStoreError:
+    """A per-key status that is not OK, as its error."""
+    return error_for_code(status.code, status.message, key=key, redirect=status.redirect)
+
+
+def lookup_results(keys: Sequence[str], resp: pb.LookupResponse
+                   ) -> list[ObjectMeta | KVStoreError]:
+    """Per key its metadata, or its error (NotFound, WrongShard...)."""
+    return [wire.object_meta(r.meta) if r.status.code == pb.OK else status_error(r.status, k)
+            for k, r in zip(keys, resp.results)]
+
+
+def exists_results(keys: Sequence[str], resp: pb.ExistsResponse) -> list[bool | KVStoreError]:
+    """Per key whether it is visible, or WrongShard for a key the master disowns."""
+    out: list[bool | KVStoreError] = list(resp.exists)
+    for j, st in enumerate(resp.statuses):
+        if st.code == pb.WRONG_SHARD:
+            out[j] = WrongShard(st.message, key=keys[j], redirect=st.redirect)
+    return out
+
+
+def remove_results(keys: Sequence[str], resp: pb.RemoveResponse
+                   ) -> list[ObjectMeta | KVStoreError]:
+    """Per key the removed object (version, replicas), or its error (NotFound)."""
+    removed = list(resp.removed) or [pb.ObjectMeta(key=k) for k in keys]   # older masters
+    return [wire.object_meta(m) if s.code == pb.OK else status_error(s, k)
+            for k, s, m in zip(keys, resp.statuses, removed)]
