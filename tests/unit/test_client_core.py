@@ -18,7 +18,7 @@ from kvstore.client.core.reads import ReadPlan, read_order, report_node, stale
 from kvstore.client.core.replies import Reply, exists_results, lookup_results, value_error
 from kvstore.client.core.routing import Route
 from kvstore.client.deadline import Deadline
-from kvstore.errors import (INDEX_INCOMPLETE, NO_LIVE_NODE, AlreadyPresent, ChecksumMismatch,
+from kvstore.errors import (AlreadyPresent, ChecksumMismatch, IndexIncomplete, NoLiveNode, NotLeader,
                             InvalidArgument, KeyConflict, NotFound, Unavailable, WrongShard)
 from kvstore.keys import NUM_SLOTS, value_checksum
 from kvstore.shardmap import ShardMap, ShardRange
@@ -38,10 +38,10 @@ def _dl(left_s: float = 10.0) -> Deadline:
 # ---- failover ----
 def test_errors_are_classified_in_one_place():
     assert classify(NotFound("x")) is Action.FAIL
-    assert classify(Unavailable(NO_LIVE_NODE + " for the put")) is Action.FAIL
-    assert classify(Unavailable(INDEX_INCOMPLETE + ": 2 nodes")) is Action.WAIT
-    assert classify(Unavailable("not the leader (leader: b:1)")) is Action.NEXT
-    assert leader_hint(Unavailable("not the leader (leader: b:1)")) == "b:1"
+    assert classify(NoLiveNode("for the put")) is Action.FAIL
+    assert classify(IndexIncomplete("2 nodes")) is Action.WAIT
+    assert classify(NotLeader("not the leader", leader="b:1")) is Action.NEXT
+    assert leader_hint(NotLeader("not the leader", leader="b:1")) == "b:1"
 
 
 def test_an_attempt_loop_follows_the_named_leader_and_remembers_it():
@@ -50,7 +50,7 @@ def test_an_attempt_loop_follows_the_named_leader_and_remembers_it():
     attempts = iter(retry)
     first = next(attempts)
     assert first.address == "a:1" and 0 < first.timeout_s <= 2.0
-    assert first.failed(Unavailable("not the leader (leader: b:1)")) == 0.0
+    assert first.failed(NotLeader("not the leader", leader="b:1")) == 0.0
     assert next(attempts).address == "b:1"
     assert retry.answered("resp") == "resp" and leaders[("a:1", "b:1")] == 1
     with pytest.raises(NotFound):
@@ -183,7 +183,7 @@ def test_a_put_attempt_refreshes_the_map_once_and_keeps_the_shards_answer():
     assert p.place_failed(WrongShard("moved"), _dl()) is Step.DONE
     assert isinstance(p.result, WrongShard) and p.result.key == "k"
     p = PutAttempt("k")
-    assert p.place_failed(Unavailable(NO_LIVE_NODE), _dl()) is Step.DONE   # nothing tried
+    assert p.place_failed(NoLiveNode("no live store node"), _dl()) is Step.DONE   # nothing tried
     p = PutAttempt("k")
     for n in range(MAX_NODES_TRIED):
         step = p.answered([], [(_node(f"n{n}"), Unavailable("down"))], _dl())

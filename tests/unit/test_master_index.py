@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from kvstore.client import placement
+from kvstore.client.core import placement
 from kvstore.errors import (AlreadyPresent, InvalidArgument, KeyConflict, KVStoreError, NodesLate,
                             NoLiveNode, NotFound, Unavailable)
 from kvstore.master.index import ObjectIndex
@@ -71,7 +71,7 @@ class Plan:
 def start(index: ObjectIndex, key: str, size_bytes: int = 100, checksum: int = 7,
           now_ms: int = T0, replica_num: int = 1) -> Plan | KVStoreError:
     """A grant for one put of ``key``, its targets chosen as the SDK chooses them (the one
-    placement policy: kvstore.client.placement.take over the granted nodes)."""
+    placement policy: kvstore.client.core.placement.take over the granted nodes)."""
     try:
         grant, nodes = index.grant(replica_num, 1, now_ms, key)
         g = placement.Grant(grant.first_object_id, grant.first_object_id + grant.num_ids,
