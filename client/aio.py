@@ -4,7 +4,7 @@
 a driver of the client core (:mod:`kvstore.client.core`: failover, routing, reads,
 placement, the put's steps), one deadline per call (:mod:`kvstore.client.deadline`).
 Masters through ``grpc.aio``; data through one pipelined TCP connection per node
-(:mod:`kvstore.client.aio_data`)::
+(:mod:`kvstore.transfer.aio_tcp`, the asyncio transport)::
 
     async with AsyncKVClient("127.0.0.1:7001") as kv:
         await kv.put("k", b"v")
@@ -25,7 +25,6 @@ import grpc
 from kvstore import wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.client.aio_data import AsyncNodeConnection
 from kvstore.client.core import replies
 from kvstore.client.core.failover import MasterRetry
 from kvstore.client.core.placement import IDS_PER_GRANT, GrantUse, grant_of, grant_use, take
@@ -35,14 +34,15 @@ from kvstore.client.core.routing import Route
 from kvstore.client.deadline import call_scope, of_call, unscoped_context
 from kvstore.client.meta_cache import MetaCache
 from kvstore.client.suspects import Suspects, fallback_after_s
-from kvstore.errors import InvalidArgument, KVStoreError, Unavailable, from_rpc_error
+from kvstore.errors import InvalidArgument, KVStoreError, Unavailable, from_rpc_error, unwrap
 from kvstore.keys import key_list, validate_key, value_checksum
 from kvstore.rpc import ClientCredentials, aio_channel
 from kvstore.tls import client_context
+from kvstore.transfer.aio_tcp import AsyncConnections
 from kvstore.transfer.buffers import readable_view, writable_view
 from kvstore.transfer.protocol import Op
 from kvstore.transfer.shm import host_id
-from kvstore.types import NodeAddress, ObjectMeta, RemoveReason, Replica, TierKind
+from kvstore.types import NodeAddress, ObjectMeta, RemoveReason
 
 
 def _one_deadline(method):
@@ -56,16 +56,9 @@ def _one_deadline(method):
 class AsyncKVClient:
     """An asyncio client of a kvstore cluster; use ``async with`` (or :meth:`start`, :meth:`close`).
 
-    Args:
-        master: a shard's masters, ``"host:port"`` or ``"a:p|b:p"`` (leader and standbys).
-        replica_num: replicas per put by default.
-        timeout_s: deadline of each master call attempt and of each data answer (a read
-            with another replica to try waits a quarter of it, at least 1 s).
-        failover_wait_s: how long after it started a call may start new attempts; it
-            ends by ``max(timeout_s, failover_wait_s)``.
-        meta_cache_entries: the metadata cache (0: off).
-        token, tls: credentials (default: ``$KVSTORE_TOKEN``, ``$KVSTORE_TLS_*``).
-        prefer_local: a value's first replica goes to a node on this host when it fits.
+    Args: as :class:`~kvstore.client.client.KVClient`'s (``timeout_s`` is also each data
+    answer's: there is no ``read_timeout_s``); ``prefer_local``: a value's first replica
+    goes to a node on this host when it fits (the sync client's ``prefer_shm``).
     """
 
     def __init__(self, master: str, *, replica_num: int = 1, timeout_s: float = 10.0,
@@ -74,12 +67,11 @@ class AsyncKVClient:
         self.seeds = tuple(master.split("|"))
         self.replica_num, self.timeout_s, self.failover_wait_s = replica_num, timeout_s, failover_wait_s
         self.creds = ClientCredentials.resolve(token, tls=tls)
-        self._tls = client_context(self.creds.tls) if self.creds.tls is not None else None
         self._stubs: dict[str, pb_grpc.MasterStub] = {}
         self._channels: list = []
         self._leader: dict[tuple[str, ...], int] = {}
-        self._conns: dict[str, AsyncNodeConnection] = {}
-        self._opening: dict[str, asyncio.Future] = {}
+        self._conns = AsyncConnections(timeout_s, self.creds.token, client_context(
+            self.creds.tls) if self.creds.tls is not None else None)
         self._grants: dict = {}            # (shard's masters, replica_num) -> Grant
         self._granting: dict = {}          # ... -> its fetch (a task)
         self._grant_error: dict = {}       # ... -> why its last fetch failed
@@ -101,9 +93,7 @@ class AsyncKVClient:
                                                          pb.GetShardMapRequest()))
 
     async def close(self) -> None:
-        for conn in self._conns.values():
-            conn.close()
-        self._conns.clear()
+        self._conns.close()
         for ch in self._channels:
             await ch.close()
         self._channels.clear()
@@ -144,7 +134,7 @@ class AsyncKVClient:
 
     @_one_deadline
     async def lookup(self, keys: Sequence[str]) -> list[ObjectMeta | KVStoreError]:
-        """Per key its metadata (replicas, size, checksum) or the error (NotFound)."""
+        """As :meth:`KVClient.lookup`."""
         return await self._routed(key_list(keys), "Lookup", lambda ks: pb.LookupRequest(keys=ks),
                                   replies.lookup_results)
 
@@ -152,9 +142,7 @@ class AsyncKVClient:
     async def lookup_cached(self, keys: Sequence[str]) -> list[ObjectMeta | KVStoreError]:
         """:meth:`lookup`, and what it finds goes into the metadata cache."""
         metas = await self.lookup(keys)
-        for m in metas:
-            if isinstance(m, ObjectMeta):
-                self._meta.put(m)
+        self._meta.put_found(metas)
         return metas
 
     @_one_deadline
@@ -163,42 +151,21 @@ class AsyncKVClient:
         out = await self._routed(key_list(keys, validate=False), "Exists",
                                  lambda ks: pb.ExistsRequest(keys=ks), replies.exists_results,
                                  invalid=lambda err: False, per_key_errors=False)
-        return [r if not isinstance(r, KVStoreError) else _raise(r) for r in out]
+        return [unwrap(r) for r in out]
 
     @_one_deadline
     async def exists(self, key: str) -> bool:
-        """True iff ``get(key)`` would return a value. Raises: InvalidArgument, Unavailable."""
+        """As :meth:`KVClient.exists`."""
         validate_key(key)
         return (await self.batch_exists([key]))[0]
-
-    # ---- nodes ----
-    async def _conn(self, node: NodeAddress) -> AsyncNodeConnection:
-        conn = self._conns.get(node.node_id)
-        if conn is not None and conn.broken is None:
-            return conn
-        pending = self._opening.get(node.node_id)
-        if pending is None:
-            pending = self._opening[node.node_id] = asyncio.ensure_future(AsyncNodeConnection.open(
-                node.host, node.data_port, timeout_s=self.timeout_s, token=self.creds.token,
-                tls=self._tls if node.tls else None))
-        try:
-            conn = self._conns[node.node_id] = await asyncio.shield(pending)
-        finally:
-            if self._opening.get(node.node_id) is pending and pending.done():
-                del self._opening[node.node_id]
-        return conn
 
     async def _request(self, node: NodeAddress, op: Op, key: str, *args, timeout_s: float, **kw):
         """One data request: its :class:`~kvstore.client.core.replies.Reply` or its error;
         connecting and the answer wait ``timeout_s`` at most. A node that fails (by
         :func:`report_node`) is suspect and reported to the key's shard."""
         try:
-            async with asyncio.timeout(max(0.0, timeout_s)):
-                conn = await self._conn(node)
+            conn = await self._conns.get(node, timeout_s)
             answer = await conn.request(op, key, *args, timeout_s=timeout_s, **kw)
-        except TimeoutError:
-            answer = Unavailable(f"cannot connect to store node {node.node_id} within "
-                                 f"{timeout_s:.1f} s", key=key)
         except KVStoreError as err:
             answer = err
         if not isinstance(answer, Unavailable):
@@ -221,8 +188,7 @@ class AsyncKVClient:
 
     @_one_deadline
     async def get_into(self, key: str, dest: Any) -> int:
-        """Read ``key`` into ``dest`` (no copy); its size in bytes. Raises: as :meth:`get`,
-        and InvalidArgument (destination too small or read-only)."""
+        """As :meth:`KVClient.get_into`."""
         return len(await self._get_one(key, writable_view(dest)))
 
     @_one_deadline
@@ -242,14 +208,8 @@ class AsyncKVClient:
         return [g if isinstance(g, KVStoreError) else len(g) for g in got]
 
     async def _get_one(self, key: str, dest: memoryview | None):
-        meta = self._meta.get(key) if type(key) is str else None
-        got = await self._read(meta, dest) if meta is not None else None
-        if isinstance(got, KVStoreError) and not isinstance(got, InvalidArgument):
-            self._meta.drop(key)
-            got = None
-        if got is None:                    # not cached, or stale: the general path
-            (got,) = await self._get_many([key], [dest])
-        return _raise(got) if isinstance(got, KVStoreError) else got
+        (got,) = await self._get_many([key], [dest])
+        return unwrap(got)
 
     async def _get_many(self, keys: Sequence[str], dests: Sequence[memoryview | None]) -> list:
         metas, cached, miss = from_cache(self._meta, keys)
@@ -284,15 +244,10 @@ class AsyncKVClient:
     @_one_deadline
     async def put(self, key: str, value: Any, *, replica_num: int | None = None,
                   parent: str | None = None) -> bool:
-        """Store ``value`` under ``key`` (as :meth:`KVClient.put`): True if written, False if
-        equal bytes were already stored.
-
-        Raises:
-            KeyConflict, TooLarge, NoSpace, Unavailable, InvalidArgument.
-        """
+        """As :meth:`KVClient.put`: True if written, False if equal bytes were already stored."""
         res = await self._put_one(key, value, replica_count(replica_num, self.replica_num),
                                   parent or "")
-        return _raise(res) if isinstance(res, KVStoreError) else res
+        return unwrap(res)
 
     @_one_deadline
     async def batch_put(self, keys: Sequence[str], values: Sequence[Any], *,
@@ -328,8 +283,7 @@ class AsyncKVClient:
                     timeout_s=dl.bound(self.timeout_s)) for t in targets))
                 written, failures = split_answers(key, targets, answers)
                 if written:
-                    self._meta.put(ObjectMeta(key, len(view), checksum, oid,
-                                              tuple(Replica(n, TierKind.DRAM) for n in written)))
+                    self._meta.put_written(key, len(view), checksum, oid, written)
                 step = attempt.answered(written, failures, dl)
             if step is Step.DONE:
                 return attempt.result
@@ -381,26 +335,13 @@ class AsyncKVClient:
     # ---- remove ----
     @_one_deadline
     async def remove(self, key: str, *, reason: RemoveReason | str = RemoveReason.REMOVE) -> None:
-        """Delete ``key``; no reader gets the value once this returns.
-
-        Raises:
-            NotFound, InvalidArgument (an unknown reason).
-        """
-        try:
-            reason = RemoveReason(reason)
-        except ValueError:
-            raise InvalidArgument(f"unknown remove reason {reason!r}") from None
+        """As :meth:`KVClient.remove`: no reader gets the value once this returns."""
+        reason = replies.remove_reason(reason)
         validate_key(key)
         self._meta.drop(key)
-        (removed,) = await self._routed([key], "Remove", lambda ks: pb.RemoveRequest(
-            keys=ks, reason=reason.value), replies.remove_results)
-        if isinstance(removed, KVStoreError):
-            raise removed
+        removed = unwrap((await self._routed([key], "Remove", lambda ks: pb.RemoveRequest(
+            keys=ks, reason=reason.value), replies.remove_results))[0])
         wait_s = self._deadline().bound(self.timeout_s)      # the nodes drop it first
         await asyncio.gather(*(self._request(r.node, Op.DROP, key, removed.object_id,
                                              timeout_s=wait_s) for r in removed.replicas))
         self._meta.drop(key)             # again: a concurrent get may have cached it
-
-
-def _raise(err: KVStoreError):
-    raise err

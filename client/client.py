@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Iterator, Sequence
 
+from kvstore.client.core import replies
 from kvstore.client.connections import Connections
 from kvstore.client.control import Control
 from kvstore.client.deadline import call_scope
@@ -29,7 +30,7 @@ from kvstore.client.meta_cache import MetaCache
 from kvstore.client.parts import PartsWriter
 from kvstore.client.puts import PutProtocol
 from kvstore.client.reads import Reads
-from kvstore.errors import InvalidArgument, KVStoreError
+from kvstore.errors import InvalidArgument, KVStoreError, unwrap
 from kvstore.keys import key_list, validate_key
 from kvstore.rpc import ClientCredentials
 from kvstore.shardmap import ShardMap
@@ -153,9 +154,7 @@ class KVClient:
             InvalidArgument, Unavailable.
         """
         (res,) = self._puts.put_many([key], [value], replica_num, [parent or ""])
-        if isinstance(res, KVStoreError):
-            raise res
-        return res
+        return unwrap(res)
 
     @_one_deadline
     def batch_put(self, keys: Sequence[str], values: Sequence[Any], *,
@@ -217,9 +216,7 @@ class KVClient:
             ChecksumMismatch, Unavailable.
         """
         (res,) = self._reads.get_many([key])
-        if isinstance(res, KVStoreError):
-            raise res
-        return res
+        return unwrap(res)
 
     @_one_deadline
     def batch_get(self, keys: Sequence[str]) -> list[bytearray | KVStoreError]:
@@ -421,11 +418,7 @@ class KVClient:
             InvalidArgument: an unknown reason.
         """
         keys = key_list(keys, validate=False)   # one str is no batch
-        try:
-            reason = RemoveReason(reason)
-        except ValueError:
-            raise InvalidArgument(f"unknown remove reason {reason!r}; known: "
-                                  f"{[r.value for r in RemoveReason]}") from None
+        reason = replies.remove_reason(reason)
         keys = list(keys)
         for k in keys:
             if isinstance(k, str):

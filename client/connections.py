@@ -30,7 +30,7 @@ from typing import Callable, Iterable
 
 from kvstore.client.control import Control
 from kvstore.client.core.reads import report_node
-from kvstore.client.core.replies import Reply
+from kvstore.transfer.reply import Reply
 from kvstore.client.deadline import of_call
 from kvstore.client.suspects import Suspects, fallback_after_s
 from kvstore.errors import KVStoreError, Unavailable

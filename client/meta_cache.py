@@ -24,7 +24,7 @@ import dataclasses
 import threading
 from collections import OrderedDict
 
-from kvstore.types import ObjectMeta
+from kvstore.types import ObjectMeta, Replica, TierKind
 
 
 class MetaCache:
@@ -54,6 +54,19 @@ class MetaCache:
             self._entries.move_to_end(meta.key)
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
+
+    def put_found(self, results) -> None:
+        """Every :class:`ObjectMeta` among a lookup's per-key ``results`` (errors skipped)."""
+        for r in results:
+            if isinstance(r, ObjectMeta):
+                self.put(r)
+
+    def put_written(self, key: str, size_bytes: int, checksum: int, object_id: int,
+                    nodes) -> None:
+        """A value just written: its replicas on the ``nodes`` (:class:`NodeAddress`)
+        that acknowledged it, in DRAM."""
+        self.put(ObjectMeta(key, size_bytes, checksum, object_id,
+                            tuple(Replica(n, TierKind.DRAM) for n in nodes)))
 
     def drop(self, key: str) -> None:
         with self._lock:

@@ -64,8 +64,7 @@ from kvstore.errors import InvalidArgument, KVStoreError, WrongShard
 from kvstore.keys import validate_key
 from kvstore.transfer.base import WriteItem
 from kvstore.transfer.buffers import readable_view
-from kvstore.types import (NodeAddress, NodeId, ObjectId, ObjectKey, ObjectMeta, Replica,
-                           TierKind)
+from kvstore.types import NodeAddress, NodeId, ObjectId, ObjectKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,5 +232,4 @@ class PutProtocol:
         """Values some targets acknowledged: visible now; their metadata goes into the
         cache (replicas on the nodes that acknowledged, in DRAM)."""
         for it in items:
-            self._meta.put(ObjectMeta(it.key, it.size_bytes, it.checksum, it.object_id,
-                                      tuple(Replica(n, TierKind.DRAM) for n in it.nodes)))
+            self._meta.put_written(it.key, it.size_bytes, it.checksum, it.object_id, it.nodes)

@@ -58,9 +58,7 @@ class Reads:
         What it finds goes into the metadata cache.
         """
         out = self._control.lookup(keys)
-        for r in out:
-            if isinstance(r, ObjectMeta):
-                self._meta.put(r)
+        self._meta.put_found(out)
         return out
 
     def _resolve(self, keys: Sequence[str]) -> tuple[list, list[bool]]:

@@ -201,6 +201,14 @@ def code_name(code: int) -> str:
         return f"CODE_{code}"
 
 
+def unwrap(result):
+    """``result`` itself, unless it is a :class:`KVStoreError`: then it is raised (the
+    one-key form of a call that answers per key a value or an error)."""
+    if isinstance(result, KVStoreError):
+        raise result
+    return result
+
+
 def error_for_code(code: int, message: str = "", *, key: str | None = None,
                    redirect: str = "", leader: str = "") -> KVStoreError:
     """Build the exception for a wire ``Code`` (``OK`` is a caller bug; an unknown

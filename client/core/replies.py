@@ -12,43 +12,14 @@ Thread safety: pure functions and frozen records.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 from kvstore import wire
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.errors import KVStoreError, WrongShard, error_for_code
+from kvstore.errors import InvalidArgument, KVStoreError, WrongShard, error_for_code
 from kvstore.keys import value_checksum
-from kvstore.types import ObjectMeta
-
-
-
-
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """One answer of a store node to one request frame."""
-
-    code: int                 # kvstore.proto Code; OK = 0
-    object_id: int = 0
-    size: int = 0             # bytes: the value's (GET, STATS) or the object's
-    checksum: int = 0         # xxh3-64, where the op answers one
-    message: str = ""         # why, on an error
-    value: bytes | bytearray | memoryview = b""   # an OK GET/STATS/AUTH_HELLO's bytes
-
-    @classmethod
-    def of_header(cls, header: tuple) -> "Reply":
-        """A reply from the sync transport's header tuple (code, object id, size,
-        checksum, offset, message): decoded here, read by name from here on."""
-        code, object_id, size, checksum, _offset, message = header
-        return cls(code, object_id, size, checksum, message)
-
-    @property
-    def ok(self) -> bool:
-        return self.code == pb.OK
-
-    def error(self, key: str | None = None) -> KVStoreError | None:
-        """The answer's error for ``key``, or None when it is OK."""
-        return None if self.code == pb.OK else error_for_code(self.code, self.message, key=key)
+from kvstore.transfer.reply import Reply
+from kvstore.types import ObjectMeta, RemoveReason
 
 
 def value_error(reply: Reply, meta: ObjectMeta) -> KVStoreError | None:
@@ -81,6 +52,19 @@ def exists_results(keys: Sequence[str], resp: pb.ExistsResponse) -> list[bool | 
         if st.code == pb.WRONG_SHARD:
             out[j] = WrongShard(st.message, key=keys[j], redirect=st.redirect)
     return out
+
+
+def remove_reason(reason: RemoveReason | str) -> RemoveReason:
+    """A Remove's reason, checked before anything is asked or dropped.
+
+    Raises:
+        InvalidArgument: an unknown reason.
+    """
+    try:
+        return RemoveReason(reason)
+    except ValueError:
+        raise InvalidArgument(f"unknown remove reason {reason!r}; known: "
+                              f"{[r.value for r in RemoveReason]}") from None
 
 
 def remove_results(keys: Sequence[str], resp: pb.RemoveResponse

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.client.aio_data import AsyncNodeConnection
+from kvstore.transfer.aio_tcp import AsyncNodeConnection
 from kvstore.errors import Unavailable
 from kvstore.transfer.protocol import REQUEST, RESPONSE, Op
 from waits import await_until

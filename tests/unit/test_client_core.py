@@ -10,7 +10,7 @@ import pytest
 
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.client.core.failover import Action, MasterRetry, classify, leader_hint
-from kvstore.client.core.framing import AnswerReader
+from kvstore.transfer.framing import AnswerReader
 from kvstore.client.core.placement import Grant, GrantedNode, GrantUse, grant_use
 from kvstore.client.core.puts import (MAX_NODES_TRIED, Next, PutAttempt, Step, replica_count,
                                       settle, split_answers, waves)

@@ -30,7 +30,7 @@ import collections
 import time
 
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.client.core.replies import Reply
+from kvstore.transfer.reply import Reply
 from kvstore.transfer.protocol import REQUEST, RESPONSE, Op
 
 #: The read-ahead that answer headers (and values already there whole) land in.

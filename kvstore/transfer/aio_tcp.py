@@ -2,7 +2,7 @@
 
 A request writes its frame (and value) and queues its future in the same
 step, with no await between, so frames and futures keep one order; answers
-are decoded by :class:`~kvstore.client.core.framing.AnswerReader` (the
+are decoded by :class:`~kvstore.transfer.framing.AnswerReader` (the
 frames, the read-ahead, values received straight into their buffers) and
 resolve the futures in that order. 64 coroutines fill the link as a
 pipelined batch does. Values go out from the caller's buffer; a connection
@@ -24,8 +24,8 @@ import ssl
 import time
 
 from kvstore.auth import proof
-from kvstore.client.core.framing import AnswerReader, encode_request
-from kvstore.client.core.replies import Reply
+from kvstore.transfer.framing import AnswerReader, encode_request
+from kvstore.transfer.reply import Reply
 from kvstore.errors import KVStoreError, Unavailable
 from kvstore.rpc import MAX_MESSAGE_BYTES
 from kvstore.transfer.protocol import Op, hello_nonce_bytes, tune_socket
@@ -196,3 +196,56 @@ class AsyncNodeConnection(asyncio.BufferedProtocol):
 
     def close(self) -> None:
         self._break(Unavailable("the data connection was closed"))
+
+
+class AsyncConnections:
+    """One :class:`AsyncNodeConnection` per node, opened on first use and again after
+    it broke; callers that want the same node meanwhile share one open.
+
+    Args:
+        timeout_s: how long one answer may take (each connection's).
+        token: the client token; tls: the context for nodes that speak TLS.
+    """
+
+    def __init__(self, timeout_s: float, token: str | None, tls: ssl.SSLContext | None):
+        self.timeout_s, self.token, self.tls = timeout_s, token, tls
+        self._conns: dict[str, AsyncNodeConnection] = {}
+        self._opening: dict[str, asyncio.Future] = {}
+
+    async def get(self, node, timeout_s: float) -> AsyncNodeConnection:
+        """The connection to ``node`` (a :class:`~kvstore.types.NodeAddress`), opened
+        within ``timeout_s`` when it is not open.
+
+        Raises:
+            Unavailable: the node cannot be reached; Unauthenticated: it refused the token.
+        """
+        try:
+            async with asyncio.timeout(max(0.0, timeout_s)):
+                return await self._get(node)
+        except TimeoutError:
+            raise Unavailable(f"cannot connect to store node {node.node_id} within "
+                              f"{timeout_s:.1f} s") from None
+
+    async def _get(self, node) -> AsyncNodeConnection:
+        conn = self._conns.get(node.node_id)
+        if conn is not None and conn.broken is None:
+            return conn
+        pending = self._opening.get(node.node_id)
+        if pending is None:
+            pending = self._opening[node.node_id] = asyncio.ensure_future(AsyncNodeConnection.open(
+                node.host, node.data_port, timeout_s=self.timeout_s, token=self.token,
+                tls=self.tls if node.tls else None))
+        try:
+            conn = self._conns[node.node_id] = await asyncio.shield(pending)
+        finally:
+            if self._opening.get(node.node_id) is pending and pending.done():
+                del self._opening[node.node_id]
+        return conn
+
+    def __len__(self) -> int:
+        return len(self._conns)
+
+    def close(self) -> None:
+        for conn in self._conns.values():
+            conn.close()
+        self._conns.clear()
