@@ -24,15 +24,15 @@ import grpc
 
 from kvstore import wire
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.client.core import replies
 from kvstore.client.core.failover import MasterRetry
 from kvstore.client.core.placement import IDS_PER_GRANT, GrantUse, grant_of, grant_use, take
-from kvstore.client.core.puts import WAIT_S, PutAttempt, Step, replica_count, split_answers
+from kvstore.client.core.puts import WAIT_S, PutAttempt, Step, replica_count, split_answers, waves
 from kvstore.client.core.reads import ReadPlan, from_cache, read_order, report_node, stale
 from kvstore.client.core.routing import Route
 from kvstore.client.deadline import call_scope, of_call, unscoped_context
 from kvstore.client.meta_cache import MetaCache
+from kvstore.client.stubs import MasterStubs
 from kvstore.client.suspects import Suspects, fallback_after_s
 from kvstore.errors import InvalidArgument, KVStoreError, Unavailable, from_rpc_error, unwrap
 from kvstore.keys import key_list, validate_key, value_checksum
@@ -67,8 +67,7 @@ class AsyncKVClient:
         self.seeds = tuple(master.split("|"))
         self.replica_num, self.timeout_s, self.failover_wait_s = replica_num, timeout_s, failover_wait_s
         self.creds = ClientCredentials.resolve(token, tls=tls)
-        self._stubs: dict[str, pb_grpc.MasterStub] = {}
-        self._channels: list = []
+        self._stubs = MasterStubs(self.creds, aio_channel)
         self._leader: dict[tuple[str, ...], int] = {}
         self._conns = AsyncConnections(timeout_s, self.creds.token, client_context(
             self.creds.tls) if self.creds.tls is not None else None)
@@ -94,9 +93,8 @@ class AsyncKVClient:
 
     async def close(self) -> None:
         self._conns.close()
-        for ch in self._channels:
+        for ch in self._stubs.take_channels():
             await ch.close()
-        self._channels.clear()
 
     def _deadline(self):
         return of_call(self.timeout_s, self.failover_wait_s)
@@ -106,16 +104,10 @@ class AsyncKVClient:
         """One master RPC by the core's retry rule (:class:`MasterRetry`)."""
         for attempt in MasterRetry(addresses, self._leader, self._deadline(), self.timeout_s):
             try:
-                return attempt.answered(await getattr(self._stub(attempt.address), method)(
+                return attempt.answered(await getattr(self._stubs.get(attempt.address), method)(
                     request, timeout=attempt.timeout_s))
             except grpc.RpcError as exc:
                 await asyncio.sleep(attempt.failed(from_rpc_error(exc)))
-
-    def _stub(self, address: str) -> pb_grpc.MasterStub:
-        if address not in self._stubs:
-            self._channels.append(aio_channel(address, self.creds))
-            self._stubs[address] = pb_grpc.MasterStub(self._channels[-1])
-        return self._stubs[address]
 
     async def _routed(self, keys, method: str, request, decode, **route) -> list:
         """``method`` per shard, routed by the core (:class:`Route`); results in order."""
@@ -259,9 +251,12 @@ class AsyncKVClient:
         if not len(keys) == len(values) == len(parents):
             raise InvalidArgument(f"{len(keys)} keys, {len(values)} values, {len(parents)} parents")
         n = replica_count(replica_num, self.replica_num)
-        res = await asyncio.gather(*(self._put_one(k, v, n, p or "")
-                                     for k, v, p in zip(keys, values, parents)))
-        return [r if isinstance(r, KVStoreError) else None for r in res]
+        res: list = [None] * len(keys)
+        for wave in waves(keys, range(len(keys))):     # a repeated key: the first wins
+            for i, r in zip(wave, await asyncio.gather(*(self._put_one(
+                    keys[i], values[i], n, parents[i] or "") for i in wave))):
+                res[i] = r if isinstance(r, KVStoreError) else None
+        return res
 
     async def _put_one(self, key: str, value: Any, replica_num: int, parent: str):
         """One value's put, step by step as its :class:`PutAttempt` says."""

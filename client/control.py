@@ -14,14 +14,13 @@ protobuf goes no further into the SDK. The put protocol's calls live in
 :meth:`Control.routed`.
 
 Thread safety: a Control may be shared by threads. gRPC stubs are
-thread-safe; the stub table is guarded by a lock; the shard map and the
+thread-safe; the stub table (:class:`~kvstore.client.stubs.MasterStubs`) takes a lock; the shard map and the
 last-leader table are replaced or updated whole (one assignment each).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Callable, Iterator, Sequence
 
@@ -34,6 +33,7 @@ from kvstore.client.core import replies
 from kvstore.client.core.failover import MasterRetry
 from kvstore.client.core.routing import Route
 from kvstore.client.deadline import of_call
+from kvstore.client.stubs import MasterStubs
 from kvstore.errors import KVStoreError, NotFound, Unavailable, from_rpc_error
 from kvstore.keys import validate_key
 from kvstore.rpc import ClientCredentials
@@ -71,10 +71,8 @@ class Control:
         self.timeout_s = timeout_s
         self.failover_wait_s = failover_wait_s
         self.closed = False
-        self._channels: dict[str, grpc.Channel] = {}
-        self._stubs: dict[str, pb_grpc.MasterStub] = {}
+        self._stubs = MasterStubs(self.creds, rpc.channel)
         self._leader: dict[tuple[str, ...], int] = {}   # a shard's masters -> the last leader
-        self._lock = threading.Lock()
         self.shard_map: ShardMap = self._fetch_shard_map()
 
     def check_open(self) -> None:
@@ -85,9 +83,8 @@ class Control:
     def close(self) -> None:
         """Close every master channel; later calls raise Unavailable."""
         self.closed = True
-        with self._lock:
-            for ch in self._channels.values():
-                ch.close()
+        for ch in self._stubs.take_channels():
+            ch.close()
 
     # ---- calls ----
     def call(self, addresses: tuple[str, ...], method: str, request):
@@ -118,13 +115,7 @@ class Control:
 
     def _stub(self, address: str) -> pb_grpc.MasterStub:
         self.check_open()
-        with self._lock:
-            stub = self._stubs.get(address)
-            if stub is None:
-                ch = rpc.channel(address, self.creds)
-                self._channels[address] = ch
-                stub = self._stubs[address] = pb_grpc.MasterStub(ch)
-            return stub
+        return self._stubs.get(address)
 
     # ---- the shard map and routing ----
     def _fetch_shard_map(self) -> ShardMap:
