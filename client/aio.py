@@ -152,7 +152,7 @@ class AsyncKVClient:
         return (await self.batch_exists([key]))[0]
 
     async def _request(self, node: NodeAddress, op: Op, key: str, *args, timeout_s: float, **kw):
-        """One data request: its :class:`~kvstore.client.core.replies.Reply` or its error;
+        """One data request: its :class:`~kvstore.transfer.reply.Reply` or its error;
         connecting and the answer wait ``timeout_s`` at most. A node that fails (by
         :func:`report_node`) is suspect and reported to the key's shard."""
         try:

@@ -181,7 +181,7 @@ class PutAttempt:
 def split_answers(key: str, targets: Sequence[NodeAddress], answers: Sequence
                   ) -> tuple[list[NodeAddress], list[tuple[NodeAddress, KVStoreError]]]:
     """The targets that took the bytes, and the others with their errors, from each
-    target's answer (a :class:`~kvstore.client.core.replies.Reply`, or the error the
+    target's answer (a :class:`~kvstore.transfer.reply.Reply`, or the error the
     transfer failed with)."""
     written, failures = [], []
     for t, a in zip(targets, answers):

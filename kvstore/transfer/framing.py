@@ -1,5 +1,5 @@
 """The pipelined data connection's frames, without the socket: requests encoded,
-answers decoded in order into :class:`~kvstore.client.core.replies.Reply` values.
+answers decoded in order into :class:`~kvstore.transfer.reply.Reply` values.
 
 A node answers the frames of one connection in order
 (:mod:`kvstore.transfer.protocol`), so the requests in flight are a FIFO:
