@@ -23,6 +23,7 @@ a subprocess, a script in a string) carry ``@pytest.mark.slow`` by hand.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import inspect
 import textwrap
@@ -137,24 +138,27 @@ def _unless_slow(item):
     return lambda: setattr(ProcessGroup, "start", real)
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_setup(item):
+@contextlib.contextmanager
+def _guarded(item):
+    """:func:`_unless_slow` for the length of one hook, undone after it."""
     undo = _unless_slow(item)
     try:
         yield
     finally:
         if undo:
             undo()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    with _guarded(item):
+        yield
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
-    undo = _unless_slow(item)
-    try:
+    with _guarded(item):
         yield
-    finally:
-        if undo:
-            undo()
 
 
 _over_key = pytest.StashKey[list]()
