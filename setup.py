@@ -1,15 +1,23 @@
-"""Build hook: generate the gRPC stubs from proto/ into kvstore/_proto.
+"""Build hooks: generate the gRPC stubs from proto/ into kvstore/_proto, and
+compile the native core (kvstore/native/*.cpp) into the extension kvstore._native.
 
 The stubs are never committed (STYLE rule 15). They are generated into the
 git-ignored package ``kvstore/_proto`` on every build, for both regular and
 editable installs, and import-checked before the build goes on.
+
+The native core is C++17 built with pybind11 (a build requirement from PyPI)
+by the machine's compiler on every install: nothing prebuilt is downloaded.
+``KVSTORE_NATIVE_CFLAGS`` adds compiler flags (the sanitizer build in .ci/run).
 """
 
+import os
 import pathlib
 import re
+import shlex
 import subprocess
 import sys
 
+from pybind11.setup_helpers import Pybind11Extension, ParallelCompile
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
@@ -61,5 +69,17 @@ class BuildPyWithProto(build_py):
         super().run()
 
 
+def native_extension() -> Pybind11Extension:
+    """kvstore._native from every .cpp in kvstore/native/ (fuzz/ and tests/ excluded)."""
+    native = ROOT / "kvstore" / "native"
+    sources = sorted(str(p.relative_to(ROOT)) for p in native.glob("*.cpp"))
+    extra = shlex.split(os.environ.get("KVSTORE_NATIVE_CFLAGS", ""))
+    return Pybind11Extension(
+        "kvstore._native", sources, cxx_std=17, include_dirs=[str(native)],
+        extra_compile_args=["-O3", "-fvisibility=hidden", *extra],
+        extra_link_args=[f for f in extra if f.startswith("-fsanitize")])
+
+
 ensure_package()
-setup(cmdclass={"build_py": BuildPyWithProto})
+ParallelCompile("KVSTORE_BUILD_JOBS", default=0).install()
+setup(cmdclass={"build_py": BuildPyWithProto}, ext_modules=[native_extension()])
