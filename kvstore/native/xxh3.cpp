@@ -149,7 +149,8 @@ uint64_t hash_short(const uint8_t* in, size_t len, uint64_t seed) noexcept {
 
 // ---- large inputs (> 240 bytes) ----
 // accumulate() of the spec for ``n`` consecutive stripes, the secret moving by 8
-// bytes per stripe from ``s``. Three builds of one loop: AVX2, SSE2, portable.
+// bytes per stripe from ``s``. One loop, built for AVX-512, AVX2, SSE2 and portably;
+// the CPU picks at load time (all give the same sums: lanes are independent).
 void accumulate_portable(uint64_t* acc, const uint8_t* in, size_t n, const uint8_t* s) noexcept {
     for (size_t k = 0; k < n; ++k, in += kStripeBytes, s += 8) {
         for (size_t i = 0; i < 8; ++i) {
@@ -169,8 +170,9 @@ void accumulate_sse2(uint64_t* acc, const uint8_t* in, size_t n, const uint8_t* 
         for (int j = 0; j < 4; ++j) {
             __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in) + j);
             __m128i v = _mm_xor_si128(d, _mm_loadu_si128(reinterpret_cast<const __m128i*>(s) + j));
-            // low 32 bits x high 32 bits of each 64-bit lane
-            __m128i prod = _mm_mul_epu32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(0, 3, 0, 1)));
+            // low 32 bits x high 32 bits of each 64-bit lane (a shift, not a
+            // shuffle: shuffles share one execution port with the swap below)
+            __m128i prod = _mm_mul_epu32(v, _mm_srli_epi64(v, 32));
             // lane i's data goes to accumulator i ^ 1: swap the two 64-bit lanes
             __m128i swapped = _mm_shuffle_epi32(d, _MM_SHUFFLE(1, 0, 3, 2));
             a[j] = _mm_add_epi64(a[j], _mm_add_epi64(prod, swapped));
@@ -187,12 +189,25 @@ void accumulate_avx2(uint64_t* acc, const uint8_t* in, size_t n, const uint8_t* 
         for (int j = 0; j < 2; ++j) {
             __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in) + j);
             __m256i v = _mm256_xor_si256(d, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s) + j));
-            __m256i prod = _mm256_mul_epu32(v, _mm256_shuffle_epi32(v, _MM_SHUFFLE(0, 3, 0, 1)));
+            __m256i prod = _mm256_mul_epu32(v, _mm256_srli_epi64(v, 32));
             __m256i swapped = _mm256_shuffle_epi32(d, _MM_SHUFFLE(1, 0, 3, 2));
             a[j] = _mm256_add_epi64(a[j], _mm256_add_epi64(prod, swapped));
         }
     }
     for (int j = 0; j < 2; ++j) _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc) + j, a[j]);
+}
+
+__attribute__((target("avx512f")))
+void accumulate_avx512(uint64_t* acc, const uint8_t* in, size_t n, const uint8_t* s) noexcept {
+    __m512i a = _mm512_loadu_si512(acc);
+    for (size_t k = 0; k < n; ++k, in += kStripeBytes, s += 8) {
+        __m512i d = _mm512_loadu_si512(in);
+        __m512i v = _mm512_xor_si512(d, _mm512_loadu_si512(s));
+        __m512i prod = _mm512_mul_epu32(v, _mm512_srli_epi64(v, 32));
+        __m512i swapped = _mm512_shuffle_epi32(d, static_cast<_MM_PERM_ENUM>(_MM_SHUFFLE(1, 0, 3, 2)));
+        a = _mm512_add_epi64(a, _mm512_add_epi64(prod, swapped));
+    }
+    _mm512_storeu_si512(acc, a);
 }
 #endif
 
@@ -201,6 +216,7 @@ using AccumulateFn = void (*)(uint64_t*, const uint8_t*, size_t, const uint8_t*)
 AccumulateFn pick_accumulate() noexcept {
 #ifdef KVSTORE_XXH3_X86
     __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return accumulate_avx512;
     if (__builtin_cpu_supports("avx2")) return accumulate_avx2;
     return accumulate_sse2;
 #else
