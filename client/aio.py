@@ -35,9 +35,10 @@ from kvstore.client.meta_cache import MetaCache
 from kvstore.client.stubs import MasterStubs
 from kvstore.client.suspects import Suspects, fallback_after_s
 from kvstore.errors import InvalidArgument, KVStoreError, Unavailable, from_rpc_error, unwrap
-from kvstore.keys import key_list, validate_key, value_checksum
+from kvstore.keys import key_list, validate_key
 from kvstore.rpc import ClientCredentials, aio_channel
 from kvstore.tls import client_context
+from kvstore.transfer import codec
 from kvstore.transfer.aio_tcp import AsyncConnections
 from kvstore.transfer.buffers import readable_view, writable_view
 from kvstore.transfer.protocol import Op
@@ -265,7 +266,7 @@ class AsyncKVClient:
             view = readable_view(value)
         except KVStoreError as err:
             return err
-        checksum, dl, attempt = value_checksum(view), self._deadline(), PutAttempt(key)
+        checksum, dl, attempt = codec.value_hash(view), self._deadline(), PutAttempt(key)
         while True:
             slot = (self.shard_map.shard_for_key(key).addresses, replica_num)
             try:

@@ -43,7 +43,6 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Sequence
 
-import xxhash
 
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.client.core.puts import MAX_NODES_TRIED, settle
@@ -52,6 +51,7 @@ from kvstore.errors import (InvalidArgument, KVStoreError, NotFound, Unavailable
                             error_for_code)
 from kvstore.keys import validate_key
 from kvstore.rpc import check_replica_num
+from kvstore.transfer import codec
 from kvstore.transfer.base import Transport, WriteItem
 from kvstore.transfer.buffers import readable_view
 from kvstore.transfer.protocol import Op
@@ -107,7 +107,7 @@ class PartsWriter:
         self._oid: list[ObjectId] = [ObjectId(0)] * n
         self._targets: list[list[_Target]] = [[] for _ in range(n)]
         self._written = [0] * n
-        self._hash = [xxhash.xxh3_64() for _ in range(n)]
+        self._hash = [codec.Hasher() for _ in range(n)]
         self._open = [False] * n      # placed and reserved: parts are stored
         for i, (k, size) in enumerate(zip(self.keys, self.sizes)):
             try:

@@ -17,7 +17,7 @@ from typing import Sequence
 from kvstore import wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.errors import InvalidArgument, KVStoreError, WrongShard, error_for_code
-from kvstore.keys import value_checksum
+from kvstore.transfer import codec
 from kvstore.transfer.reply import Reply
 from kvstore.types import ObjectMeta, RemoveReason
 
@@ -27,7 +27,7 @@ def value_error(reply: Reply, meta: ObjectMeta) -> KVStoreError | None:
     that differs: CHECKSUM_MISMATCH), or None: the value is whole and intact."""
     if reply.code != pb.OK:
         return reply.error(meta.key)
-    if reply.size != meta.size_bytes or value_checksum(reply.value) != meta.checksum:
+    if reply.size != meta.size_bytes or codec.value_hash(reply.value) != meta.checksum:
         return error_for_code(pb.CHECKSUM_MISMATCH, "value read does not match its checksum",
                               key=meta.key)
     return None

@@ -37,8 +37,6 @@ import threading
 import time
 from collections.abc import Iterable
 
-import xxhash
-
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.auth import Role, TokenFile, new_nonce
 from kvstore.errors import (Internal, InvalidArgument, KVStoreError, NotFound, Unauthenticated,
@@ -49,6 +47,7 @@ from kvstore.store.node import StoreNode
 from kvstore.store.objects import StoredObject
 from kvstore.store.stats import NodeCounter
 from kvstore.store.tiers.base import TierIOError
+from kvstore.transfer import codec
 from kvstore.transfer.protocol import (REQUEST, RESPONSE, FrameReader, Op, StreamEnded,
                                        send_gathered)
 from kvstore.transfer.rdma_wire import MAX_CONNECT_BYTES, OP_RDMA_CONNECT
@@ -57,7 +56,8 @@ log = logging.getLogger(__name__)
 _MAX_NAMES_BYTES = 8192   # key + parent key; both are at most MAX_KEY_BYTES (512 B)
 _MAX_GATHER_BYTES = 4 * 1024 * 1024    # values held back for one gathered send, at most
 _MAX_GATHER_PARTS = 512
-#: A PUT value at least this large is hashed piece by piece as it arrives (FrameReader).
+#: A PUT value at least this large is hashed piece by piece as it arrives
+#: (FrameReader.read_into_hashed).
 _HASH_WHILE_RECEIVING_BYTES = 256 * 1024
 # After answering a client that keeps coming back within _EAGER_GAP_S, poll its
 # socket for _POLL_S before blocking: a blocking recv's sleep and wake-up cost
@@ -338,16 +338,23 @@ class Session:
                 self.reader.discard(size)
             self._reply(object_id=object_id, size=size, checksum=checksum)
             return
-        hasher = xxhash.xxh3_64() if size >= _HASH_WHILE_RECEIVING_BYTES else None
+        # A large value is hashed as it arrives (kvstore.transfer.codec, GIL
+        # released); a smaller one is taken with the frames after it in one
+        # recvmsg, then hashed from the cache (natively too).
+        actual = None
         try:
             if size:
                 with self._timed(f"a PUT of {size} B", (obj,)):
-                    self.reader.read_into(self.node.write_view(obj), hasher)
+                    view = self.node.write_view(obj)
+                    if size >= _HASH_WHILE_RECEIVING_BYTES:
+                        actual = self.reader.read_into_hashed(view)
+                    else:
+                        self.reader.read_into(view)
+                        actual = codec.value_hash(view)
         except BaseException:
             self.node.abort_write(obj)
             raise
         self.bytes_in += size
-        actual = hasher.intdigest() if hasher is not None else None
         self._reply_stored(self.node.commit_write(obj, actual=actual), obj)
 
     def _idle_read(self) -> memoryview:
@@ -471,7 +478,9 @@ class Session:
         obj = self.writing.pop((key, object_id), None)
         if obj is None:
             raise NotFound("no reservation for this key on this connection", key=key)
-        ticket = self.node.commit_write(obj, checksum or None)
+        # The client's bytes in the segment, hashed natively with the GIL released.
+        actual = codec.value_hash(self.node.write_view(obj))
+        ticket = self.node.commit_write(obj, checksum or None, actual=actual)
         self.bytes_in += obj.size_bytes
         self._reply_stored(ticket, obj)
 

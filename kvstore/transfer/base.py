@@ -13,7 +13,7 @@ import abc
 from dataclasses import dataclass
 
 from kvstore.errors import KVStoreError
-from kvstore.keys import value_checksum
+from kvstore.transfer import codec
 from kvstore.types import TransportKind
 
 
@@ -41,7 +41,7 @@ def hash_unhashed(items: list[WriteItem]) -> None:
     sends it ahead of the bytes)."""
     for it in items:
         if it.checksum is None:
-            it.checksum = value_checksum(it.data)
+            it.checksum = codec.value_hash(it.data)
 
 
 class Transport(abc.ABC):

@@ -45,6 +45,7 @@ import time
 from kvstore._proto import kvstore_pb2 as _pb
 from kvstore.auth import NONCE_BYTES
 from kvstore.errors import Unavailable, error_for_code
+from kvstore.transfer import codec
 
 REQUEST = struct.Struct("<BBHIQQQ")
 RESPONSE = struct.Struct("<BBHIQQQQQ")
@@ -114,7 +115,7 @@ def recv_exact_into(sock: socket.socket, view: memoryview) -> None:
         got += k
 
 
-#: A value received with a hasher is hashed in pieces of about this size (in L2).
+#: A value received over TLS and hashed is hashed in pieces of about this size (in L2).
 _HASH_PIECE_BYTES = 256 << 10
 
 
@@ -205,25 +206,24 @@ class FrameReader:
         self._start += n
         return view
 
-    def read_into(self, dest: memoryview, hasher=None) -> None:
+    def _take_buffered(self, dest: memoryview) -> int:
+        """Copy what is buffered of ``dest``'s bytes into it; how many that was."""
+        got = min(self._end - self._start, len(dest))
+        if got:
+            dest[:got] = self._view[self._start:self._start + got]
+            self._start += got
+        return got
+
+    def read_into(self, dest: memoryview) -> None:
         """Fill ``dest`` with the next ``len(dest)`` bytes.
 
         What is not buffered yet is received straight into ``dest``, with the
         bytes that follow it (the next frames of a pipelined batch) landing in
         the buffer in the same ``recvmsg_into`` call: one system call per value
-        of a batch, not two. With ``hasher`` (an ``xxhash.xxh3_64()``), each
-        piece of ``dest`` is hashed as soon as it arrived, while it is still in
-        the cache and while the sender's next bytes are on their way: the
-        value's checksum costs no pass of its own after the last byte.
+        of a batch, not two.
         """
         n = len(dest)
-        got = min(self._end - self._start, n)
-        if got:
-            dest[:got] = self._view[self._start:self._start + got]
-            self._start += got
-        if hasher is not None:
-            self._hashing(dest, got, hasher)
-            return
+        got = self._take_buffered(dest)
         if got == n:
             return
         self._start = self._end = 0          # every buffered byte went to dest
@@ -250,17 +250,44 @@ class FrameReader:
             else:
                 got += k
 
-    def _hashing(self, dest: memoryview, got: int, hasher) -> None:
-        """The rest of :meth:`read_into` with a hasher: ``got`` bytes of ``dest`` are
-        there; the others are received (straight into ``dest``) and hashed piece by
-        piece. The read-ahead is not used, so pieces stay whole in ``dest``."""
+    def read_into_hashed(self, dest: memoryview) -> int:
+        """Fill ``dest`` as :meth:`read_into` does and return the XXH3-64 of its bytes.
+
+        Each piece is hashed as soon as it arrived, while it is still in the
+        cache and while the sender's next bytes are on their way: the value's
+        checksum costs no pass of its own after the last byte. A plain socket
+        receives and hashes in the native core with the GIL released
+        (:func:`kvstore.transfer.codec.recv_into_hashed`); a TLS socket, whose
+        bytes only Python's ssl module can decrypt, receives here and hashes
+        each piece with the native streaming hasher. The read-ahead takes none
+        of the bytes that follow ``dest`` (they stay in the socket).
+
+        Raises:
+            StreamEnded: the peer closed the connection or the socket failed
+                (its ``__cause__``: the OSError, TimeoutError or BlockingIOError).
+        """
+        got = self._take_buffered(dest)
+        if self._tls:
+            return self._hashing_tls(dest, got)
+        try:
+            return codec.recv_into_hashed(self.sock, dest, len(dest), got)
+        except EOFError as exc:
+            raise StreamEnded("connection closed by peer") from exc
+        except OSError as exc:
+            raise StreamEnded(f"connection failed while receiving: {exc}") from exc
+
+    def _hashing_tls(self, dest: memoryview, got: int) -> int:
+        """The rest of :meth:`read_into_hashed` on a TLS socket: ``got`` bytes of
+        ``dest`` are there; the others are received (straight into ``dest``) and
+        hashed piece by piece."""
         n, hashed = len(dest), 0
+        hasher = codec.Hasher()
         while True:
             if got - hashed >= _HASH_PIECE_BYTES or got == n:
                 hasher.update(dest[hashed:got])
                 hashed = got
             if got == n:
-                return
+                return hasher.intdigest()
             try:
                 k = self.sock.recv_into(dest[got:], min(n - got, _HASH_PIECE_BYTES))
             except OSError as exc:

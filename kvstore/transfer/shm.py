@@ -26,11 +26,9 @@ from collections import OrderedDict
 from contextlib import contextmanager, nullcontext
 from typing import ContextManager, Iterator
 
-import xxhash
-
 from kvstore._proto import kvstore_pb2 as _pb
 from kvstore.errors import KVStoreError, Unavailable, error_for_code
-from kvstore.keys import value_checksum
+from kvstore.transfer import codec
 from kvstore.transfer.base import ReadItem, Transport, WriteItem
 from kvstore.transfer.protocol import Op
 from kvstore.transfer.shm_slots import ReadSlots
@@ -309,23 +307,14 @@ def _fits(loc: Location, it: ReadItem, seg: memoryview) -> bool:
     return size <= len(it.dest) and offset + size <= len(seg)
 
 
-#: Piece size of :func:`copy_hashing` (well inside the L2 cache).
-COPY_PIECE_BYTES = 256 * 1024
-
-
-def copy_hashing(dest: memoryview, src: memoryview) -> int:
-    """Copy ``src`` into ``dest`` (same length) piece by piece, hashing each piece
-    of ``dest`` right after it landed; returns the xxh3-64 of the bytes copied."""
-    n = len(src)
-    if n <= COPY_PIECE_BYTES:
-        dest[:n] = src
-        return value_checksum(dest)
-    hasher = xxhash.xxh3_64()
-    for off in range(0, n, COPY_PIECE_BYTES):
-        end = min(n, off + COPY_PIECE_BYTES)
-        dest[off:end] = src[off:end]
-        hasher.update(dest[off:end])
-    return hasher.intdigest()
+def _copy(dest: memoryview, src: memoryview, verify: bool) -> int | None:
+    """Copy a value out of the segment (``dest`` and ``src`` of one length); with
+    ``verify``, hash it on the way (one native pass) and return its XXH3-64."""
+    if verify:
+        return codec.copy_hashed(dest, src)
+    if len(src):
+        dest[:] = src
+    return None
 
 
 #: SHM_ALLOC's offset when the exact version is already stored.
@@ -398,10 +387,11 @@ class ShmTransport(Transport):
             return self._read_many(seg, items, verify)
 
     def _write_many(self, seg: memoryview, items: list[WriteItem]) -> list[KVStoreError | None]:
-        # A value whose checksum is not known yet is hashed as it is copied (each
-        # piece while it is in the cache: about 3 % over the copy alone, where a
-        # pass of its own over a cold 4 MiB value costs 60 % of the copy) and
-        # announced with SHM_COMMIT; the node verifies it there either way.
+        # A value whose checksum is not known yet is hashed as it is copied
+        # (codec.copy_hashed: one native pass, each piece hashed while in the
+        # cache, GIL released; a pass of its own over a cold 4 MiB value costs
+        # 60 % of the copy) and announced with SHM_COMMIT; the node verifies it
+        # there either way.
         out: list[KVStoreError | None] = [None] * len(items)
         late = [i.checksum is None for i in items]
         replies = self.control(Op.SHM_ALLOC, [(i.key, i.object_id, len(i.data), i.checksum or 0)
@@ -417,7 +407,7 @@ class ShmTransport(Transport):
             else:
                 n = len(it.data)
                 if it.checksum is None:
-                    it.checksum = copy_hashing(seg[offset:offset + n], it.data)
+                    it.checksum = codec.copy_hashed(seg[offset:offset + n], it.data)
                 elif n:
                     seg[offset:offset + n] = it.data
                 to_commit.append(idx)
@@ -453,9 +443,8 @@ class ShmTransport(Transport):
         offset, size, serial = loc
         if not _fits(loc, it, seg) or not slots.serves(serial):
             return False
-        if size:
-            it.dest[:size] = seg[offset:offset + size]
-        if not slots.still(serial) or check_read(it, size, verify) is not None:
+        actual = _copy(it.dest[:size], seg[offset:offset + size], verify)
+        if not slots.still(serial) or check_read(it, size, verify, actual) is not None:
             return False
         self.unreferenced += 1
         self.conn.defer(Op.SHM_TOUCH, it.key, it.object_id)
@@ -465,12 +454,15 @@ class ShmTransport(Transport):
                          ) -> list[KVStoreError | None]:
         where = self._where
         copied: dict[int, Location] = {}
+        hashed: dict[int, int] = {}
 
         def guess() -> dict[int, Location]:
             for idx, it in enumerate(items):
                 loc = where.get((it.key, it.object_id))
                 if loc is not None and _fits(loc, it, seg):
-                    it.dest[:loc[1]] = seg[loc[0]:loc[0] + loc[1]]
+                    actual = _copy(it.dest[:loc[1]], seg[loc[0]:loc[0] + loc[1]], verify)
+                    if actual is not None:
+                        hashed[idx] = actual
                     copied[idx] = loc
             self.guesses += len(copied)
             return copied
@@ -479,14 +471,16 @@ class ShmTransport(Transport):
             for idx, loc in jobs:
                 offset, size, _serial = loc
                 self.wrong_guesses += idx in copied
-                if size:
-                    items[idx].dest[:size] = seg[offset:offset + size]
+                actual = _copy(items[idx].dest[:size], seg[offset:offset + size], verify)
+                if actual is not None:
+                    hashed[idx] = actual
                 if self.max_locations:
                     where[(items[idx].key, items[idx].object_id)] = loc
                     if len(where) > self.max_locations:
                         where.popitem(last=False)
             return {}
-        return read_by_reference(self.conn, items, verify, copy, guess if where else None)
+        return read_by_reference(self.conn, items, verify, copy, guess if where else None,
+                                 hashed)
 
     def close(self) -> None:
         self.conn.close()

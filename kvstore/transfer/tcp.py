@@ -26,13 +26,15 @@ from kvstore._proto import kvstore_pb2 as pb
 from kvstore.auth import proof
 from kvstore.errors import (ChecksumMismatch, InvalidArgument, KVStoreError, ProtocolError,
                             Unavailable, code_name, error_for_code)
-from kvstore.keys import value_checksum
+from kvstore.transfer import codec
 from kvstore.transfer.base import ReadItem, Transport, WriteItem
 from kvstore.transfer.protocol import (REQUEST, RESPONSE, FrameReader, Op, hello_nonce_bytes,
                                        send_parts, tune_socket)
 from kvstore.types import TransportKind
 
 _READ_AHEAD_BYTES = 8 * 1024
+#: A GET value at least this large is hashed while it arrives when it is verified.
+HASH_WHILE_RECEIVING_BYTES = 256 * 1024
 #: Longest time a deferred frame (SHM_RELEASE) waits for the next request, in seconds.
 DEFER_FLUSH_S = 0.005
 
@@ -193,12 +195,26 @@ class NodeConnection:
             raise
         return code, object_id, size, checksum, offset, serial, msg
 
-    def recv_value_into(self, size: int, dest: memoryview) -> KVStoreError | None:
-        """Read a value that follows an OK GET header into ``dest``."""
+    def recv_value_into(self, size: int, dest: memoryview, hashed: list | None = None
+                        ) -> KVStoreError | None:
+        """Read a value that follows an OK GET header into ``dest``.
+
+        Args:
+            hashed: when given, a value of :data:`HASH_WHILE_RECEIVING_BYTES` or
+                more is hashed as it arrives (natively, GIL released) and its
+                XXH3-64 appended here; a smaller one appends None (it is taken
+                with the frames after it in one system call, then hashed by the
+                caller from the cache).
+        """
         try:
             if size > len(dest):
                 self.reader.discard(size)
                 return InvalidArgument(f"destination holds {len(dest)} B, value is {size} B")
+            if hashed is not None and size >= HASH_WHILE_RECEIVING_BYTES:
+                hashed.append(self.reader.read_into_hashed(dest[:size]))
+                return None
+            if hashed is not None:
+                hashed.append(None)
             if size:
                 self.reader.read_into(dest[:size])
         except Unavailable:
@@ -286,13 +302,22 @@ def _flusher() -> _Flusher:
         return _FLUSHER
 
 
-def check_read(item: ReadItem, size: int, verify: bool) -> KVStoreError | None:
-    """Post-read checks shared by transports: size and, optionally, checksum."""
+def check_read(item: ReadItem, size: int, verify: bool, actual: int | None = None
+               ) -> KVStoreError | None:
+    """Post-read checks shared by transports: size and, optionally, checksum.
+
+    Args:
+        actual: the XXH3-64 of ``item.dest[:size]`` when the copy or receive
+            computed it on the way (:mod:`kvstore.transfer.codec`); None: hashed here.
+    """
     if size != item.size_bytes:
         return ChecksumMismatch(f"node returned {size} B, expected {item.size_bytes} B",
                                 key=item.key)
-    if verify and value_checksum(item.dest[:size]) != item.checksum:
-        return ChecksumMismatch("value read does not match its checksum", key=item.key)
+    if verify:
+        if actual is None:
+            actual = codec.value_hash(item.dest[:size])
+        if actual != item.checksum:
+            return ChecksumMismatch("value read does not match its checksum", key=item.key)
     return None
 
 
@@ -302,8 +327,8 @@ Location = tuple[int, int, int]
 
 def read_by_reference(conn: NodeConnection, items: list[ReadItem], verify: bool,
                       move: Callable[[list[tuple[int, Location]]], dict[int, KVStoreError]],
-                      guess: Callable[[], dict[int, Location]] | None = None
-                      ) -> list[KVStoreError | None]:
+                      guess: Callable[[], dict[int, Location]] | None = None,
+                      hashed: dict[int, int] | None = None) -> list[KVStoreError | None]:
     """Reads through the node's memory (shared memory, RDMA): the reference protocol.
 
     SHM_ACQUIRE every item (one round trip; the node takes a read reference
@@ -325,6 +350,9 @@ def read_by_reference(conn: NodeConnection, items: list[ReadItem], verify: bool,
             names one lifetime of a range: the allocation was live when it was
             remembered and still is at the acquire, so it was live, with the
             same immutable bytes, throughout the copy in between.
+        hashed: optional; ``{index: xxh3-64}`` that ``move`` and ``guess`` fill
+            with the checksum of what they copied last into ``items[index].dest``
+            when they hashed it on the way (a fused copy): not hashed again.
 
     Returns:
         Per item: None or the error, in input order.
@@ -351,7 +379,8 @@ def read_by_reference(conn: NodeConnection, items: list[ReadItem], verify: bool,
         failed = move(jobs)
         for idx, (code, _oid, size, *_rest) in enumerate(replies):
             if code == pb.OK and out[idx] is None:
-                out[idx] = failed.get(idx) or check_read(items[idx], size, verify)
+                out[idx] = failed.get(idx) or check_read(
+                    items[idx], size, verify, hashed.get(idx) if hashed else None)
     finally:
         if conn.broken:
             conn.close()
@@ -381,7 +410,7 @@ class TcpTransport(Transport):
         # its first byte left).
         for it in items:
             if it.checksum is None:
-                it.checksum = value_checksum(it.data)
+                it.checksum = codec.value_hash(it.data)
             self.conn.send(Op.PUT, it.key, it.object_id, len(it.data), it.checksum, it.data,
                            it.parent, it.replica_num)
         out: list[KVStoreError | None] = []
@@ -398,8 +427,9 @@ class TcpTransport(Transport):
             if code != pb.OK:
                 out.append(error_for_code(code, msg, key=it.key))
                 continue
-            err = self.conn.recv_value_into(size, it.dest)
-            out.append(err or check_read(it, size, verify))
+            hashed: list | None = [] if verify else None
+            err = self.conn.recv_value_into(size, it.dest, hashed)
+            out.append(err or check_read(it, size, verify, hashed[0] if hashed else None))
         return out
 
     def close(self) -> None:
