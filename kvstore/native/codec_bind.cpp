@@ -164,7 +164,7 @@ void register_codec(py::module_& m) {
           "Raises:\n    TypeError / BufferError: not a C-contiguous buffer.");
     m.def("copy_hashed", &copy_hashed, py::arg("dst"), py::arg("src"), py::arg("seed") = 0,
           "Copy src into dst (equal lengths, no overlap) and return the XXH3-64 of the\n"
-          "bytes, in one pass over 64 KiB pieces (each hashed from dst while in cache).\n\n"
+          "bytes, in one pass (each 64-byte stripe is loaded once, stored and hashed).\n\n"
           "Raises:\n    ValueError: lengths differ, or the buffers overlap.\n"
           "    TypeError / BufferError: dst not writable, or not C-contiguous.");
     m.def("recv_into_hashed", &recv_into_hashed, py::arg("fd"), py::arg("buffer"),

@@ -12,20 +12,7 @@
 namespace kvstore_native::io {
 
 uint64_t copy_hashed(void* dst, const void* src, size_t len, uint64_t seed) noexcept {
-    uint8_t* d = static_cast<uint8_t*>(dst);
-    const uint8_t* s = static_cast<const uint8_t*>(src);
-    if (len == 0) return xxh3::hash64(d, 0, seed);
-    if (len <= kPieceBytes) {                 // one piece: copy, then hash it in the cache
-        std::memcpy(d, s, len);
-        return xxh3::hash64(d, len, seed);
-    }
-    xxh3::State state(seed);
-    for (size_t off = 0; off < len; off += kPieceBytes) {
-        size_t n = len - off < kPieceBytes ? len - off : kPieceBytes;
-        std::memcpy(d + off, s + off, n);
-        state.update(d + off, n);
-    }
-    return state.digest();
+    return xxh3::copy_hash64(dst, src, len, seed);
 }
 
 namespace {

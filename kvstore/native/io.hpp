@@ -11,13 +11,9 @@
 
 namespace kvstore_native::io {
 
-// Pieces of a fused pass: small enough that a piece just copied or received is
-// still in L2 when it is hashed; large enough that the per-piece call is noise.
-constexpr size_t kPieceBytes = 64 * 1024;
-
 // Copy ``len`` bytes from ``src`` to ``dst`` (not overlapping) and return the
-// XXH3-64 (``seed``) of them: each piece is hashed from ``dst`` right after it
-// landed, so the hash reads from the cache and not from memory a second time.
+// XXH3-64 (``seed``) of them, in one pass: each 64-byte stripe is loaded once,
+// stored to ``dst`` and hashed from the same registers (xxh3::copy_hash64).
 uint64_t copy_hashed(void* dst, const void* src, size_t len, uint64_t seed = 0) noexcept;
 
 // Why recv_hashed stopped.

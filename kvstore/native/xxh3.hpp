@@ -16,6 +16,11 @@ namespace kvstore_native::xxh3 {
 // The XXH3-64 of ``len`` bytes at ``data`` (``data`` may be null when len is 0).
 uint64_t hash64(const void* data, size_t len, uint64_t seed = 0) noexcept;
 
+// Copy ``len`` bytes from ``src`` to ``dst`` (not overlapping) and return their
+// XXH3-64, in one pass: each 64-byte stripe is stored to ``dst`` from the
+// registers it was loaded into for the hash (the bytes are read once).
+uint64_t copy_hash64(void* dst, const void* src, size_t len, uint64_t seed = 0) noexcept;
+
 // Streaming XXH3-64: feed a value in pieces of any sizes (several recv calls,
 // copies chunk by chunk); digest() equals hash64 of the concatenation, whatever
 // the split. Never allocates; about 700 bytes; copyable (a copy forks the hash).

@@ -45,8 +45,9 @@ def value_hash(data) -> int:
 def copy_hashed(dest, src) -> int:
     """Copy ``src`` into ``dest`` and return the XXH3-64 of the bytes, in one pass.
 
-    Each 64 KiB piece is hashed from ``dest`` right after it landed (from the
-    cache, not from memory a second time); the GIL is released from 16 KiB on.
+    Each 64-byte stripe of ``src`` is loaded once, stored to ``dest`` and hashed
+    from the same registers: the bytes are read once, not twice as a copy and
+    then a hash would. The GIL is released from 16 KiB on.
 
     Args:
         dest: a writable buffer of exactly ``len(src)`` bytes, not overlapping ``src``.

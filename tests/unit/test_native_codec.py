@@ -307,3 +307,29 @@ def test_overlong_response_message_is_refused():
     wire = RESPONSE.pack(5, 0, 4097, 0, 0, 0, 0, 0, 0)
     assert _native.decode_response(wire, LIMITS)[0] == "message_too_long"
     assert _native.decode_response(wire[:47], LIMITS)[0] == "short"
+
+
+@pytest.mark.parametrize("isa", ["portable", "sse2", "avx2", "avx512"])
+def test_every_build_of_the_stripe_loop_gives_the_same_hashes(isa):
+    """xxh3.cpp picks the widest loop the CPU runs; KVSTORE_XXH3_ISA forces a
+    narrower one (one the CPU lacks falls back to the next), so each is checked here."""
+    code = """
+import os, random, xxhash
+from kvstore import _native
+data = bytes(random.Random(5).getrandbits(8) for _ in range(9000))
+for n in list(range(230, 2100)) + [4095, 4096, 4097, 9000]:
+    assert _native.xxh3_64(data[:n]) == xxhash.xxh3_64_intdigest(data[:n]), n
+    assert _native.xxh3_64(data[:n], 7) == xxhash.xxh3_64_intdigest(data[:n], 7), n
+    dst = bytearray(n)
+    assert _native.copy_hashed(dst, data[:n]) == xxhash.xxh3_64_intdigest(data[:n]) and dst == data[:n]
+h = _native.Hasher()
+for k in range(0, len(data), 333):
+    h.update(data[k:k + 333])
+assert h.intdigest() == xxhash.xxh3_64_intdigest(data)
+"""
+    import subprocess
+    import sys
+    env = dict(os.environ, KVSTORE_XXH3_ISA=isa)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
