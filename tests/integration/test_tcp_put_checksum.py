@@ -77,3 +77,40 @@ def test_a_large_put_with_other_bytes_than_announced_is_refused_and_leaves_nothi
         tr.close()
         server.stop()
         node.close()
+
+
+def test_over_tls_large_values_are_hashed_by_the_python_receive(tmp_path):
+    """A TLS socket has no file descriptor to receive from natively: its large PUT
+    and GET values go through FrameReader's Python branch (hashed piece by piece
+    with the native streaming hasher), with the same verdicts as plain TCP."""
+    from kvstore.tls import TlsFiles, client_context, server_context
+    from kvstore.tools.cluster.certs import make_certs
+    from kvstore.transfer.base import ReadItem
+
+    certs = make_certs(tmp_path / "certs", ["127.0.0.1"])
+    node = StoreNode(DramTier(64 * MiB))
+    server = DataServer(node, tls=server_context(
+        TlsFiles(str(certs.server_cert), str(certs.server_key)))).start()
+    conn = NodeConnection("127.0.0.1", server.port, timeout_s=5,
+                          tls=client_context(TlsFiles(ca=str(certs.ca))))
+    tr = TcpTransport(conn)
+    try:
+        good, bad = _value(3 * MiB + 1, 4), bytearray(_value(MiB, 5))
+        announced = value_checksum(bytes(bad))
+        bad[7] ^= 1
+        out = tr.write_many([
+            WriteItem("tls/good", 1, memoryview(good), None, "", 1),
+            WriteItem("tls/bad", 2, memoryview(bad), announced, "", 1)])
+        assert out[0] is None
+        assert out[1] is not None and out[1].code == pb.CHECKSUM_MISMATCH
+        dest = bytearray(len(good))
+        item = ReadItem("tls/good", 1, len(good), value_checksum(good), memoryview(dest))
+        assert tr.read_many([item], verify=True) == [None] and dest == good
+        item = ReadItem("tls/good", 1, len(good), value_checksum(good) ^ 1,
+                        memoryview(bytearray(len(good))))
+        (err,) = tr.read_many([item], verify=True)
+        assert err is not None and err.code == pb.CHECKSUM_MISMATCH
+    finally:
+        tr.close()
+        server.stop()
+        node.close()
