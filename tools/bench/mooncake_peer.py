@@ -162,6 +162,7 @@ class MooncakePeer(Peer):
         self.procs: list = []
         rpc_port, metrics_port = free_port(), free_port()
         self.master = f"{HOST}:{rpc_port}"
+        os.makedirs(log_dir, exist_ok=True)     # --log-dir need not exist yet
         self._log = open(os.path.join(log_dir, "mooncake_master.log"), "wb")
         self.master_proc = subprocess.Popen(
             [exe, f"--rpc_port={rpc_port}", f"--rpc_address={HOST}",
