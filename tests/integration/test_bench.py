@@ -8,6 +8,7 @@ the ``+tls`` rows, their ratios to the plain rows and the progress count.
 
 from __future__ import annotations
 
+import math
 import shutil
 
 import pytest
@@ -19,7 +20,12 @@ from kvstore.tools.bench.mooncake_peer import master_binary
 from kvstore.tools.bench.report import check_targets, render, tls_vs_plain
 
 SIZE_BYTES = 64 * 1024
-KEYS = {"system", "path", "op", "size_bytes", "gbps", "ops_per_s"}
+KEYS = {"system", "path", "op", "size_bytes", "gbps", "ops_per_s", "cpu_us_per_op",
+        "cpu_us_per_gib", "cpu_resolution_us"}
+#: The processes each system's rows meter (the socket peer's server, Mooncake's holder...).
+PROCESSES = {"memcpy": {"client"}, "socket": {"server", "client"},
+             "redis": {"redis-server", "client"}, "mooncake": {"master", "holder", "client"},
+             "kvstore": {"node", "master", "client"}}
 
 
 def _redis_available() -> bool:
@@ -49,6 +55,26 @@ def test_rows_follow_the_json_schema(rows):
         assert r["ops_per_s"] > 0 and r["gbps"] >= 0
 
 
+def test_rows_give_cpu_per_process(rows):
+    """Every row names its system's processes with finite, non-negative µs of CPU per
+    value and per GiB (none per GiB for exists); work that must cost CPU shows some."""
+    for r in rows:
+        per_op, per_gib = r["cpu_us_per_op"], r["cpu_us_per_gib"]
+        assert set(per_op) == PROCESSES[r["system"]], r
+        assert set(per_gib) == (set(per_op) if r["size_bytes"] else set())
+        for v in (*per_op.values(), *per_gib.values(), r["cpu_resolution_us"]):
+            assert isinstance(v, float) and math.isfinite(v) and v >= 0
+        if r["size_bytes"]:
+            for name, us in per_op.items():   # per GiB is per value scaled by values per GiB
+                assert per_gib[name] == pytest.approx(us * (1 << 30) / r["size_bytes"])
+        assert per_op["client"] > 0           # the timed loop runs there
+    for key in (("kvstore", "tcp", "put"), ("kvstore", "concurrent", "put"),
+                ("redis", "tcp", "put")):
+        found = [r for r in rows if (r["system"], r["path"], r["op"]) == key]
+        if found:                             # redis: when installed
+            assert all(v > 0 for v in found[0]["cpu_us_per_op"].values()), found[0]
+
+
 def test_every_measurement_is_there_once(rows):
     got = [(r["system"], r["path"], r["op"], r["size_bytes"]) for r in rows]
     assert len(got) == len(set(got))
@@ -75,10 +101,14 @@ def test_tables_and_targets_render(rows):
     console.print(render(rows, verify=True))
     text = console.export_text()
     assert "vs limit: shm / cold memcpy" in text
-    assert "targets (issues 4, 14 and 16)" in text
-    names = {t[0] for t in check_targets(rows)}
-    assert "batch_exists >= 200k keys/s" in names
-    assert "tcp-batch get >= 0.5x socket stream" in names   # the 64 KiB target
+    assert "targets (issues 4, 14, 16 and 33)" in text
+    assert "µs/op" in text and "s/GiB" in text
+    targets = {t[0]: t for t in check_targets(rows)}
+    assert "batch_exists >= 200k keys/s" in targets
+    assert "tcp-batch get >= 0.5x socket stream" in targets   # the 64 KiB target
+    for name in ("tcp put: node CPU <= 20 us/op", "tcp get: node CPU <= 10 us/op"):
+        _, size, value, _ok = targets[name]
+        assert size == SIZE_BYTES and value is not None and value > 0
 
 
 @pytest.fixture(scope="module")
@@ -112,11 +142,13 @@ def test_tls_rows_sit_beside_their_plain_twins(tls_run, rows):
 def test_tls_table_renders(tls_run, rows):
     from rich.console import Console
 
-    console = Console(record=True, width=80)
+    # 120 columns hold every table whole (the measurements with their CPU columns):
+    # no cell cut short.
+    console = Console(record=True, width=120)
     console.print(render(tls_run[0], verify=None))
     text = console.export_text()
     assert "tls/plain" in text and "tcp-batch+tls" in text
-    assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
+    assert "…" not in text
     console = Console(record=True, width=160)
     console.print(render(rows, verify=None))
     assert "tls/plain" not in console.export_text()

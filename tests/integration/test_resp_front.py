@@ -431,5 +431,10 @@ def test_bench_rows_beside_redis_server():
                    for path in ("redis-benchmark", "redis-benchmark-r1000", "redis-py")
                    for op in ("get", "put")}
     assert all(r["ops_per_s"] > 0 for r in rows)
+    # CPU per process on the redis-py rows; redis-benchmark's rows are not metered.
+    cpu_of = {(r["system"], r["path"]): set(r["cpu_us_per_op"]) for r in rows}
+    assert cpu_of[("redis", "redis-py")] == {"redis-server", "client"}
+    assert cpu_of[("kvstore-resp", "redis-py")] == {"front", "node", "master", "client"}
+    assert cpu_of[("kvstore-resp", "redis-benchmark")] == set()
     measured = {name: value for name, _size, value, _ok in check_targets(rows)}
     assert measured["resp redis-benchmark get >= 0.5x redis-server"] is not None

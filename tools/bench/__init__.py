@@ -35,9 +35,18 @@ the two under the same state of the machine. Puts also stop
 at ``max_put_bytes`` so the node never fills; their keys are removed
 afterwards. GB/s is 10^9 bytes per second.
 
+CPU: each row also gives the CPU time of each process behind it, read when
+its timed rounds begin and end (:mod:`.cpu`: the kernel's per-process CPU
+clock, the counter behind /proc/PID/stat's utime + stime, in ns), in µs per
+value and per GiB moved: ``cpu_us_per_op`` and ``cpu_us_per_gib``, dicts of
+process name (node, master, client, redis-server, holder, ...) -> µs. CPU
+time is stable where wall time on a shared host is not, and it says which
+process an operation costs.
+
 Modules: :mod:`.harness` (rows, timing, cold pools, the run), one per system
 (:mod:`.memcpy`, :mod:`.socket_peer`, :mod:`.redis_peer`, :mod:`.mooncake_peer`,
-:mod:`.kvstore_peer`, :mod:`.kvstore_tls_peer`), :mod:`.report` (targets,
+:mod:`.kvstore_peer`, :mod:`.kvstore_tls_peer`), :mod:`.cpu` (CPU time per
+process), :mod:`.report` (targets,
 tables) and :mod:`.command` (the CLI, and the systems in run order). System
 modules import the harness; the harness imports none of them.
 """

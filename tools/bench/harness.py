@@ -3,8 +3,9 @@
 - the names (:class:`System`, :class:`DataPath`, :class:`Op`), the rows
   (:class:`Row`) and what one timed loop returns (:class:`Timing`);
 - timing: :func:`timed` (warm-up, then ``rounds`` rounds, the median one
-  reported) and :func:`timed_interleaved` (several loops whose rounds take
-  turns);
+  reported, the CPU of a :class:`~.cpu.CpuMeter`'s processes over all of
+  them) and :func:`timed_interleaved` (several loops whose rounds take
+  turns); :func:`with_cpu` turns that CPU into a row's µs per value;
 - cold memory: :class:`Pool`, value slots rotating through a buffer of at
   least twice the last-level cache (:func:`llc_bytes`);
 - :class:`BenchConfig`, one run's options, and the worker-process helper
@@ -26,17 +27,19 @@ import multiprocessing as mp
 import os
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Callable, Sequence
 
 import numpy as np
 
 from kvstore.sizes import parse_size
+from kvstore.tools.bench.cpu import CpuMeter, add_cpu, cpu_used
 
 _log = logging.getLogger(__name__)
 
 MiB = 1 << 20
+GiB = 1 << 30
 
 
 # ---- names, rows and timings ------------------------------------------------------------
@@ -98,7 +101,16 @@ PLAIN_OF = {tls: plain for plain, tls in TLS_OF.items()}
 
 @dataclass(frozen=True, slots=True)
 class Row:
-    """One measurement: a system's path and op at one value size."""
+    """One measurement: a system's path and op at one value size.
+
+    The CPU fields name each process of the system (kvstore: ``node``,
+    ``master``, ``client``; redis: ``redis-server``, ``client``; mooncake:
+    ``master``, ``holder``, ``client``; socket: ``server``, ``client``;
+    kvstore-resp: ``front``, ``node``, ``master``, ``client``; memcpy:
+    ``client``); ``client`` is the process that runs the timed loop (this one,
+    Mooncake's client process, or the concurrent client processes summed).
+    Empty where a row was not metered (redis-benchmark's rows).
+    """
 
     system: System
     path: DataPath
@@ -106,11 +118,20 @@ class Row:
     size_bytes: int    # value size; 0 for exists
     gbps: float        # 10^9 bytes per second
     ops_per_s: float   # values (keys for exists) per second
+    cpu_us_per_op: dict[str, float] = field(default_factory=dict)    # µs of CPU per value
+                                                                     # (key for exists)
+    cpu_us_per_gib: dict[str, float] = field(default_factory=dict)   # µs of CPU per GiB
+                                                                     # moved; {} for exists
+    cpu_resolution_us: float = 0.0     # the CPU readings' resolution, µs per value
 
     def to_dict(self) -> dict:
-        """The row as ``--json`` prints it: these field names, plain str / int / float values."""
+        """The row as ``--json`` prints it: these field names, plain str / int / float values
+        (the ``cpu_*`` ones dicts of process name -> float)."""
         return {"system": self.system.value, "path": self.path.value, "op": self.op.value,
-                "size_bytes": self.size_bytes, "gbps": self.gbps, "ops_per_s": self.ops_per_s}
+                "size_bytes": self.size_bytes, "gbps": self.gbps, "ops_per_s": self.ops_per_s,
+                "cpu_us_per_op": dict(self.cpu_us_per_op),
+                "cpu_us_per_gib": dict(self.cpu_us_per_gib),
+                "cpu_resolution_us": self.cpu_resolution_us}
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +142,10 @@ class Timing:
     seconds: float     # that round's wall time
     total: int         # iterations of every round and the warm-up (puts: keys written)
     t0: float          # time.perf_counter() when the first round began
+    timed_ops: int = 0                 # iterations of every timed round (not the warm-up)
+    cpu_s: dict[str, float] = field(default_factory=dict)   # CPU seconds per metered
+                                                            # process over those rounds
+    cpu_tick_s: float = 0.0            # resolution of those readings (s)
 
 
 def rate_row(system: System, path: DataPath, op: Op, size_bytes: int, ops: float,
@@ -129,24 +154,40 @@ def rate_row(system: System, path: DataPath, op: Op, size_bytes: int, ops: float
     return Row(system, path, op, size_bytes, ops * size_bytes / seconds / 1e9, ops / seconds)
 
 
+def with_cpu(row: Row, cpu_s: dict[str, float], ops: int, tick_s: float) -> Row:
+    """``row`` with the CPU of its processes: ``cpu_s`` (seconds each) spent on ``ops``
+    values (keys for exists) of ``row.size_bytes``, read at ``tick_s`` resolution."""
+    if not cpu_s or ops <= 0:
+        return row
+    per_op = {name: s * 1e6 / ops for name, s in cpu_s.items()}
+    gib = ops * row.size_bytes / GiB
+    per_gib = {name: s * 1e6 / gib for name, s in cpu_s.items()} if gib else {}
+    return replace(row, cpu_us_per_op=per_op, cpu_us_per_gib=per_gib,
+                   cpu_resolution_us=tick_s * 1e6 / ops)
+
+
 def timed_row(system: System, path: DataPath, op: Op, size_bytes: int, t: Timing,
               values_per_iter: int = 1) -> Row:
-    """The row of a :class:`Timing` whose iterations each moved ``values_per_iter`` values."""
-    return rate_row(system, path, op, size_bytes, t.ops * values_per_iter, t.seconds)
+    """The row of a :class:`Timing` whose iterations each moved ``values_per_iter`` values:
+    the rate of its reported round, the CPU per value of all its timed rounds."""
+    row = rate_row(system, path, op, size_bytes, t.ops * values_per_iter, t.seconds)
+    return with_cpu(row, t.cpu_s, t.timed_ops * values_per_iter, t.cpu_tick_s)
 
 
 # ---- timing -----------------------------------------------------------------------------
 
 def timed(step: Callable[[int], None], duration_s: float, warmup_s: float,
           max_iters: int | None = None, before_timed: Callable[[], object] | None = None,
-          rounds: int = 1) -> Timing:
+          rounds: int = 1, cpu: CpuMeter | None = None) -> Timing:
     """Call ``step(i)`` untimed for ``warmup_s`` (at least once), then timed for ``duration_s``.
 
     The timed budget is split into ``rounds`` equal rounds and the round with
     the median rate is reported: one stall of this small, shared host does not
     move the result. ``max_iters`` caps all iterations (the warm-up takes at
     most an eighth); ``before_timed`` runs between warm-up and rounds (the
-    concurrent clients' barrier).
+    concurrent clients' barrier). ``cpu`` is read as the rounds begin and as
+    they end: the CPU its processes used over every timed round (CPU time is
+    stable where a round's rate is not, so it takes them all).
     """
     i = 0
     cap = max_iters if max_iters is not None else 1 << 62
@@ -158,6 +199,7 @@ def timed(step: Callable[[int], None], duration_s: float, warmup_s: float,
             break
     if before_timed is not None:
         before_timed()
+    cpu_before = cpu.sample() if cpu is not None else {}
     t0 = time.perf_counter()
     done: list[tuple[int, float]] = []
     for _ in range(rounds):
@@ -172,35 +214,43 @@ def timed(step: Callable[[int], None], duration_s: float, warmup_s: float,
                 break
         if n:
             done.append((n, max(now - start, 1e-9)))
+    cpu_s = cpu_used(cpu_before, cpu.sample()) if cpu is not None else {}
     if not done:
         raise AssertionError("max_iters left no timed iteration")
+    timed_ops = sum(r[0] for r in done)
     done.sort(key=lambda r: r[0] / r[1])
     n, secs = done[len(done) // 2]
-    return Timing(n, secs, i, t0)
+    return Timing(n, secs, i, t0, timed_ops, cpu_s, cpu.tick_s if cpu is not None else 0.0)
 
 
 def timed_interleaved(steps: list[Callable[[int], None]], duration_s: float, warmup_s: float,
-                      rounds: int) -> list[Timing]:
+                      rounds: int, cpus: Sequence[CpuMeter | None] | None = None
+                      ) -> list[Timing]:
     """:func:`timed` for several steps at once, their rounds taking turns.
 
     Each step gets ``duration_s`` in ``rounds`` rounds and its median round is
     reported, as with ``timed``; because the rounds alternate, a limit and
     the path normalised by it see the same state of the machine (its
-    bandwidth drifts by a third over minutes on a shared VM).
+    bandwidth drifts by a third over minutes on a shared VM). ``cpus[k]``
+    meters step ``k`` over its own rounds only.
     """
+    cpus = list(cpus) if cpus is not None else [None] * len(steps)
     base = [0] * len(steps)
     done: list[list[Timing]] = [[] for _ in steps]
     for r in range(rounds):
         for k, step in enumerate(steps):
             t = timed(lambda j, k=k, step=step: step(base[k] + j), duration_s / rounds,
-                      warmup_s if r == 0 else 0.0)
+                      warmup_s if r == 0 else 0.0, cpu=cpus[k])
             base[k] += t.total
             done[k].append(t)
     out = []
     for k in range(len(steps)):
         ts = sorted(done[k], key=lambda t: t.ops / t.seconds)
         med = ts[len(ts) // 2]
-        out.append(Timing(med.ops, med.seconds, base[k], done[k][0].t0))
+        out.append(Timing(med.ops, med.seconds, base[k], done[k][0].t0,
+                          sum(t.timed_ops for t in done[k]),
+                          add_cpu(*(t.cpu_s for t in done[k])),
+                          max(t.cpu_tick_s for t in done[k])))
     return out
 
 
@@ -279,16 +329,21 @@ class BenchConfig:
     progress: Callable[[str], None] = lambda label: None
     note: Callable[[str], None] = lambda text: None
 
-    def timed(self, step: Callable[[int], None], max_iters: int | None = None) -> Timing:
-        """:func:`timed` with this run's budget, warm-up and rounds."""
-        return timed(step, self.duration_s, self.warmup_s, max_iters, rounds=self.rounds)
+    def timed(self, step: Callable[[int], None], max_iters: int | None = None,
+              cpu: CpuMeter | None = None) -> Timing:
+        """:func:`timed` with this run's budget, warm-up and rounds; ``cpu`` metered."""
+        return timed(step, self.duration_s, self.warmup_s, max_iters, rounds=self.rounds,
+                     cpu=cpu)
 
-    def timed_together(self, steps: list[Callable[[int], None]]) -> list[Timing]:
+    def timed_together(self, steps: list[Callable[[int], None]],
+                       cpus: Sequence[CpuMeter | None] | None = None) -> list[Timing]:
         """Each step's :class:`Timing` with this run's budget: :meth:`timed` for one
-        step, :func:`timed_interleaved` (rounds taking turns) for several."""
+        step, :func:`timed_interleaved` (rounds taking turns) for several;
+        ``cpus[k]`` meters step ``k``."""
+        cpus = list(cpus) if cpus is not None else [None] * len(steps)
         if len(steps) == 1:
-            return [self.timed(steps[0])]
-        return timed_interleaved(steps, self.duration_s, self.warmup_s, self.rounds)
+            return [self.timed(steps[0], cpu=cpus[0])]
+        return timed_interleaved(steps, self.duration_s, self.warmup_s, self.rounds, cpus)
 
 
 # ---- worker processes -------------------------------------------------------------------

@@ -20,6 +20,9 @@ has warmed each client's metadata cache. The cold-memcpy limit
 (:mod:`~kvstore.tools.bench.memcpy`) is timed here, its rounds taking turns
 with the shm gets'.
 
+CPU is metered for the ``node``, the ``master`` and the ``client`` (this
+process; the concurrent rows: the client processes summed).
+
 Given a :class:`Secured`, the same peer starts a cluster with ``--auth`` and
 TLS and measures only its TCP paths, labelled ``tcp+tls`` and
 ``tcp-batch+tls`` (:mod:`~kvstore.tools.bench.kvstore_tls_peer`).
@@ -36,8 +39,10 @@ from dataclasses import dataclass, field
 
 from kvstore.sizes import format_size
 from kvstore.tools.bench import memcpy
+from kvstore.tools.bench.cpu import CpuMeter, add_cpu, cpu_used, this_process
 from kvstore.tools.bench.harness import (TLS_OF, BenchConfig, DataPath, Op, Peer, Pool, Row,
-                                         System, rate_row, stop_workers, timed, timed_row)
+                                         System, rate_row, stop_workers, timed, timed_row,
+                                         with_cpu)
 
 #: An asyncio row's timed step moves at most this much (its operations back to back).
 _ASYNC_STEP_BYTES = 32 * 1024 * 1024
@@ -67,7 +72,9 @@ def _client_worker(master: str, prefer_shm: bool, verify: bool | None, pool_byte
 
     Commands are ``(op, size, key_prefix, num_keys, worker_index, duration_s, warmup_s,
     max_iters)``; the answer is a :class:`Timing` (``t0`` from ``time.perf_counter``, one
-    clock for every process on Linux) or ``("error", text)``. None stops the worker.
+    clock for every process on Linux; ``cpu_s``: this process's, as ``client``) or
+    ``("error", text)``. None stops the worker. ``barrier`` holds the workers and the
+    parent, which reads the node's CPU as the timed loops begin.
     """
     from kvstore.client import KVClient
 
@@ -86,7 +93,8 @@ def _client_worker(master: str, prefer_shm: bool, verify: bool | None, pool_byte
                 else:
                     step = lambda i: kv.put(f"{prefix}w{w}/{i}", pool[i])  # noqa: E731
                 pipe.send(timed(step, duration_s, warmup_s, max_iters,
-                                before_timed=lambda: barrier.wait(timeout=60)))
+                                before_timed=lambda: barrier.wait(timeout=60),
+                                cpu=this_process()))
             except Exception as exc:  # reported to the parent, which fails the run
                 barrier.abort()
                 pipe.send(("error", repr(exc)))
@@ -151,6 +159,7 @@ class KvstorePeer(Peer):
         self.workers: list[tuple[mp.Process, object]] = []
         self.kv_shm = self.kv_tcp = self.kv_admin = None
         self.shm_name = ""
+        self.barrier = None
         sec = secured or Secured((), {})
         observed = ("--metrics-port", "0") if cfg.metrics else ()
         self.scraper: _Scraper | None = None
@@ -163,6 +172,10 @@ class KvstorePeer(Peer):
                 self.scraper = _Scraper([c.info["metrics_address"] for c in
                                          (store.shards[0][0], store.nodes["bench0"])]).start()
             master = self.store_master = store.master
+            servers = {"node": store.nodes["bench0"].proc.pid,
+                       "master": store.shards[0][0].proc.pid}
+            self.cpu = CpuMeter({**servers, "client": os.getpid()})
+            self.server_cpu = CpuMeter(servers)     # the concurrent rows' clients meter themselves
             self.kv_tcp = KVClient(master, prefer_shm=False, verify_checksum=cfg.verify,
                                    **sec.client)
             self.kv_admin = (KVClient(master, prefer_shm=False, **sec.admin) if self.secured
@@ -183,7 +196,8 @@ class KvstorePeer(Peer):
         cfg = self.cfg
         self.shm_name = shm_name
         ctx = mp.get_context("spawn")
-        barrier = ctx.Barrier(cfg.clients)
+        # The workers and this process: it reads the node's CPU as their timed loops begin.
+        barrier = self.barrier = ctx.Barrier(cfg.clients + 1)
         for _ in range(cfg.clients):
             ours, theirs = ctx.Pipe()
             p = ctx.Process(target=_client_worker, daemon=True,
@@ -230,11 +244,11 @@ class KvstorePeer(Peer):
                     b = range(i * batch, (i + 1) * batch)
                     _check(self.kv_tcp.batch_put([f"{p}{j}" for j in b], [src[j] for j in b]),
                            "batch_put")
-                t = cfg.timed(step, max(2, max_iters // batch))
+                t = cfg.timed(step, max(2, max_iters // batch), cpu=self.cpu)
                 written = t.total * batch
             else:
                 kv = self.kv_shm if path == DataPath.SHM else self.kv_tcp
-                t = cfg.timed(lambda i: kv.put(f"{p}{i}", src[i]), max_iters)
+                t = cfg.timed(lambda i: kv.put(f"{p}{i}", src[i]), max_iters, cpu=self.cpu)
                 written = t.total
             rows.append(timed_row(System.KVSTORE, self._label(path), Op.PUT, size, t,
                                   batch if path == DataPath.TCP_BATCH else 1))
@@ -260,17 +274,18 @@ class KvstorePeer(Peer):
             if path == DataPath.SHM:
                 t_copy, t = cfg.timed_together(
                     [memcpy.copy_step(src, dst),
-                     lambda i: self.kv_shm.get_into(keys[i % n], dst[i])])
+                     lambda i: self.kv_shm.get_into(keys[i % n], dst[i])],
+                    [this_process(), self.cpu])
                 rows.insert(0, memcpy.limit_row(size, t_copy))
             elif path == DataPath.TCP_BATCH:
                 def step(i: int) -> None:
                     b = range(i * batch, (i + 1) * batch)
                     _check(self.kv_tcp.batch_get_into([keys[j % n] for j in b],
                                                       [dst[j] for j in b]), "batch_get_into")
-                t = cfg.timed(step)
+                t = cfg.timed(step, cpu=self.cpu)
             else:
                 kv = self.kv_shm if path == DataPath.SHM else self.kv_tcp
-                t = cfg.timed(lambda i: kv.get_into(keys[i % n], dst[i]))
+                t = cfg.timed(lambda i: kv.get_into(keys[i % n], dst[i]), cpu=self.cpu)
             rows.append(timed_row(System.KVSTORE, self._label(path), Op.GET, size, t,
                                   batch if path == DataPath.TCP_BATCH else 1))
             if path == DataPath.SHM and not self._shm_mapped():
@@ -287,17 +302,29 @@ class KvstorePeer(Peer):
 
     def _concurrent_row(self, op: Op, size: int, prefix: str, num_keys: int,
                         max_iters: int) -> Row:
-        """All workers at once; throughput over the span from the first start to the last end."""
+        """All workers at once; throughput over the span from the first start to the last end.
+
+        CPU: each worker's own over its timed loop (``client``, summed), the node's
+        and the master's from the barrier that starts the loops to the last answer.
+        """
+        import threading
+
         cfg = self.cfg
         cfg.progress(f"kvstore {cfg.clients} clients {op} {format_size(size)}")
         for w, (_, pipe) in enumerate(self.workers):
             pipe.send((op, size, prefix, num_keys, w, cfg.duration_s, cfg.warmup_s,
                        max(4, max_iters // cfg.clients)))
+        try:
+            self.barrier.wait(timeout=cfg.warmup_s + 120)
+            servers_before = self.server_cpu.sample()
+        except threading.BrokenBarrierError:   # a worker failed: its answer says why
+            servers_before = {}
         answers = []
         for _, pipe in self.workers:
             if not pipe.poll(cfg.duration_s + cfg.warmup_s + 120):
                 raise RuntimeError("a concurrent client process stopped answering")
             answers.append(pipe.recv())
+        servers = cpu_used(servers_before, self.server_cpu.sample())
         errors = [a[1] for a in answers if isinstance(a, tuple)]
         if errors:
             raise RuntimeError(f"concurrent {op} failed: {errors[0]}")
@@ -306,7 +333,10 @@ class KvstorePeer(Peer):
                           for j in range(a.total)])
         span = max(a.t0 + a.seconds for a in answers) - min(a.t0 for a in answers)
         ops = sum(a.ops for a in answers)
-        return rate_row(System.KVSTORE, DataPath.CONCURRENT, op, size, ops, span)
+        row = rate_row(System.KVSTORE, DataPath.CONCURRENT, op, size, ops, span)
+        return with_cpu(row, add_cpu(servers, *(a.cpu_s for a in answers)),
+                        sum(a.timed_ops for a in answers),
+                        max(self.server_cpu.tick_s, *(a.cpu_tick_s for a in answers)))
 
     def bench(self, size_bytes: int) -> list[Row]:
         cfg, batch, size = self.cfg, self.cfg.batch_keys, size_bytes
@@ -383,7 +413,7 @@ class KvstorePeer(Peer):
                 def put_step(i: int) -> None:
                     _check(run(window(put_one, i * depth * per_put, depth, per_put)),
                            "async put")
-                t = cfg.timed(put_step, max(2, max_iters // (depth * per_put)))
+                t = cfg.timed(put_step, max(2, max_iters // (depth * per_put)), cpu=self.cpu)
                 rows.append(timed_row(System.KVSTORE, path, Op.PUT, size, t, depth * per_put))
                 self._remove([f"{p}{j}" for j in range(t.total * depth * per_put)])
                 cfg.progress(f"kvstore {path} get {format_size(size)}")
@@ -394,7 +424,7 @@ class KvstorePeer(Peer):
                 def get_step(i: int) -> None:
                     _check(run(window(get_one, i * depth * per, depth, per)), "async get_into")
                 rows.append(timed_row(System.KVSTORE, path, Op.GET, size,
-                                      cfg.timed(get_step), depth * per))
+                                      cfg.timed(get_step, cpu=self.cpu), depth * per))
         finally:
             run(kv.close())
             loop.call_soon_threadsafe(loop.stop)
@@ -413,10 +443,11 @@ class KvstorePeer(Peer):
         def step(_i: int) -> None:
             if not all(self.kv_tcp.batch_exists(keys)):
                 raise RuntimeError("batch_exists missed keys that were just put")
-        t = cfg.timed(step)
+        t = cfg.timed(step, cpu=self.cpu)
         self._remove(keys)
         keys_per_s = t.ops * len(keys) / t.seconds
-        return [Row(System.KVSTORE, DataPath.TCP, Op.EXISTS, 0, 0.0, keys_per_s)]
+        row = Row(System.KVSTORE, DataPath.TCP, Op.EXISTS, 0, 0.0, keys_per_s)
+        return [with_cpu(row, t.cpu_s, t.timed_ops * len(keys), t.cpu_tick_s)]
 
     def stop(self) -> None:
         if self.scraper is not None:

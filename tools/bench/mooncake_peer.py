@@ -18,6 +18,10 @@ working set of >= ``pool_bytes`` in rotation, both with ``get_into`` into the
 registered pool and with ``get`` (a new ``bytes``), and the faster of the two
 is reported: the peer gets its best single-key get.
 
+CPU is metered for ``master`` (mooncake_master), ``holder`` (its TCP
+transport's threads receive and send the values) and ``client`` (the
+client process, where the timed loop runs).
+
 Mooncake reports failures as negative return codes; any one fails the row.
 """
 
@@ -32,6 +36,7 @@ import subprocess
 import time
 
 from kvstore.process import watch_parent
+from kvstore.tools.bench.cpu import CpuMeter
 from kvstore.tools.bench.harness import (BenchConfig, DataPath, MiB, Op, Peer, Pool, Row, System,
                                          stop_workers, timed, timed_row)
 from kvstore.tools.cluster.processes import free_port, stop_with_launcher, terminate
@@ -88,7 +93,9 @@ def _holder_main(log_path: str, master: str, segment_bytes: int, pipe) -> None:
 
 
 def _client_main(log_path: str, master: str, pipe) -> None:
-    """Process B: runs ``(size, cfg fields)`` commands, answers (put Timing, get Timing)."""
+    """Process B: runs ``(size, cfg fields, server pids)`` commands, answers (put Timing,
+    get Timing), each metering the CPU of ``master``, ``holder`` (their pids) and this
+    process (``client``)."""
     _quiet(log_path)
     try:
         st = _store(master, 0)
@@ -97,7 +104,8 @@ def _client_main(log_path: str, master: str, pipe) -> None:
         return
     pipe.send("ready")
     while (cmd := pipe.recv()) is not None:
-        size, pool_bytes, duration_s, warmup_s, rounds = cmd
+        size, pool_bytes, duration_s, warmup_s, rounds, servers = cmd
+        cpu = CpuMeter({**servers, "client": os.getpid()})
         try:
             src = Pool(size, pool_bytes, seed=1)
             dst = Pool(size, pool_bytes, seed=2)
@@ -113,7 +121,8 @@ def _client_main(log_path: str, master: str, pipe) -> None:
             prefix = f"bench/{os.getpid()}/{size}/"
             put_t = timed(lambda i: ok(st.put_from(f"{prefix}put/{i}", ptr(src, i), size),
                                        "put_from"),
-                          duration_s, warmup_s, max(8, PUT_CAP_BYTES // size), rounds=rounds)
+                          duration_s, warmup_s, max(8, PUT_CAP_BYTES // size), rounds=rounds,
+                          cpu=cpu)
             for i in range(put_t.total):
                 st.remove(f"{prefix}put/{i}", True)
             keys = [f"{prefix}ws/{j}" for j in range(max(2, math.ceil(pool_bytes / size)))]
@@ -128,7 +137,8 @@ def _client_main(log_path: str, master: str, pipe) -> None:
             def get(i: int) -> None:
                 if len(st.get(keys[i % n])) != size:
                     raise RuntimeError("mooncake get returned a wrong size")
-            gets = [timed(f, duration_s, warmup_s, rounds=rounds) for f in (get_into, get)]
+            gets = [timed(f, duration_s, warmup_s, rounds=rounds, cpu=cpu)
+                    for f in (get_into, get)]
             best = max(gets, key=lambda t: t.ops / t.seconds)
             for k in keys:
                 st.remove(k, True)
@@ -152,6 +162,7 @@ class MooncakePeer(Peer):
         self.procs: list = []
         rpc_port, metrics_port = free_port(), free_port()
         self.master = f"{HOST}:{rpc_port}"
+        os.makedirs(log_dir, exist_ok=True)     # --log-dir need not exist yet
         self._log = open(os.path.join(log_dir, "mooncake_master.log"), "wb")
         self.master_proc = subprocess.Popen(
             [exe, f"--rpc_port={rpc_port}", f"--rpc_address={HOST}",
@@ -167,6 +178,7 @@ class MooncakePeer(Peer):
             self.holder_pipe = self._spawn(ctx, _holder_main,
                                            os.path.join(log_dir, "mooncake_holder.log"),
                                            self.master, segment)
+            self.servers = {"master": self.master_proc.pid, "holder": self.procs[0][0].pid}
             self.client_pipe = self._spawn(ctx, _client_main,
                                            os.path.join(log_dir, "mooncake_client.log"),
                                            self.master)
@@ -204,7 +216,8 @@ class MooncakePeer(Peer):
     def bench(self, size_bytes: int) -> list[Row]:
         cfg, size = self.cfg, size_bytes
         cfg.progress(f"mooncake put/get {size} B")
-        self.client_pipe.send((size, cfg.pool_bytes, cfg.duration_s, cfg.warmup_s, cfg.rounds))
+        self.client_pipe.send((size, cfg.pool_bytes, cfg.duration_s, cfg.warmup_s, cfg.rounds,
+                               self.servers))
         if not self.client_pipe.poll(4 * (cfg.duration_s + cfg.warmup_s) + 120):
             raise RuntimeError("the mooncake client stopped answering")
         answer = self.client_pipe.recv()

@@ -3,7 +3,8 @@
 Rows (``redis``, path ``tcp``): ``put`` (SET of a key per pool slot, in
 rotation) and ``get`` (GET of those keys, each checked for its size). The
 server runs on a free loopback port without persistence; values come from a
-cold pool of ``pool_bytes``. Measured when ``redis-server`` and redis-py
+cold pool of ``pool_bytes``. CPU is metered for ``redis-server`` and this
+process (``client``: redis-py). Measured when ``redis-server`` and redis-py
 (``pip install -e '.[bench]'``) are installed, else skipped with a note.
 
 The module is ``redis_peer``, not ``redis``, so that ``import redis`` is the
@@ -12,11 +13,13 @@ client library.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
 
 from kvstore.sizes import format_size
+from kvstore.tools.bench.cpu import CpuMeter
 from kvstore.tools.bench.harness import (BenchConfig, DataPath, MiB, Op, Peer, Pool, Row, System,
                                          timed_row)
 from kvstore.tools.cluster.processes import free_port, stop_with_launcher, terminate
@@ -47,18 +50,24 @@ class RedisPeer(Peer):
                     raise RuntimeError(f"redis-server did not start on port {self.port}")
                 time.sleep(0.05)
 
+    def cpu(self) -> CpuMeter:
+        """The server's and this process's CPU (``redis-server``, ``client``)."""
+        return CpuMeter({"redis-server": self.proc.pid, "client": os.getpid()})
+
     def bench(self, size_bytes: int) -> list[Row]:
-        return redis_py_rows([(System.REDIS, self.client)], DataPath.TCP, self.cfg, size_bytes)
+        return redis_py_rows([(System.REDIS, self.client, self.cpu())], DataPath.TCP, self.cfg,
+                             size_bytes)
 
     def stop(self) -> None:
         self.client.close()
         terminate(self.proc)
 
 
-def redis_py_rows(clients: list[tuple[System, object]], path: DataPath, cfg: BenchConfig,
-                  size: int) -> list[Row]:
+def redis_py_rows(clients: list[tuple[System, object, CpuMeter]], path: DataPath,
+                  cfg: BenchConfig, size: int) -> list[Row]:
     """``put`` (SET of a key per pool slot, in rotation) and ``get`` (GET of those keys,
-    each checked for its size) rows through each ``(system, redis-py client)``, then
+    each checked for its size) rows through each ``(system, redis-py client, its
+    processes' CPU meter)``, then
     FLUSHALL. With several clients their rounds take turns
     (:meth:`~kvstore.tools.bench.harness.BenchConfig.timed_together`), so each
     ratio between them compares one state of the machine: one after the other,
@@ -66,12 +75,13 @@ def redis_py_rows(clients: list[tuple[System, object]], path: DataPath, cfg: Ben
     between runs of the same build here, interleaved 0.58-0.90x."""
     src = Pool(size, cfg.pool_bytes, seed=1)
     keys = [f"bench:{size}:{j}" for j in range(src.num_slots)]
-    names = ", ".join(str(system) for system, _ in clients)
+    names = ", ".join(str(system) for system, _, _ in clients)
+    cpus = [cpu for _, _, cpu in clients]
     cfg.progress(f"{names} SET {format_size(size)}")
     puts = cfg.timed_together([lambda i, r=r: r.set(keys[i % len(keys)], src.views[i % len(keys)])
-                        for _, r in clients])
+                               for _, r, _ in clients], cpus)
     cfg.progress(f"{names} GET {format_size(size)}")
-    for (_, r), t in zip(clients, puts):
+    for (_, r, _), t in zip(clients, puts):
         for j in range(t.total, len(keys)):   # the SET budget may not have reached every key
             r.set(keys[j], src.views[j])
 
@@ -79,9 +89,10 @@ def redis_py_rows(clients: list[tuple[System, object]], path: DataPath, cfg: Ben
         if len(r.get(keys[i % len(keys)])) != size:
             raise RuntimeError(f"{system} returned a value of the wrong size")
     _settle_allocator(size)
-    gets = cfg.timed_together([lambda i, r=r, s=system: get(r, s, i) for system, r in clients])
+    gets = cfg.timed_together([lambda i, r=r, s=system: get(r, s, i)
+                               for system, r, _ in clients], cpus)
     rows = []
-    for (system, r), t_put, t_get in zip(clients, puts, gets):
+    for (system, r, _), t_put, t_get in zip(clients, puts, gets):
         rows += [timed_row(system, path, Op.PUT, size, t_put),
                  timed_row(system, path, Op.GET, size, t_get)]
         r.flushall()

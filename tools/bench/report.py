@@ -1,4 +1,4 @@
-"""What a run's rows mean: issue 4's and issue 14's targets, checked, and the rows as rich tables.
+"""What a run's rows mean: the issues' targets, checked, and the rows as rich tables.
 
 The measurement table has a row per measurement and three ratio columns,
 kvstore's ops/s over a baseline's at the same size and op: ``vs limit``
@@ -6,8 +6,10 @@ kvstore's ops/s over a baseline's at the same size and op: ``vs limit``
 ``+tls`` row has its plain path's limit), and ``vs redis`` and ``vs
 mooncake`` for the tcp rows. A run with ``--tls`` adds the TLS table: each
 ``+tls`` row beside its plain twin, and their ratio (:func:`tls_vs_plain`).
-The targets table gives each target of :data:`TARGETS` at the sizes the run
-measured.
+Four CPU columns follow (:func:`cpu_columns`): µs of CPU per operation of the
+row's server side, master and client, and CPU seconds of all its processes
+per GiB moved. The targets table gives each target of :data:`TARGETS` at
+the sizes the run measured.
 """
 
 from __future__ import annotations
@@ -19,13 +21,15 @@ from kvstore.tools.bench.harness import PLAIN_OF, DataPath, MiB, Op, System, ver
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """One of issue 4's targets: ``row / baseline >= ratio`` (or ``ops/s >= ratio``)."""
+    """One target: ``row / baseline >= ratio``, or ``ops/s >= ratio`` (no baseline), or,
+    with ``cpu_of``, that process's µs of CPU per operation ``<= ratio``."""
 
     name: str
     row: tuple[System, DataPath, Op]
-    baseline: tuple[System, DataPath, Op] | None     # None: an absolute ops/s floor
+    baseline: tuple[System, DataPath, Op] | None     # None: an absolute floor (or ceiling)
     ratio: float
     sizes_bytes: tuple[int, ...]
+    cpu_of: str = ""     # a process of the row: its cpu_us_per_op must stay <= ratio
 
 
 TARGETS = (
@@ -68,7 +72,13 @@ TARGETS = (
     Target("resp redis-py get >= 0.7x redis-server",
            (System.KVSTORE_RESP, DataPath.REDIS_PY, Op.GET),
            (System.REDIS, DataPath.REDIS_PY, Op.GET), 0.7, (MiB,)),
+    # Issue 33 (a native data core): the node's CPU per operation.
+    Target("tcp put: node CPU <= 20 us/op", (System.KVSTORE, DataPath.TCP, Op.PUT), None,
+           20.0, (64 * 1024,), cpu_of="node"),
+    Target("tcp get: node CPU <= 10 us/op", (System.KVSTORE, DataPath.TCP, Op.GET), None,
+           10.0, (64 * 1024,), cpu_of="node"),
 )
+_TARGET_OF = {t.name: t for t in TARGETS}
 
 #: Ratio columns: kvstore (path) -> baseline (system, path); the memcpy row serves both ops.
 _LIMIT_OF = {DataPath.SHM: (System.MEMCPY, DataPath.COLD),
@@ -95,6 +105,21 @@ def _find(rows: list[dict], system: System, path: DataPath, op: Op | str | None,
                 op is None or r["op"] == op):
             return r
     return None
+
+
+def cpu_columns(row: dict) -> tuple[float | None, float | None, float | None, float | None]:
+    """A row's CPU as the table shows it: µs per operation of its server side (every
+    process but ``master`` and ``client``: kvstore's node, redis-server, Mooncake's
+    holder, the socket server, the RESP front with its node), of its ``master`` and of
+    its ``client``, then CPU seconds of all of them per GiB moved. None: not metered."""
+    per_op, per_gib = row.get("cpu_us_per_op") or {}, row.get("cpu_us_per_gib") or {}
+    servers = [v for name, v in per_op.items() if name not in ("master", "client")]
+    return (sum(servers) if servers else None, per_op.get("master"), per_op.get("client"),
+            sum(per_gib.values()) / 1e6 if per_gib else None)
+
+
+def _us(x: float | None) -> str:
+    return "" if x is None else f"{x:.1f}" if x < 100 else f"{x:,.0f}"
 
 
 def _ratio(row: dict | None, base: dict | None) -> float | None:
@@ -126,10 +151,11 @@ def tls_vs_plain(rows: list[dict]) -> list[dict]:
 
 
 def check_targets(rows: list[dict]) -> list[tuple[str, int, float | None, bool | None]]:
-    """Issue 4's targets at the sizes ``rows`` measured: (name, size_bytes, measured, passed).
+    """The targets at the sizes ``rows`` measured: (name, size_bytes, measured, passed).
 
-    ``measured`` is the ratio to the baseline, or ops/s for an absolute
-    target; both are None when a row is missing (a peer that was skipped).
+    ``measured`` is the ratio to the baseline, ops/s for an absolute target,
+    or µs of CPU per operation for a CPU one; both are None when a row is
+    missing (a peer that was skipped) or was not metered.
     """
     measured = {r["size_bytes"] for r in rows}
     out = []
@@ -138,6 +164,10 @@ def check_targets(rows: list[dict]) -> list[tuple[str, int, float | None, bool |
             if size not in measured:
                 continue
             row = _find(rows, *t.row, size)
+            if t.cpu_of:
+                value = row.get("cpu_us_per_op", {}).get(t.cpu_of) if row else None
+                out.append((t.name, size, value, None if value is None else value <= t.ratio))
+                continue
             if t.baseline is None:
                 value = row["ops_per_s"] if row else None
             else:
@@ -169,15 +199,21 @@ def render(rows: list[dict], verify: bool | None):
     from rich.console import Group
     from rich.table import Table
 
-    # Fits 80 columns: no rules, two-line ratio headers, the limits named in the caption.
+    # No rules, two-line headers, the limits and the CPU columns named in the caption:
+    # 80 columns up to "vs mooncake", the CPU ones beyond.
     table = Table(title="kvstore bench (GB/s = 10^9 B/s)", box=None, pad_edge=False,
                   caption="vs limit: shm / cold memcpy, tcp / socket reqresp,\n"
                           "tcp-batch / socket stream. kvstore-resp: vs redis-server.\n"
-                          f"gets verify checksums: {verify_label(verify)}",
+                          f"gets verify checksums: {verify_label(verify)}\n"
+                          "CPU over the timed rounds, µs per value (key for exists):\n"
+                          "server: node, redis-server, Mooncake's holder, socket\n"
+                          "server (kvstore-resp: front + node); master; client: the\n"
+                          "timed loop's process(es). s/GiB: all of them per GiB moved.",
                   caption_justify="left")
     for name in ("system", "path", "op", "size"):
         table.add_column(name, no_wrap=True)
-    for name in ("GB/s", "ops/s", "vs\nlimit", "vs\nredis", "vs\nmooncake"):
+    for name in ("GB/s", "ops/s", "vs\nlimit", "vs\nredis", "vs\nmooncake", "server\nµs/op",
+                 "master\nµs/op", "client\nµs/op", "CPU\ns/GiB"):
         table.add_column(name, justify="right", no_wrap=True)
     for r in rows:
         limit = redis = mooncake = ""
@@ -194,19 +230,22 @@ def render(rows: list[dict], verify: bool | None):
         if ours and path == DataPath.TCP:
             x = _ratio(r, _find(rows, System.MOONCAKE, DataPath.TCP, r["op"], r["size_bytes"]))
             mooncake = f"{x:.2f}x" if x is not None else ""
+        server, master, client, s_per_gib = cpu_columns(r)
         table.add_row(r["system"], r["path"], r["op"],
                       _short_size(r["size_bytes"]) if r["size_bytes"] else "-",
                       f"{r['gbps']:.3f}" if r["size_bytes"] else "-", f"{r['ops_per_s']:,.0f}",
-                      limit, redis, mooncake)
-    targets = Table(title="targets (issues 4, 14 and 16)", box=None, pad_edge=False)
+                      limit, redis, mooncake, _us(server), _us(master), _us(client),
+                      "" if s_per_gib is None else f"{s_per_gib:.2f}")
+    targets = Table(title="targets (issues 4, 14, 16 and 33)", box=None, pad_edge=False)
     for name in ("target", "size", "measured", "result"):
         targets.add_column(name)
     for name, size, value, ok in check_targets(rows):
         if value is None:
             targets.add_row(name, _short_size(size) if size else "-", "-", "not measured")
             continue
-        targets.add_row(name, _short_size(size) if size else "-",
-                        f"{value:,.0f} keys/s" if not size else f"{value:.2f}x",
+        shown = (f"{value:.1f} µs" if _TARGET_OF[name].cpu_of else
+                 f"{value:,.0f} keys/s" if not size else f"{value:.2f}x")
+        targets.add_row(name, _short_size(size) if size else "-", shown,
                         "[green]pass[/]" if ok else "[red]miss[/]")
     pairs = tls_vs_plain(rows)
     return Group(table, *([_tls_table(pairs)] if pairs else []), targets)

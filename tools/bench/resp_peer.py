@@ -11,7 +11,9 @@ reads; and redis-py SET / GET against the front and the redis-server (path
 taking turns, so ``vs redis`` compares one state of the machine).
 The front runs over its own master and store node, started here like the
 ``kvstore`` peer's; the redis-server is started the same way as the
-``redis`` peer's (free loopback port, no persistence). Needs redis-server,
+``redis`` peer's (free loopback port, no persistence). The redis-py rows
+meter CPU (the front, its node and master, this process); the
+redis-benchmark rows do not (one run holds both SET and GET). Needs redis-server,
 redis-benchmark and redis-py; else skipped with a note.
 """
 
@@ -19,10 +21,12 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import shutil
 import subprocess
 
 from kvstore.sizes import format_size
+from kvstore.tools.bench.cpu import CpuMeter
 from kvstore.tools.bench.harness import (BenchConfig, DataPath, MiB, Op, Peer, Row, System,
                                          rate_row)
 from kvstore.tools.bench.redis_peer import RedisPeer, redis_py_rows
@@ -51,6 +55,10 @@ class RespPeer(Peer):
             front = self.store.procs.start("resp-front",
                                            service_args("resp", "--master", self.store.master))
             self.port = front.info["port"]
+            (node,) = self.store.nodes.values()
+            self.cpu = CpuMeter({"front": front.proc.pid, "node": node.proc.pid,
+                                 "master": self.store.shards[0][0].proc.pid,
+                                 "client": os.getpid()})
             self.client = redis.Redis(port=self.port)
             self.redis = RedisPeer(redis_server, cfg)
         except BaseException:
@@ -64,8 +72,8 @@ class RespPeer(Peer):
                 for system, port in ((System.REDIS, self.redis.port),
                                      (System.KVSTORE_RESP, self.port)):
                     rows += self._redis_benchmark(system, port, size_bytes, path)
-        return rows + redis_py_rows([(System.REDIS, self.redis.client),
-                                     (System.KVSTORE_RESP, self.client)],
+        return rows + redis_py_rows([(System.REDIS, self.redis.client, self.redis.cpu()),
+                                     (System.KVSTORE_RESP, self.client, self.cpu)],
                                     DataPath.REDIS_PY, self.cfg, size_bytes)
 
     def _redis_benchmark(self, system: System, port: int, size: int, path: DataPath

@@ -8,7 +8,8 @@ Rows (``socket``)::
 
 The server (:func:`serve`, a spawned process) and this process both rotate
 through cold pools of ``pool_bytes`` per size, so no value is in a cache when
-it is sent or received; puts end with an 8-byte acknowledgement.
+it is sent or received; puts end with an 8-byte acknowledgement. CPU is
+metered for the server process (``server``) and this one (``client``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Callable
 
 from kvstore.process import watch_parent
 from kvstore.sizes import format_size
+from kvstore.tools.bench.cpu import CpuMeter
 from kvstore.tools.bench.harness import (BenchConfig, DataPath, MiB, Op, Peer, Pool, Row, System,
                                          timed_row)
 from kvstore.transfer.protocol import recv_exact_into, send_parts, tune_socket
@@ -86,6 +88,7 @@ class SocketPeer(Peer):
         dst = Pool(size, cfg.pool_bytes, seed=2)
         per_stream = max(cfg.batch_keys, (16 * MiB) // size)
         ack = memoryview(bytearray(8))
+        cpu = CpuMeter({"server": self.proc.pid, "client": os.getpid()})
         rows = []
         with socket.create_connection(("127.0.0.1", port)) as sock:
             tune_socket(sock)
@@ -113,7 +116,7 @@ class SocketPeer(Peer):
             for path, count in ((DataPath.REQRESP, 1), (DataPath.STREAM, per_stream)):
                 for op, make in ((Op.GET, get), (Op.PUT, put)):
                     cfg.progress(f"socket {path} {op} {format_size(size)}")
-                    t = cfg.timed(make(count))
+                    t = cfg.timed(make(count), cpu=cpu)
                     rows.append(timed_row(System.SOCKET, path, op, size, t, count))
         return rows
 
