@@ -1,0 +1,141 @@
+"""The native offset allocator (kvstore._native.OffsetAllocatorCore) against a naive model.
+
+The model is the allocator's contract written the slow, obvious way: a plain
+list of free extents scanned in full for the best fit, merged with its
+neighbours by a scan. Hypothesis drives both with the same random allocate /
+free / stale-free sequence; every answer and every accounting figure must agree.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from kvstore._native import OffsetAllocatorCore
+
+
+class ModelAllocator:
+    """Best fit by scanning a list of (start, length) free extents; O(n) everything."""
+
+    def __init__(self, capacity: int, alignment: int):
+        self.capacity, self.alignment = capacity, alignment
+        self.free = [(0, capacity)] if capacity else []
+        self.live: dict[int, tuple[int, int]] = {}   # offset -> (serial, reserved)
+        self.serial = 0
+
+    def allocate(self, size: int):
+        need = max(size, 1)
+        want = -(-need // self.alignment) * self.alignment
+        fits = [(length, start) for start, length in self.free if length >= want]
+        if fits:
+            length, start = min(fits)
+            reserved = want
+        else:
+            tail = [(s, n) for s, n in self.free if s + n == self.capacity]
+            if not tail or tail[0][0] + need > self.capacity:
+                return None
+            start, length = tail[0]
+            reserved = min(want, length)
+        self.free.remove((start, length))
+        if length > reserved:
+            self.free.append((start + reserved, length - reserved))
+        self.serial += 1
+        self.live[start] = (self.serial, reserved)
+        return start, reserved, self.serial
+
+    def release(self, offset: int, serial: int, reserved: int) -> bool:
+        if self.live.get(offset) != (serial, reserved):
+            return False
+        del self.live[offset]
+        start, end = offset, offset + reserved
+        for s, n in list(self.free):
+            if s + n == start:
+                self.free.remove((s, n))
+                start = s
+            elif s == end:
+                self.free.remove((s, n))
+                end = s + n
+        self.free.append((start, end - start))
+        return True
+
+    @property
+    def used(self) -> int:
+        return sum(r for _, r in self.live.values())
+
+
+class AllocatorMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.core = None
+        self.model = None
+        self.handed: list[tuple[int, int, int]] = []   # every (offset, reserved, serial) ever
+
+    @precondition(lambda self: self.core is None)
+    @rule(units=st.integers(0, 64), extra=st.integers(0, 63),
+          alignment=st.sampled_from([1, 8, 64, 4096]))
+    def start(self, units, extra, alignment):
+        capacity = units * 64 + extra
+        self.core = OffsetAllocatorCore(capacity, alignment)
+        self.model = ModelAllocator(capacity, alignment)
+
+    @precondition(lambda self: self.core is not None)
+    @rule(size=st.one_of(st.just(0), st.integers(1, 200), st.integers(200, 5000)))
+    def allocate(self, size):
+        got = self.core.allocate(size)
+        assert got == self.model.allocate(size)
+        if got is not None:
+            self.handed.append(got)
+
+    @precondition(lambda self: self.core is not None and self.handed)
+    @rule(data=st.data())
+    def free(self, data):
+        # Any handle ever given out: live ones free, the rest are double frees.
+        offset, reserved, serial = data.draw(st.sampled_from(self.handed))
+        ok = self.model.release(offset, serial, reserved)
+        if ok:
+            self.core.free(offset, serial, reserved)
+        else:
+            with pytest.raises(ValueError, match="double free"):
+                self.core.free(offset, serial, reserved)
+
+    @invariant()
+    def agree(self):
+        if self.core is None:
+            return
+        m = self.model
+        assert self.core.used == m.used
+        assert self.core.used + self.core.free_bytes == m.capacity
+        assert self.core.num_allocations == len(m.live)
+        assert self.core.num_free_extents == len(m.free)
+        assert self.core.largest_free == max((n for _, n in m.free), default=0)
+        assert self.core.check() == ""
+
+
+TestAllocatorModel = AllocatorMachine.TestCase
+TestAllocatorModel.settings = settings(max_examples=80, stateful_step_count=50, deadline=None)
+
+
+def test_bad_alignment_raises_value_error():
+    with pytest.raises(ValueError, match="power of two"):
+        OffsetAllocatorCore(1024, 48)
+
+
+def test_huge_request_is_no_room_not_an_overflow():
+    core = OffsetAllocatorCore(1 << 20, 64)
+    assert core.allocate((1 << 64) - 1) is None
+    assert core.allocate((1 << 64) - 64) is None
+    assert core.check() == ""
+
+
+def test_live_table_grows_and_shrinks_back_to_one_extent():
+    core = OffsetAllocatorCore(64 * 100_000, 64)
+    handles = [core.allocate(64) for _ in range(100_000)]
+    assert core.free_bytes == 0 and core.num_allocations == 100_000
+    assert core.live_table_bytes <= 64 * 100_000     # 24-byte slots, at least 1/4 full... ~3/8
+    assert core.check() == ""
+    for offset, reserved, serial in handles[::2] + handles[1::2]:
+        core.free(offset, serial, reserved)
+    assert core.num_free_extents == 1 and core.num_allocations == 0
+    assert core.check() == ""
