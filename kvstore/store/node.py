@@ -282,8 +282,9 @@ class StoreNode(NodeStatsView):
             self.counters[NodeCounter.PUTS] += 1
             obj.last_access_s = time.monotonic()
             if not obj.staged:            # a staged version enters the policy in service
-                self.levels[0].policy.on_insert(obj.key, obj.copies[0].reserved_bytes,
-                                                obj.last_access_s, obj.parent)
+                self.levels[0].policy.on_insert(obj.slot, obj.copies[0].reserved_bytes,
+                                                obj.last_access_s,
+                                                self._table.slot_of(obj.parent), obj.key)
             # Before anything that may follow it (an inline eviction): events are ordered.
             ticket = self._table.emit(EventKind.STORED, obj, TierKind.DRAM)
             if not self.events.has_delivery():
@@ -301,8 +302,9 @@ class StoreNode(NodeStatsView):
     def _confirm_locked(self, key: str, object_id: int) -> None:
         obj = self._table.confirm(key, object_id)
         if obj is not None and obj.copies[0] is not None:
-            self.levels[0].policy.on_insert(obj.key, obj.copies[0].reserved_bytes,
-                                            obj.last_access_s, obj.parent)
+            self.levels[0].policy.on_insert(obj.slot, obj.copies[0].reserved_bytes,
+                                            obj.last_access_s, self._table.slot_of(obj.parent),
+                                            obj.key)
         self._tiering.after_growth_locked(0)    # it may be demoted now
 
     def abort_write(self, obj: StoredObject) -> None:
@@ -439,7 +441,7 @@ class StoreNode(NodeStatsView):
             obj.protect_until_s = max(obj.protect_until_s, now + deadline_ms / 1000)
             for level, extent in enumerate(obj.copies):
                 if extent is not None:
-                    self.levels[level].policy.on_prefetch(key, now)
+                    self.levels[level].policy.on_prefetch(obj.slot, now)
             if obj.copies[0] is not None:
                 return True
             self._table.prefetch_queue[key] = obj
@@ -568,7 +570,7 @@ class StoreNode(NodeStatsView):
         obj.last_access_s = time.monotonic()
         for level, extent in enumerate(obj.copies):
             if extent is not None:
-                self.levels[level].policy.on_access(obj.key, obj.last_access_s)
+                self.levels[level].policy.on_access(obj.slot, obj.last_access_s)
         self.counters[NodeCounter.GETS] += 1
         if obj.key in self._table.protected and self._table.protected[obj.key] is obj:
             self._table.end_protection(obj, used=True)
@@ -587,8 +589,8 @@ class StoreNode(NodeStatsView):
                                       confirmed=True)   # only confirmed objects leave DRAM
                 obj.copies[level] = extent
                 self._table.enter(obj)
-                lv.policy.on_insert(record.key, extent.reserved_bytes, obj.last_access_s,
-                                    record.parent)
+                lv.policy.on_insert(obj.slot, extent.reserved_bytes, obj.last_access_s,
+                                    self._table.slot_of(record.parent), record.key)
                 self.counters[NodeCounter.RECOVERED] += 1
             self.counters[NodeCounter.RECOVERY_DROPPED_CORRUPT] += lv.tier.dropped.corrupt
             self.counters[NodeCounter.RECOVERY_DROPPED_SURPLUS] += lv.tier.dropped.surplus

@@ -89,6 +89,14 @@ class ObjectTable:
             obj.slot = len(self.slots)
             self.slots.append(obj)
 
+    def slot_of(self, key: str | None) -> int:
+        """The slot of the object in service under ``key`` (an eviction policy's
+        name for it), or -1: no key, or none in service."""
+        if key is None:
+            return -1
+        obj = self.objects.get(key)
+        return -1 if obj is None else obj.slot
+
     def _leave(self, obj: StoredObject) -> None:
         del self.objects[obj.key]
         self.slots[obj.slot] = None
@@ -103,6 +111,7 @@ class ObjectTable:
         """
         if obj.doomed:
             return
+        slot = obj.slot                     # the policies know it by its slot
         if self.objects.get(obj.key) is obj:
             self._leave(obj)
         obj.doomed = True
@@ -118,7 +127,7 @@ class ObjectTable:
         elif obj.state is ObjectState.COMPLETE:
             for level, extent in enumerate(obj.copies):
                 if extent is not None:
-                    self.levels[level].policy.on_remove(obj.key)
+                    self.levels[level].policy.on_remove(slot)
         if obj.refs > 0:
             self.doomed.add(obj)
         else:

@@ -370,18 +370,18 @@ class Tiering:
         Lazy: the caller drops each yielded copy (or plans its move) before
         asking for the next, as the policy's contract wants.
         """
-        objects = self._table.objects
+        slots = self._table.slots
         policy = self._levels[level].policy
 
-        def can_evict(key: str, soft_ok: bool) -> bool:
-            obj = objects.get(key)
+        def can_evict(slot: int, soft_ok: bool) -> bool:
+            obj = slots[slot]
             return obj is not None and obj.can_give_up(level, soft_ok, now)
 
         for soft_ok in (False, True):
             gen = policy.victims(None, can_evict=lambda k, s=soft_ok: can_evict(k, s))
             try:
-                for key in gen:
-                    yield objects[key]
+                for slot in gen:
+                    yield slots[slot]
             finally:
                 close = getattr(gen, "close", None)   # a policy may return a plain iterator
                 if close is not None:
@@ -458,8 +458,9 @@ class Tiering:
                 self._evict_locked(obj, move.src_level)
         else:
             obj.copies[0] = move.dst_extent
-            self._levels[0].policy.on_insert(obj.key, move.dst_extent.reserved_bytes,
-                                             max(obj.last_access_s, time.monotonic()), obj.parent)
+            self._levels[0].policy.on_insert(obj.slot, move.dst_extent.reserved_bytes,
+                                             max(obj.last_access_s, time.monotonic()),
+                                             table.slot_of(obj.parent), obj.key)
             table.counters[NodeCounter.PROMOTIONS] += 1
             table.emit(EventKind.PROMOTED, obj, TierKind.DRAM)
         table.release(obj)
@@ -480,8 +481,8 @@ class Tiering:
                     self._evict_locked(obj, move.src_level)
         else:
             obj.copies[move.dst_level] = move.dst_extent
-            dst.policy.on_insert(obj.key, move.dst_extent.reserved_bytes, obj.last_access_s,
-                                 obj.parent)
+            dst.policy.on_insert(obj.slot, move.dst_extent.reserved_bytes, obj.last_access_s,
+                                 table.slot_of(obj.parent), obj.key)
             table.counters[NodeCounter.DEMOTIONS] += 1
             # Someone may have started reading, pinned or prefetched it meanwhile:
             # then the faster copy stays too, and a later round drops it for free.
@@ -499,7 +500,7 @@ class Tiering:
         was_best = obj.best_level() == level
         extent = obj.copies[level]
         obj.copies[level] = None
-        self._levels[level].policy.on_remove(obj.key)
+        self._levels[level].policy.on_remove(obj.slot)
         self._levels[level].tier.free(extent)
         if was_best:
             self._table.emit(EventKind.DEMOTED, obj, self._levels[obj.best_level()].tier.kind)
