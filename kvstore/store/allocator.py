@@ -41,8 +41,8 @@ DRAM tier) serialises every call.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 
+from kvstore._native import Allocation as _NativeAllocation
 from kvstore._native import OffsetAllocatorCore
 
 logger = logging.getLogger(__name__)
@@ -51,22 +51,16 @@ DEFAULT_ALIGNMENT_BYTES = 64
 """One cache line: objects never share a line, and copies stay aligned."""
 
 
-@dataclass(frozen=True, slots=True)
-class Allocation:
-    """A live range handed out by an ``OffsetAllocator``."""
+Allocation = _NativeAllocation
+"""A live range handed out by an ``OffsetAllocator``: ``Allocation(offset, size_bytes,
+reserved_bytes, serial=0)``, immutable, with ``end`` = offset + reserved_bytes.
 
-    offset: int  # start of the range, a multiple of the alignment
-    size_bytes: int  # bytes requested; the object's bytes are [offset, offset + size_bytes)
-    reserved_bytes: int  # bytes taken from the free space; >= size_bytes, >= 1
-    # Unique among this allocator's allocations, ever (1, 2, ...): names one
-    # lifetime of a range, so a reader can tell "the same bytes as before"
-    # from "a later object at the same offset" (see kvstore.transfer.shm).
-    serial: int = field(default=0, compare=False)
-
-    @property
-    def end(self) -> int:
-        """One past the last reserved byte."""
-        return self.offset + self.reserved_bytes
+A native type of 48 bytes (no GC header, no int objects): the DRAM tier keeps
+one per object. ``serial`` is unique among one allocator's allocations, ever
+(1, 2, ...): it names one lifetime of a range, so a reader can tell "the same
+bytes as before" from "a later object at the same offset" (see
+kvstore.transfer.shm). Equality compares the range and sizes, not the serial.
+"""
 
 
 class OffsetAllocator:
@@ -147,10 +141,7 @@ class OffsetAllocator:
         """
         if size_bytes < 0:
             raise ValueError(f"size_bytes must be >= 0, got {size_bytes}")
-        got = self._core.allocate(size_bytes)
-        if got is None:
-            return None
-        return Allocation(got[0], size_bytes, got[1], got[2])
+        return self._core.allocate(size_bytes)
 
     def free(self, alloc: Allocation) -> None:
         """Returns an allocation's range, merging it with free neighbours.
@@ -160,10 +151,9 @@ class OffsetAllocator:
 
         Raises:
             ValueError: ``alloc`` is not live here (double free, or foreign).
+            TypeError: ``alloc`` is not an Allocation.
         """
-        if alloc.reserved_bytes < 1 or alloc.offset < 0 or alloc.serial < 0:
-            raise ValueError(f"free of an allocation that is not live here (double free or foreign): {alloc}")
-        self._core.free(alloc.offset, alloc.serial, alloc.reserved_bytes)
+        self._core.free(alloc)
 
     def check_invariants(self) -> None:
         """Verifies every invariant in the module docstring; O(n). For tests and debugging.

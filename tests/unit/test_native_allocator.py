@@ -13,7 +13,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kvstore._native import OffsetAllocatorCore
+from kvstore._native import Allocation, OffsetAllocatorCore
 
 
 class ModelAllocator:
@@ -70,7 +70,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         super().__init__()
         self.core = None
         self.model = None
-        self.handed: list[tuple[int, int, int]] = []   # every (offset, reserved, serial) ever
+        self.handed: list[Allocation] = []   # every handle ever given out
 
     @precondition(lambda self: self.core is None)
     @rule(units=st.integers(0, 64), extra=st.integers(0, 63),
@@ -84,21 +84,24 @@ class AllocatorMachine(RuleBasedStateMachine):
     @rule(size=st.one_of(st.just(0), st.integers(1, 200), st.integers(200, 5000)))
     def allocate(self, size):
         got = self.core.allocate(size)
-        assert got == self.model.allocate(size)
-        if got is not None:
+        want = self.model.allocate(size)
+        if got is None:
+            assert want is None
+        else:
+            assert (got.offset, got.reserved_bytes, got.serial) == want and got.size_bytes == size
             self.handed.append(got)
 
     @precondition(lambda self: self.core is not None and self.handed)
     @rule(data=st.data())
     def free(self, data):
         # Any handle ever given out: live ones free, the rest are double frees.
-        offset, reserved, serial = data.draw(st.sampled_from(self.handed))
-        ok = self.model.release(offset, serial, reserved)
+        handle = data.draw(st.sampled_from(self.handed))
+        ok = self.model.release(handle.offset, handle.serial, handle.reserved_bytes)
         if ok:
-            self.core.free(offset, serial, reserved)
+            self.core.free(handle)
         else:
             with pytest.raises(ValueError, match="double free"):
-                self.core.free(offset, serial, reserved)
+                self.core.free(handle)
 
     @invariant()
     def agree(self):
@@ -135,7 +138,25 @@ def test_live_table_grows_and_shrinks_back_to_one_extent():
     assert core.free_bytes == 0 and core.num_allocations == 100_000
     assert core.live_table_bytes <= 64 * 100_000     # 24-byte slots, at least 1/4 full... ~3/8
     assert core.check() == ""
-    for offset, reserved, serial in handles[::2] + handles[1::2]:
-        core.free(offset, serial, reserved)
+    for handle in handles[::2] + handles[1::2]:
+        core.free(handle)
     assert core.num_free_extents == 1 and core.num_allocations == 0
     assert core.check() == ""
+
+
+def test_allocation_handle_is_small_immutable_and_compares_by_range():
+    import gc
+    import sys
+
+    a = Allocation(64, 10, 64, serial=3)
+    assert (a.offset, a.size_bytes, a.reserved_bytes, a.serial, a.end) == (64, 10, 64, 3, 128)
+    assert a == Allocation(offset=64, size_bytes=10, reserved_bytes=64)   # serial not compared
+    assert a != Allocation(64, 11, 64) and hash(a) == hash(Allocation(64, 10, 64, 9))
+    assert repr(a) == "Allocation(offset=64, size_bytes=10, reserved_bytes=64, serial=3)"
+    with pytest.raises(AttributeError):
+        a.offset = 0
+    with pytest.raises(ValueError):
+        Allocation(-1, 1, 64)
+    assert sys.getsizeof(a) == 48 and not gc.is_tracked(a)
+    with pytest.raises(TypeError):
+        OffsetAllocatorCore(1024, 64).free((0, 1, 64))
