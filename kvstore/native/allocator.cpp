@@ -2,10 +2,14 @@
 #include "allocator.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <iterator>
 #include <stdexcept>
 
 namespace kvstore_native {
+
+// One serial counter for every allocator of the process (see allocator.hpp).
+static std::atomic<uint64_t> last_serial{0};
 
 OffsetAllocatorCore::OffsetAllocatorCore(uint64_t capacity, uint64_t alignment)
     : capacity_(capacity), alignment_(alignment), align_shift_(0) {
@@ -38,15 +42,22 @@ bool OffsetAllocatorCore::allocate(uint64_t size, Allocation* out) {
     remove_free(start, length);
     if (length > reserved) add_free(start + reserved, length - reserved);
     used_ += reserved;
-    ++serial_;
-    insert_live({start, serial_, reserved});
-    *out = Allocation{start, size, reserved, serial_};
+    const uint64_t serial = last_serial.fetch_add(1, std::memory_order_relaxed) + 1;
+    insert_live({start, serial});
+    *out = Allocation{start, size, reserved, serial};
     return true;
 }
 
-void OffsetAllocatorCore::free(uint64_t offset, uint64_t serial, uint64_t reserved) {
+uint64_t OffsetAllocatorCore::reserved_for(uint64_t offset, uint64_t size) const {
+    const uint64_t need = std::max<uint64_t>(size, 1);
+    if (offset >= capacity_ || need > capacity_) return 0;   // never allocated so: no match
+    const uint64_t want = (need + alignment_ - 1) & ~(alignment_ - 1);
+    return std::min(want, capacity_ - offset);
+}
+
+void OffsetAllocatorCore::free(uint64_t offset, uint64_t serial, uint64_t size, uint64_t reserved) {
     size_t i = find_live(offset);
-    if (i == live_.size() || live_[i].serial != serial || live_[i].reserved != reserved)
+    if (i == live_.size() || live_[i].serial != serial || reserved != reserved_for(offset, size))
         throw std::invalid_argument(
             "free of an allocation that is not live here (double free or foreign): offset " +
             std::to_string(offset) + ", serial " + std::to_string(serial));
@@ -126,50 +137,55 @@ void OffsetAllocatorCore::erase_live(size_t i) {
 void OffsetAllocatorCore::grow_live() {
     std::vector<Slot> old;
     old.swap(live_);
-    live_.assign(old.empty() ? 16 : old.size() * 2, Slot{kEmpty, 0, 0});
+    live_.assign(old.empty() ? 16 : old.size() * 2, Slot{kEmpty, 0});
     live_count_ = 0;
     for (const Slot& s : old)
         if (s.offset != kEmpty) insert_live(s);
 }
 
 std::string OffsetAllocatorCore::check() const {
-    struct Range { uint64_t start, length; bool free; };
-    std::vector<Range> ranges;
-    uint64_t free_sum = 0, live_sum = 0, live_n = 0;
+    // Live ranges are not stored with their ends: each one runs to the next start
+    // (free or live) or to capacity; the free extents must fit that tiling exactly.
+    struct Start { uint64_t start, length; bool free; };   // length: free extents only
+    std::vector<Start> starts;
+    uint64_t free_sum = 0, live_n = 0;
     if (by_size_.size() != by_start_.size()) return "free indexes differ";
     for (auto& [start, length] : by_start_) {
         if (!by_size_.count({length, start})) return "free extent missing from the size index";
-        ranges.push_back({start, length, true});
+        starts.push_back({start, length, true});
         free_sum += length;
     }
     for (const Slot& s : live_) {
         if (s.offset == kEmpty) continue;
         if (find_live(s.offset) == live_.size()) return "live slot unreachable by probing";
-        ranges.push_back({s.offset, s.reserved, false});
-        live_sum += s.reserved;
+        if (s.serial == 0 || s.serial > last_serial.load()) return "serial out of range";
+        starts.push_back({s.offset, 0, false});
         ++live_n;
-        if (s.serial == 0 || s.serial > serial_) return "serial out of range";
     }
     if (live_n != live_count_) return "live count drifted";
-    if (live_sum != used_) return "used bytes drifted";
     if (free_sum + used_ != capacity_) return "used + free != capacity";
-    std::sort(ranges.begin(), ranges.end(),
-              [](const Range& a, const Range& b) { return a.start < b.start; });
-    uint64_t cursor = 0;
-    bool prev_free = false;
-    for (const Range& r : ranges) {
-        if (r.start != cursor)
-            return "gap or overlap at " + std::to_string(cursor) + " (next range starts at " +
-                   std::to_string(r.start) + ")";
-        if (r.length == 0) return "empty range at " + std::to_string(r.start);
+    std::sort(starts.begin(), starts.end(),
+              [](const Start& a, const Start& b) { return a.start < b.start; });
+    uint64_t live_sum = 0;
+    for (size_t k = 0; k < starts.size(); ++k) {
+        const Start& r = starts[k];
+        const uint64_t next = k + 1 < starts.size() ? starts[k + 1].start : capacity_;
+        if (k == 0 && r.start != 0) return "gap at 0";
+        if (next <= r.start) return "two ranges start at " + std::to_string(r.start);
         if (r.start & (alignment_ - 1)) return "unaligned range at " + std::to_string(r.start);
-        if (r.free && prev_free) return "uncoalesced free extents meet at " + std::to_string(r.start);
-        if (r.start + r.length != capacity_ && (r.length & (alignment_ - 1)))
+        const uint64_t length = next - r.start;
+        if (r.free) {
+            if (r.length != length) return "free extent at " + std::to_string(r.start) + " overlaps or leaves a gap";
+            if (k > 0 && starts[k - 1].free)
+                return "uncoalesced free extents meet at " + std::to_string(r.start);
+        } else {
+            live_sum += length;
+        }
+        if (next != capacity_ && (length & (alignment_ - 1)))
             return "unaligned length at " + std::to_string(r.start);
-        cursor = r.start + r.length;
-        prev_free = r.free;
     }
-    if (cursor != capacity_) return "ranges end at " + std::to_string(cursor);
+    if (starts.empty() && capacity_) return "nothing covers [0, capacity)";
+    if (live_sum != used_) return "used bytes drifted";
     return "";
 }
 

@@ -24,7 +24,7 @@ struct AllocationObject {
     unsigned long long offset;    // start of the range, a multiple of the alignment
     unsigned long long size;      // bytes requested: the object's bytes are [offset, offset + size)
     unsigned long long reserved;  // bytes taken from the free space; >= size, >= 1
-    unsigned long long serial;    // unique among its allocator's allocations, ever (1, 2, ...)
+    unsigned long long serial;    // unique among the process's allocations, ever (1, 2, ...)
 };
 
 PyMemberDef allocation_members[] = {
@@ -35,8 +35,8 @@ PyMemberDef allocation_members[] = {
     {"reserved_bytes", T_ULONGLONG, offsetof(AllocationObject, reserved), READONLY,
      "Bytes taken from the free space; >= size_bytes, >= 1."},
     {"serial", T_ULONGLONG, offsetof(AllocationObject, serial), READONLY,
-     "Unique among this allocator's allocations, ever (1, 2, ...): names one lifetime of a\n"
-     "range, so a reader can tell the same bytes from a later object at the same offset."},
+     "Unique among the process's allocations, ever (increasing from 1): names one lifetime\n"
+     "of a range, so a reader can tell the same bytes from a later object at the same offset."},
     {nullptr, 0, 0, 0, nullptr}};
 
 PyObject* allocation_end(PyObject* self, void*) {
@@ -157,7 +157,7 @@ static void register_allocator(py::module_& m) {
         .def("free",
              [](OffsetAllocatorCore& a, py::handle alloc) {
                  const AllocationObject& h = as_allocation(alloc);
-                 a.free(h.offset, h.serial, h.reserved);
+                 a.free(h.offset, h.serial, h.size, h.reserved);
              },
              py::arg("alloc"),
              "Frees a live Allocation. Raises ValueError: not live here (double free, foreign);\n"
@@ -169,7 +169,6 @@ static void register_allocator(py::module_& m) {
         .def_property_readonly("largest_free", &OffsetAllocatorCore::largest_free)
         .def_property_readonly("num_allocations", &OffsetAllocatorCore::num_allocations)
         .def_property_readonly("num_free_extents", &OffsetAllocatorCore::num_free_extents)
-        .def_property_readonly("last_serial", &OffsetAllocatorCore::last_serial)
         .def_property_readonly("live_table_bytes", &OffsetAllocatorCore::live_table_bytes)
         .def("check", &OffsetAllocatorCore::check,
              "'' when every invariant holds, else the first one broken; O(n).");

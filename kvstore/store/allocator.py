@@ -20,7 +20,7 @@ Layout and invariants::
 The algorithm lives in C++ (``kvstore/native/allocator.hpp``: a size-ordered
 set for best fit, a start-ordered map for coalescing, an open-addressing
 table of live allocations), so the allocator itself keeps no Python object per
-allocation: about 32-64 bytes of native memory per live allocation. Allocate
+allocation: 21-43 bytes of native memory per live allocation. Allocate
 is a best-fit lookup, free coalesces with both neighbours; both are O(log n)
 in the number of free extents. This module is its Python face: the
 :class:`Allocation` handle the tiers pass around, and the same contract.
@@ -56,10 +56,12 @@ Allocation = _NativeAllocation
 reserved_bytes, serial=0)``, immutable, with ``end`` = offset + reserved_bytes.
 
 A native type of 48 bytes (no GC header, no int objects): the DRAM tier keeps
-one per object. ``serial`` is unique among one allocator's allocations, ever
-(1, 2, ...): it names one lifetime of a range, so a reader can tell "the same
-bytes as before" from "a later object at the same offset" (see
-kvstore.transfer.shm). Equality compares the range and sizes, not the serial.
+one per object. ``serial`` is unique among the process's allocations, ever
+(increasing from 1, one counter for every allocator): it names one lifetime of
+a range, so a reader can tell "the same bytes as before" from "a later object
+at the same offset" (see kvstore.transfer.shm_slots), and a stale or foreign
+handle never frees a live range. Equality compares the range and sizes, not
+the serial.
 """
 
 
