@@ -82,6 +82,12 @@ class ObjectTable:
         object, nothing since) is delivered after the inventory.
         """
         self.objects[obj.key] = obj
+        if obj.parent is not None:
+            # The parent's own key string, when it is here: one string per key, not
+            # two (a chained block's parent key costs 81 bytes otherwise).
+            parent = self.objects.get(obj.parent)
+            if parent is not None:
+                obj.parent = parent.key
         if self._free_slots:
             obj.slot = self._free_slots.pop()
             self.slots[obj.slot] = obj

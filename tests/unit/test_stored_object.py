@@ -65,3 +65,22 @@ def test_pins_and_lookahead_are_extras_set_on_demand():
 
 def test_the_object_itself_is_small():
     assert sys.getsizeof(obj()) <= 128       # 12 slots, with the GC header (main: 184)
+
+
+def test_a_chained_block_shares_its_parents_key_string():
+    from kvstore.keys import value_checksum
+    from kvstore.store.node import StoreNode
+    from kvstore.store.tiers.dram import DramTier
+
+    tier = DramTier(1 << 16)
+    try:
+        node = StoreNode(tier, policy="default")
+        head = "".join(["head-", "of-chain"])            # built at run time: not interned
+        for key, parent in ((head, None), ("tail", "".join(["head-", "of-chain"]))):
+            obj, _ = node.begin_write(key, 1, 4, value_checksum(b"data"), parent=parent)
+            node.write_view(obj)[:] = b"data"
+            node.commit_write(obj)
+        tail = node._table.objects["tail"]
+        assert tail.parent == head and tail.parent is node._table.objects[head].key
+    finally:
+        tier.close()
