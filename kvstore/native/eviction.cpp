@@ -170,7 +170,7 @@ void EvictionCore::insert(int64_t slot, uint64_t size, double now, int64_t paren
         ++at(par).children;
         if (p_.leaf_first) heap_remove(par);   // an inner node leaves the heap
     }
-    if (p_.kind == PolicyKind::DEFAULT && ghosts_.size()) e.freq += ghosts_.take(fp);
+    if (p_.kind == PolicyKind::DEFAULT && fp && ghosts_.size()) e.freq += ghosts_.take(fp);
     push(int32_t(slot));
 }
 
@@ -221,7 +221,7 @@ void EvictionCore::remove(int64_t slot) {
         --pe.children;
         if (p_.leaf_first && pe.children == 0) push(par);   // a leaf again
     }
-    if (p_.kind == PolicyKind::DEFAULT && p_.ghost_factor > 0) {
+    if (p_.kind == PolicyKind::DEFAULT && p_.ghost_factor > 0 && e.fp) {   // fp 0: no key given
         ghosts_.put(e.fp, e.freq);
         size_t limit = std::max<size_t>(size_t(p_.ghost_factor * double(count_)), 64);
         ghosts_.trim(limit);

@@ -100,7 +100,8 @@ class EvictionCore {
 
     // A new object is resident at `slot` (a tracked slot: an access instead).
     // parent: the slot of the previous block of its prefix chain, or -1;
-    // ignored when not tracked. fp: its key's fingerprint (ghost history).
+    // ignored when not tracked. fp: its key's fingerprint (ghost history; 0:
+    // no key, kept out of the history).
     // Raises std::invalid_argument: slot < 0 or > kMaxSlot.
     void insert(int64_t slot, uint64_t size, double now, int64_t parent, uint64_t fp);
     void access(int64_t slot, double now);      // untracked: ignored

@@ -154,3 +154,20 @@ def test_native_bytes_per_object_are_small():
     for slot in range(100_000):
         n.on_insert(slot, 64, 0.0)
     assert n.native_bytes / 100_000 < 17
+
+
+def test_objects_inserted_without_a_key_stay_out_of_the_ghost_history():
+    p = make_slot_policy("default", ghost_factor=4.0)
+    for round_ in range(3):
+        for slot in range(200):
+            p.on_insert(slot, 1, float(round_ * 1000 + slot))
+            p.on_access(slot, float(round_ * 1000 + slot) + 0.5)
+        for slot in p.victims():
+            p.on_remove(slot)
+        p.check_invariants()
+    assert p._core.ghosts == 0 and len(p) == 0
+    p.on_insert(0, 1, 5000.0, key="k")
+    p.on_remove(0)
+    assert p._core.ghosts == 1
+    p.on_insert(7, 1, 5001.0, key="k")
+    assert p.freq(7) == 2 and p._core.ghosts == 0
