@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from kvstore.store.eviction import EvictionPolicy, make_policy
+from kvstore.store.eviction import SlotPolicy, make_slot_policy
 from kvstore.store.recount import Recount
 from kvstore.store.tiers.base import Tier
 from kvstore.types import TierKind
@@ -40,7 +40,7 @@ class TierLevel:
     """One tier of the chain with its policy, watermarks and reclaim state."""
 
     tier: Tier
-    policy: EvictionPolicy
+    policy: SlotPolicy          # by object slot (native arrays)
     high: float                 # fraction of capacity
     low: float
     want_bytes: int = 0         # room that waiting writers / promoters need now
@@ -100,5 +100,5 @@ def build_levels(chain: Sequence[Tier], policy: str, high_watermark: float,
                                                                         low_watermark)
         if not 0 < low <= high <= 1:
             raise ValueError(f"{tier.kind.name}: need 0 < low ({low}) <= high ({high}) <= 1")
-        levels.append(TierLevel(tier, make_policy(policy), high, low))
+        levels.append(TierLevel(tier, make_slot_policy(policy), high, low))
     return levels

@@ -75,7 +75,7 @@ def run_moves(tiers: Sequence[Tier], moves: list[Move]) -> None:
             for move in group:
                 src = tiers[move.src_level]
                 try:
-                    copy_between(src, move.obj.copies[move.src_level], dst, move.dst_extent)
+                    copy_between(src, move.obj.copy(move.src_level), dst, move.dst_extent)
                     actual = value_checksum(dst.view(move.dst_extent))
                     move.ok = actual == move.obj.checksum
                     if not move.ok:
@@ -87,7 +87,7 @@ def run_moves(tiers: Sequence[Tier], moves: list[Move]) -> None:
         try:
             for move in group:
                 src = tiers[move.src_level]
-                extent = move.obj.copies[move.src_level]
+                extent = move.obj.copy(move.src_level)
                 view = src.view(extent)
                 if view is None:                          # e.g. GPU -> SSD: stage in host memory
                     view = memoryview(bytearray(extent.size_bytes))

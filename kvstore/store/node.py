@@ -239,7 +239,7 @@ class StoreNode(NodeStatsView):
 
     def write_view(self, obj: StoredObject) -> memoryview:
         """Where the writer puts the value (valid while ``obj`` is WRITING)."""
-        return self.tier.view(obj.copies[0])
+        return self.tier.view(obj.copy(0))
 
     def commit_write(self, obj: StoredObject, checksum: int | None = None,
                      actual: int | None = None) -> Ticket:
@@ -263,7 +263,7 @@ class StoreNode(NodeStatsView):
             NotFound: the object was dropped while being written.
         """
         if actual is None:
-            actual = value_checksum(self.tier.view(obj.copies[0]))
+            actual = value_checksum(self.tier.view(obj.copy(0)))
         with self._table.cond:
             if checksum is not None and obj.state is ObjectState.WRITING:
                 obj.checksum = checksum
@@ -282,8 +282,9 @@ class StoreNode(NodeStatsView):
             self.counters[NodeCounter.PUTS] += 1
             obj.last_access_s = time.monotonic()
             if not obj.staged:            # a staged version enters the policy in service
-                self.levels[0].policy.on_insert(obj.key, obj.copies[0].reserved_bytes,
-                                                obj.last_access_s, obj.parent)
+                self.levels[0].policy.on_insert(obj.slot, obj.copy(0).reserved_bytes,
+                                                obj.last_access_s,
+                                                self._table.slot_of(obj.parent), obj.key)
             # Before anything that may follow it (an inline eviction): events are ordered.
             ticket = self._table.emit(EventKind.STORED, obj, TierKind.DRAM)
             if not self.events.has_delivery():
@@ -300,9 +301,10 @@ class StoreNode(NodeStatsView):
 
     def _confirm_locked(self, key: str, object_id: int) -> None:
         obj = self._table.confirm(key, object_id)
-        if obj is not None and obj.copies[0] is not None:
-            self.levels[0].policy.on_insert(obj.key, obj.copies[0].reserved_bytes,
-                                            obj.last_access_s, obj.parent)
+        if obj is not None and obj.copy(0) is not None:
+            self.levels[0].policy.on_insert(obj.slot, obj.copy(0).reserved_bytes,
+                                            obj.last_access_s, self._table.slot_of(obj.parent),
+                                            obj.key)
         self._tiering.after_growth_locked(0)    # it may be demoted now
 
     def abort_write(self, obj: StoredObject) -> None:
@@ -334,7 +336,7 @@ class StoreNode(NodeStatsView):
             obj = self._complete_locked(key, object_id)
             obj.refs += 1
             self._note_read_locked(obj)
-            if obj.copies[0] is not None:
+            if obj.copy(0) is not None:
                 return obj
             wait_s = self._tiering.room_wait_s
             try:
@@ -361,7 +363,7 @@ class StoreNode(NodeStatsView):
 
     def read_view(self, obj: StoredObject) -> memoryview:
         """The object's DRAM bytes (valid while the caller holds its reference)."""
-        return self.tier.view(obj.copies[0])
+        return self.tier.view(obj.copy(0))
 
     def read_into(self, obj: StoredObject, dest: memoryview) -> None:
         """Copy the object's bytes from its fastest copy (the caller holds a reference).
@@ -370,7 +372,7 @@ class StoreNode(NodeStatsView):
             TierIOError: the slower tier failed.
         """
         level = obj.best_level()
-        self.levels[level].tier.read_into(obj.copies[level], dest)
+        self.levels[level].tier.read_into(obj.copy(level), dest)
 
     def release(self, obj: StoredObject) -> None:
         """Drop a read reference taken by :meth:`acquire`."""
@@ -437,10 +439,10 @@ class StoreNode(NodeStatsView):
                 self.counters[NodeCounter.PREFETCHES] += 1
                 self._table.protected[key] = obj
             obj.protect_until_s = max(obj.protect_until_s, now + deadline_ms / 1000)
-            for level, extent in enumerate(obj.copies):
+            for level, extent in obj.copy_items():
                 if extent is not None:
-                    self.levels[level].policy.on_prefetch(key, now)
-            if obj.copies[0] is not None:
+                    self.levels[level].policy.on_prefetch(obj.slot, now)
+            if obj.copy(0) is not None:
                 return True
             self._table.prefetch_queue[key] = obj
             if self.mover is not None:
@@ -563,12 +565,12 @@ class StoreNode(NodeStatsView):
         return obj
 
     def _note_read_locked(self, obj: StoredObject) -> None:
-        if obj.copies[0] is not None:     # same-host readers may skip the node (shm_slots)
-            self.tier.publish(obj.copies[0])
+        if obj.copy(0) is not None:     # same-host readers may skip the node (shm_slots)
+            self.tier.publish(obj.copy(0))
         obj.last_access_s = time.monotonic()
-        for level, extent in enumerate(obj.copies):
+        for level, extent in obj.copy_items():
             if extent is not None:
-                self.levels[level].policy.on_access(obj.key, obj.last_access_s)
+                self.levels[level].policy.on_access(obj.slot, obj.last_access_s)
         self.counters[NodeCounter.GETS] += 1
         if obj.key in self._table.protected and self._table.protected[obj.key] is obj:
             self._table.end_protection(obj, used=True)
@@ -585,10 +587,10 @@ class StoreNode(NodeStatsView):
                     self._table.retire(old)
                 obj = StoredObject.of(record, [None] * len(self.levels), state=ObjectState.COMPLETE,
                                       confirmed=True)   # only confirmed objects leave DRAM
-                obj.copies[level] = extent
+                obj.set_copy(level, extent)
                 self._table.enter(obj)
-                lv.policy.on_insert(record.key, extent.reserved_bytes, obj.last_access_s,
-                                    record.parent)
+                lv.policy.on_insert(obj.slot, extent.reserved_bytes, obj.last_access_s,
+                                    self._table.slot_of(record.parent), record.key)
                 self.counters[NodeCounter.RECOVERED] += 1
             self.counters[NodeCounter.RECOVERY_DROPPED_CORRUPT] += lv.tier.dropped.corrupt
             self.counters[NodeCounter.RECOVERY_DROPPED_SURPLUS] += lv.tier.dropped.surplus

@@ -3,8 +3,8 @@
 An object has at most one copy per tier of the node's chain (level 0 is
 DRAM, then the slower tiers)::
 
-    copies   [ DRAM extent | GPU extent | SSD extent ]     None where absent
-               level 0       level 1      level 2          (GPU only with --gpu)
+    copy(level)   DRAM extent | GPU extent | SSD extent     None where absent
+                  level 0       level 1      level 2        (GPU only with --gpu)
 
 The fastest copy serves reads; a slower copy of an object that also sits
 in DRAM is kept (objects are immutable, so it never goes stale) and makes
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import enum
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kvstore.store.tiers.base import Extent, ObjectRecord
 
@@ -29,32 +29,201 @@ class ObjectState(enum.Enum):
     COMPLETE = 2   # checksum verified, readable
 
 
-@dataclass(slots=True, eq=False)
+_COMPLETE = 1          # _flags bits; a set bit means the field is True
+_CONFIRMED = 2
+_STAGED = 4
+_DOOMED = 8
+_MOVING = 16
+_PROMOTING = 32
+_MANY = 64             # _copy is a list indexed by level (two copies or more)
+_LEVEL_SHIFT = 8       # with one copy: its level, in bits 8..15
+
+
+def _flag(bit: int, doc: str) -> property:
+    def get(self) -> bool:
+        return self._flags & bit != 0
+
+    def put(self, value: bool) -> None:
+        self._flags = self._flags | bit if value else self._flags & ~bit
+
+    return property(get, put, doc=doc)
+
+
+class ObjectExtras:
+    """The rarely set fields of a :class:`StoredObject` (pins, prefetch lookahead),
+    apart so that an object never pinned or prefetched does not carry them."""
+
+    __slots__ = ("hard_pins", "soft_pin_until_s", "protect_until_s")
+
+    def __init__(self) -> None:
+        self.hard_pins = 0
+        self.soft_pin_until_s = 0.0
+        self.protect_until_s = 0.0
+
+
+_NO_EXTRAS = ObjectExtras()   # shared, read-only: what an object without extras reads
+
+
 class StoredObject:
-    key: str
-    object_id: int                 # the master's id of this version
-    size_bytes: int
-    checksum: int                  # xxh3-64 announced by the writer
-    parent: str | None             # previous block of its prefix chain (eviction hint)
-    copies: list[Extent | None]    # per level of the node's chain; None = no copy there
-    state: ObjectState = ObjectState.WRITING
-    confirmed: bool = False        # a master applied its STORED event (or recovered from a tier)
-    staged: bool = False           # a newer version waiting for the master; not in service yet
-    refs: int = 0                  # readers, the writer, a move in flight; > 0 pins every copy
-    doomed: bool = False           # out of service; if still referenced, freed at last release
-    moving: bool = False           # the mover is copying it between tiers
-    promoting: bool = False        # a reader or the mover is copying it up to DRAM
-    hard_pins: int = 0             # PIN without a TTL, until as many UNPINs
-    soft_pin_until_s: float = 0.0  # monotonic; evicted only after unpinned objects until then
-    protect_until_s: float = 0.0   # monotonic; prefetch lookahead: never evicted until then
-    last_access_s: float = field(default_factory=time.monotonic)
-    replica_num: int = 0           # replicas its put asked for (0: not said), for the inventory
-    slot: int = -1                 # its position in the table's slots while in service
+    """One version of an object on this node: its identity, its copies and its state.
+
+    Memory (64-bit CPython): 12 slots, 128 bytes with the GC header, plus the
+    key string, two ints (object_id, checksum), a float (last_access_s) and
+    its copies' extents. Compact by layout::
+
+        _copy    the one copy's extent (its level in _flags), or None;
+                 a list by level only while it has two copies or more
+        _flags   state, confirmed, staged, doomed, moving, promoting (bits),
+                 and the one copy's level
+        _extra   None, or an ObjectExtras once pinned or prefetched
+
+    A native object table would keep all of it in arrays (see the i33 report).
+
+    Args:
+        key: its key.
+        object_id: the master's id of this version.
+        size_bytes: value length.
+        checksum: xxh3-64 announced by the writer.
+        parent: previous block of its prefix chain (eviction hint), or None.
+        copies: per level of the node's chain, its extent or None.
+        state, confirmed, staged, refs, doomed, moving, promoting, hard_pins,
+            soft_pin_until_s, protect_until_s, last_access_s, replica_num, slot:
+            the fields below (keyword arguments).
+    """
+
+    __slots__ = ("key", "object_id", "size_bytes", "checksum", "parent", "replica_num", "refs",
+                 "last_access_s", "slot", "_copy", "_flags", "_extra")
+
+    def __init__(self, key: str, object_id: int, size_bytes: int, checksum: int,
+                 parent: str | None, copies: list[Extent | None] | None = None, *,
+                 state: ObjectState = ObjectState.WRITING, confirmed: bool = False,
+                 staged: bool = False, refs: int = 0, doomed: bool = False, moving: bool = False,
+                 promoting: bool = False, hard_pins: int = 0, soft_pin_until_s: float = 0.0,
+                 protect_until_s: float = 0.0, last_access_s: float | None = None,
+                 replica_num: int = 0, slot: int = -1) -> None:
+        self.key = key
+        self.object_id = object_id         # the master's id of this version
+        self.size_bytes = size_bytes
+        self.checksum = checksum           # xxh3-64 announced by the writer
+        self.parent = parent               # previous block of its prefix chain (eviction hint)
+        self.replica_num = replica_num     # replicas its put asked for (0: not said), for the inventory
+        self.refs = refs                   # readers, the writer, a move in flight; > 0 pins every copy
+        # monotonic, of the last read or write (the policies' clock)
+        self.last_access_s = time.monotonic() if last_access_s is None else last_access_s
+        self.slot = slot                   # its position in the table's slots while in service
+        self._copy: Extent | list[Extent | None] | None = None
+        self._flags = ((_COMPLETE if state is ObjectState.COMPLETE else 0)
+                       | (_CONFIRMED if confirmed else 0) | (_STAGED if staged else 0)
+                       | (_DOOMED if doomed else 0) | (_MOVING if moving else 0)
+                       | (_PROMOTING if promoting else 0))
+        self._extra: ObjectExtras | None = None
+        for level, extent in enumerate(copies or ()):
+            if extent is not None:
+                self.set_copy(level, extent)
+        if hard_pins or soft_pin_until_s or protect_until_s:
+            extra = self._extras()
+            extra.hard_pins, extra.soft_pin_until_s = hard_pins, soft_pin_until_s
+            extra.protect_until_s = protect_until_s
+
+    # ------------------------------------------------------------ state
+
+    @property
+    def state(self) -> ObjectState:
+        """WRITING (space reserved, bytes arriving) or COMPLETE (checksum verified, readable)."""
+        return ObjectState.COMPLETE if self._flags & _COMPLETE else ObjectState.WRITING
+
+    @state.setter
+    def state(self, value: ObjectState) -> None:
+        self._flags = (self._flags | _COMPLETE if value is ObjectState.COMPLETE
+                       else self._flags & ~_COMPLETE)
+
+    confirmed = _flag(_CONFIRMED, "A master applied its STORED event (or it was recovered from a tier).")
+    staged = _flag(_STAGED, "A newer version waiting for the master; not in service yet.")
+    doomed = _flag(_DOOMED, "Out of service; if still referenced, freed at the last release.")
+    moving = _flag(_MOVING, "The mover is copying it between tiers.")
+    promoting = _flag(_PROMOTING, "A reader or the mover is copying it up to DRAM.")
+
+    def _extras(self) -> ObjectExtras:
+        if self._extra is None:
+            self._extra = ObjectExtras()
+        return self._extra
+
+    @property
+    def hard_pins(self) -> int:
+        """PINs without a TTL, until as many UNPINs."""
+        return (self._extra or _NO_EXTRAS).hard_pins
+
+    @hard_pins.setter
+    def hard_pins(self, value: int) -> None:
+        self._extras().hard_pins = value
+
+    @property
+    def soft_pin_until_s(self) -> float:
+        """Monotonic; evicted only after unpinned objects until then."""
+        return (self._extra or _NO_EXTRAS).soft_pin_until_s
+
+    @soft_pin_until_s.setter
+    def soft_pin_until_s(self, value: float) -> None:
+        self._extras().soft_pin_until_s = value
+
+    @property
+    def protect_until_s(self) -> float:
+        """Monotonic; prefetch lookahead: never evicted until then."""
+        return (self._extra or _NO_EXTRAS).protect_until_s
+
+    @protect_until_s.setter
+    def protect_until_s(self, value: float) -> None:
+        self._extras().protect_until_s = value
+
+    # ------------------------------------------------------------ copies
+
+    def copy(self, level: int) -> Extent | None:
+        """The extent of its copy at ``level`` of the node's chain, or None."""
+        c = self._copy
+        if self._flags & _MANY:
+            return c[level] if level < len(c) else None
+        return c if c is not None and self._flags >> _LEVEL_SHIFT == level else None
+
+    def set_copy(self, level: int, extent: Extent | None) -> None:
+        """Install (``extent``) or forget (None) its copy at ``level``."""
+        flags = self._flags
+        if flags & _MANY:
+            c = self._copy
+            if level >= len(c):
+                c.extend([None] * (level + 1 - len(c)))
+            c[level] = extent
+            if extent is None and sum(e is not None for e in c) <= 1:   # back to one copy
+                items = [(i, e) for i, e in enumerate(c) if e is not None]
+                self._flags = flags & ~_MANY & ((1 << _LEVEL_SHIFT) - 1)
+                self._copy = None
+                if items:
+                    self.set_copy(*items[0])
+            return
+        have = self._copy is not None
+        at = flags >> _LEVEL_SHIFT
+        if not have or at == level:
+            if extent is None:
+                self._copy = None
+            else:
+                self._copy = extent
+                self._flags = (flags & ((1 << _LEVEL_SHIFT) - 1)) | (level << _LEVEL_SHIFT)
+        elif extent is not None:       # a second copy: a list from now on
+            c: list[Extent | None] = [None] * (max(at, level) + 1)
+            c[at], c[level] = self._copy, extent
+            self._copy = c
+            self._flags = flags | _MANY
+
+    def copy_items(self) -> list[tuple[int, Extent]]:
+        """(level, extent) of each copy, fastest first."""
+        c = self._copy
+        if self._flags & _MANY:
+            return [(level, e) for level, e in enumerate(c) if e is not None]
+        return [] if c is None else [(self._flags >> _LEVEL_SHIFT, c)]
 
     @property
     def alloc(self) -> Extent | None:
         """The DRAM copy's extent (None when the object is only in slower tiers)."""
-        return self.copies[0]
+        return self.copy(0)
 
     @classmethod
     def of(cls, record: ObjectRecord, copies: list[Extent | None], **state) -> StoredObject:
@@ -69,10 +238,8 @@ class StoredObject:
 
     def best_level(self) -> int | None:
         """Level of the fastest copy, None when there is none."""
-        for level, extent in enumerate(self.copies):
-            if extent is not None:
-                return level
-        return None
+        items = self.copy_items()
+        return items[0][0] if items else None
 
     def can_give_up(self, level: int, soft_ok: bool, now: float) -> bool:
         """May the copy at ``level`` be dropped (evicted or demoted) now?
@@ -94,10 +261,17 @@ class StoredObject:
         Returns:
             False also when there is no copy at ``level``.
         """
-        return (self.copies[level] is not None
-                and self.state is ObjectState.COMPLETE and self.refs == 0 and not self.moving
-                and not self.promoting and self.hard_pins == 0 and self.protect_until_s <= now
-                and (soft_ok or self.soft_pin_until_s <= now))
+        if (self.refs or self._flags & (_COMPLETE | _MOVING | _PROMOTING) != _COMPLETE
+                or self.copy(level) is None):
+            return False
+        extra = self._extra
+        return extra is None or (extra.hard_pins == 0 and extra.protect_until_s <= now
+                                 and (soft_ok or extra.soft_pin_until_s <= now))
+
+    def __repr__(self) -> str:
+        return (f"StoredObject(key={self.key!r}, object_id={self.object_id}, "
+                f"size_bytes={self.size_bytes}, state={self.state.name}, refs={self.refs}, "
+                f"copies={self.copy_items()}, slot={self.slot})")
 
 
 @dataclass(slots=True, eq=False)

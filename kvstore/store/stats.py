@@ -171,7 +171,7 @@ def tier_stats(use: TierUse, objs: list[StoredObject], now: float) -> TierStats:
     level = use.level
     n = evictable = reading = pinned = soft = protected = 0
     for o in objs:
-        copy = o.copies[level]
+        copy = o.copy(level)
         if copy is None:
             continue
         n += 1

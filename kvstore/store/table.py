@@ -82,12 +82,26 @@ class ObjectTable:
         object, nothing since) is delivered after the inventory.
         """
         self.objects[obj.key] = obj
+        if obj.parent is not None:
+            # The parent's own key string, when it is here: one string per key, not
+            # two (a chained block's parent key costs 81 bytes otherwise).
+            parent = self.objects.get(obj.parent)
+            if parent is not None:
+                obj.parent = parent.key
         if self._free_slots:
             obj.slot = self._free_slots.pop()
             self.slots[obj.slot] = obj
         else:
             obj.slot = len(self.slots)
             self.slots.append(obj)
+
+    def slot_of(self, key: str | None) -> int:
+        """The slot of the object in service under ``key`` (an eviction policy's
+        name for it), or -1: no key, or none in service."""
+        if key is None:
+            return -1
+        obj = self.objects.get(key)
+        return -1 if obj is None else obj.slot
 
     def _leave(self, obj: StoredObject) -> None:
         del self.objects[obj.key]
@@ -103,11 +117,12 @@ class ObjectTable:
         """
         if obj.doomed:
             return
+        slot = obj.slot                     # the policies know it by its slot
         if self.objects.get(obj.key) is obj:
             self._leave(obj)
         obj.doomed = True
-        if obj.copies[0] is not None:       # before any reader could see it gone
-            self.levels[0].tier.hide(obj.copies[0])
+        if obj.copy(0) is not None:       # before any reader could see it gone
+            self.levels[0].tier.hide(obj.copy(0))
         if self.protected.get(obj.key) is obj:
             self.end_protection(obj, used=False)
         if self.prefetch_queue.get(obj.key) is obj:
@@ -116,9 +131,9 @@ class ObjectTable:
             obj.staged = False
             self.staged.pop((obj.key, obj.object_id), None)
         elif obj.state is ObjectState.COMPLETE:
-            for level, extent in enumerate(obj.copies):
+            for level, extent in obj.copy_items():
                 if extent is not None:
-                    self.levels[level].policy.on_remove(obj.key)
+                    self.levels[level].policy.on_remove(slot)
         if obj.refs > 0:
             self.doomed.add(obj)
         else:
@@ -179,10 +194,10 @@ class ObjectTable:
             self.lock.acquire()
 
     def _free_copies(self, obj: StoredObject) -> None:
-        for level, extent in enumerate(obj.copies):
+        for level, extent in obj.copy_items():
             if extent is not None:
                 self.levels[level].tier.free(extent)
-                obj.copies[level] = None
+                obj.set_copy(level, None)
 
     def check_invariants(self, idle: bool = False) -> None:
         """Fails loudly when tier accounting and the table disagree (for tests).
@@ -194,14 +209,14 @@ class ObjectTable:
             for level, lv in enumerate(self.levels):
                 lv.tier.check_invariants()
                 assert lv.tier.used_bytes + lv.tier.free_bytes == lv.tier.capacity_bytes
-                held = sum(o.copies[level].reserved_bytes
+                held = sum(o.copy(level).reserved_bytes
                            for o in [*self.objects.values(), *self.staged.values(),
                                      *self.doomed]
-                           if o.copies[level] is not None)
+                           if o.copy(level) is not None)
                 # A move in flight has reserved its destination but not installed it.
                 assert held == lv.tier.used_bytes if idle else held <= lv.tier.used_bytes, (
                     lv.tier.kind.name, held, lv.tier.used_bytes)
                 assert all(self.slots[o.slot] is o for o in self.objects.values())
-                assert len(lv.policy) == sum(o.copies[level] is not None
+                assert len(lv.policy) == sum(o.copy(level) is not None
                                              and o.state is ObjectState.COMPLETE
                                              for o in self.objects.values()), lv.tier.kind.name

@@ -124,7 +124,7 @@ class Tiering:
             for key, obj in list(table.prefetch_queue.items()):
                 if planned >= MOVE_BATCH_BYTES:
                     break
-                if (obj.doomed or obj.copies[0] is not None or obj.protect_until_s <= now
+                if (obj.doomed or obj.copy(0) is not None or obj.protect_until_s <= now
                         or table.objects.get(key) is not obj):
                     del table.prefetch_queue[key]
                     continue
@@ -233,7 +233,7 @@ class Tiering:
         now = time.monotonic()
         room = tier.free_bytes
         for o in self._table.objects.values():
-            copy = o.copies[level] if level < len(o.copies) else None
+            copy = o.copy(level)
             if copy is not None and o.can_give_up(level, True, now):
                 room += copy.reserved_bytes
                 if room >= size_bytes:
@@ -280,7 +280,7 @@ class Tiering:
             table.cond.wait(0.05)
         if obj.doomed:
             raise NotFound("dropped while being read", key=obj.key)
-        if obj.copies[0] is not None:
+        if obj.copy(0) is not None:
             return
         obj.promoting = True
         move = None
@@ -299,7 +299,7 @@ class Tiering:
             table.cond.notify_all()
         finally:
             obj.promoting = False
-        if obj.copies[0] is None:
+        if obj.copy(0) is None:
             raise NotFound(f"promotion failed: {move.error if move else 'dropped'}", key=obj.key)
 
     def after_growth_locked(self, level: int) -> None:
@@ -318,19 +318,19 @@ class Tiering:
         """Why nothing at ``level`` can be given up: what holds its objects, counted."""
         table = self._table
         lv = self._levels[level]
-        here = [o for o in table.objects.values() if o.copies[level] is not None]
+        here = [o for o in table.objects.values() if o.copy(level) is not None]
         reading = sum(o.refs > 0 or o.state is not ObjectState.COMPLETE for o in here)
         unconfirmed = 0 if self._is_bottom(level) else sum(
             o.state is ObjectState.COMPLETE and not o.confirmed for o in here)
         moving = sum(o.moving or o.promoting for o in here)
         pinned = sum(o.hard_pins > 0 for o in here)
         protected = sum(o.protect_until_s > now for o in here)
-        doomed = sum(o.copies[level] is not None for o in table.doomed)
+        doomed = sum(o.copy(level) is not None for o in table.doomed)
         bottom = self._is_bottom(level)
-        held = sum(o.copies[level].reserved_bytes for o in here
+        held = sum(o.copy(level).reserved_bytes for o in here
                    if not o.can_give_up(level, True, now) or not (bottom or o.confirmed))
-        held += sum(o.copies[level].reserved_bytes for o in table.doomed
-                    if o.copies[level] is not None)
+        held += sum(o.copy(level).reserved_bytes for o in table.doomed
+                    if o.copy(level) is not None)
         used, cap = lv.tier.used_bytes, lv.tier.capacity_bytes
         chains = ("" if held >= used else
                   f"; the policy offers none of the other {used - held} B (a prefix-chain "
@@ -352,7 +352,7 @@ class Tiering:
         elif self._why_count[level].due(now, RECOUNT_S):
             # O(objects) under the lock: a full node refusing puts one after
             # another counts at most once a RECOUNT_S, not at every refusal.
-            evictable = sum(o.copies[level].reserved_bytes for o in self._table.objects.values()
+            evictable = sum(o.copy(level).reserved_bytes for o in self._table.objects.values()
                             if o.can_give_up(level, True, now))
             why = (self.blocked_reason_locked(level, now) if not evictable else
                    f"{evictable} B evictable were not freed within {self.room_wait_s} s"
@@ -370,18 +370,18 @@ class Tiering:
         Lazy: the caller drops each yielded copy (or plans its move) before
         asking for the next, as the policy's contract wants.
         """
-        objects = self._table.objects
+        slots = self._table.slots
         policy = self._levels[level].policy
 
-        def can_evict(key: str, soft_ok: bool) -> bool:
-            obj = objects.get(key)
+        def can_evict(slot: int, soft_ok: bool) -> bool:
+            obj = slots[slot]
             return obj is not None and obj.can_give_up(level, soft_ok, now)
 
         for soft_ok in (False, True):
             gen = policy.victims(None, can_evict=lambda k, s=soft_ok: can_evict(k, s))
             try:
-                for key in gen:
-                    yield objects[key]
+                for slot in gen:
+                    yield slots[slot]
             finally:
                 close = getattr(gen, "close", None)   # a policy may return a plain iterator
                 if close is not None:
@@ -389,7 +389,7 @@ class Tiering:
 
     @staticmethod
     def _has_other_copy(obj: StoredObject, level: int) -> bool:
-        return any(e is not None for i, e in enumerate(obj.copies) if i != level)
+        return any(i != level for i, _ in obj.copy_items())
 
     def _is_bottom(self, level: int) -> bool:
         return level == len(self._levels) - 1
@@ -410,7 +410,7 @@ class Tiering:
             for obj in gen:
                 if freed >= need:
                     break
-                reserved = obj.copies[level].reserved_bytes
+                reserved = obj.copy(level).reserved_bytes
                 if self._has_other_copy(obj, level):
                     self._drop_copy_locked(obj, level)
                 elif bottom:
@@ -457,9 +457,10 @@ class Tiering:
                           self._levels[move.src_level].tier.kind.name, move.error)
                 self._evict_locked(obj, move.src_level)
         else:
-            obj.copies[0] = move.dst_extent
-            self._levels[0].policy.on_insert(obj.key, move.dst_extent.reserved_bytes,
-                                             max(obj.last_access_s, time.monotonic()), obj.parent)
+            obj.set_copy(0, move.dst_extent)
+            self._levels[0].policy.on_insert(obj.slot, move.dst_extent.reserved_bytes,
+                                             max(obj.last_access_s, time.monotonic()),
+                                             table.slot_of(obj.parent), obj.key)
             table.counters[NodeCounter.PROMOTIONS] += 1
             table.emit(EventKind.PROMOTED, obj, TierKind.DRAM)
         table.release(obj)
@@ -479,9 +480,9 @@ class Tiering:
                 if obj.refs == 1:
                     self._evict_locked(obj, move.src_level)
         else:
-            obj.copies[move.dst_level] = move.dst_extent
-            dst.policy.on_insert(obj.key, move.dst_extent.reserved_bytes, obj.last_access_s,
-                                 obj.parent)
+            obj.set_copy(move.dst_level, move.dst_extent)
+            dst.policy.on_insert(obj.slot, move.dst_extent.reserved_bytes, obj.last_access_s,
+                                 table.slot_of(obj.parent), obj.key)
             table.counters[NodeCounter.DEMOTIONS] += 1
             # Someone may have started reading, pinned or prefetched it meanwhile:
             # then the faster copy stays too, and a later round drops it for free.
@@ -497,9 +498,9 @@ class Tiering:
         duplicate changes nothing get sees.
         """
         was_best = obj.best_level() == level
-        extent = obj.copies[level]
-        obj.copies[level] = None
-        self._levels[level].policy.on_remove(obj.key)
+        extent = obj.copy(level)
+        obj.set_copy(level, None)
+        self._levels[level].policy.on_remove(obj.slot)
         self._levels[level].tier.free(extent)
         if was_best:
             self._table.emit(EventKind.DEMOTED, obj, self._levels[obj.best_level()].tier.kind)
@@ -527,7 +528,7 @@ class Tiering:
             lv.blocked = ""
         elif not lv.blocked or lv.blocked_count.due(now, RECOUNT_S):
             t0 = time.monotonic()
-            in_flight = any(o.moving and o.copies[level] is not None
+            in_flight = any(o.moving and o.copy(level) is not None
                             for o in self._table.objects.values())
             lv.blocked = "" if in_flight else self.blocked_reason_locked(level, now)
             lv.blocked_count.done(t0)

@@ -19,6 +19,7 @@ from kvstore.store.eviction import default, lfu, lru, noevict  # noqa: E402,F401
 from kvstore.store.eviction.default import DefaultPolicy
 from kvstore.store.eviction.lfu import LfuPolicy
 from kvstore.store.eviction.lru import LruPolicy
+from kvstore.store.eviction.slotted import SlotPolicy, make_slot_policy
 
 __all__ = [
     "POLICIES",
@@ -29,6 +30,8 @@ __all__ = [
     "LfuPolicy",
     "LruPolicy",
     "PolicyEntry",
+    "SlotPolicy",
     "make_policy",
+    "make_slot_policy",
     "register_policy",
 ]

@@ -263,6 +263,15 @@ class EvictionPolicy(ABC):
     def _priority(self, entry: PolicyEntry) -> tuple:
         """The key's eviction priority: the smallest tuple is evicted first."""
 
+    def native_spec(self) -> dict:
+        """The kind and parameters of this policy's native form
+        (:class:`~kvstore.store.eviction.slotted.SlotPolicy`), as keyword arguments.
+
+        Raises:
+            ValueError: the policy has none (a custom priority function).
+        """
+        raise ValueError(f"eviction policy {self.name!r} has no native form")
+
     def _on_touch(self, entry: PolicyEntry, now: float, hit: bool) -> None:
         """Updates policy state of ``entry`` on insert (hit=False) or access (hit=True)."""
 

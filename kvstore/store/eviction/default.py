@@ -109,6 +109,11 @@ class DefaultPolicy(EvictionPolicy):
             return full
         return full * knee / self.retention_s
 
+    def native_spec(self) -> dict:
+        return {"kind": 2, "leaf_first": True, "protect_s": self.protect_s,
+                "ghost_factor": self.ghost_factor, "fade_ratio": self.fade_ratio,
+                "retention_weight": self.retention_weight}
+
     def _priority(self, entry: PolicyEntry) -> tuple:
         entry.score = self.credit_s if entry.freq > 1 else 0.0  # remembered for _on_evict
         return (entry.last_access + entry.score, entry.seq)

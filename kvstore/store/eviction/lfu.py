@@ -18,5 +18,8 @@ from kvstore.store.eviction.base import EvictionPolicy, PolicyEntry, register_po
 class LfuPolicy(EvictionPolicy):
     """Fewest accesses first, then least recently used; prefix-unaware."""
 
+    def native_spec(self) -> dict:
+        return {"kind": 1}
+
     def _priority(self, entry: PolicyEntry) -> tuple:
         return (entry.freq, entry.last_access, entry.seq)

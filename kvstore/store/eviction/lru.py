@@ -19,5 +19,8 @@ from kvstore.store.eviction.base import EvictionPolicy, PolicyEntry, register_po
 class LruPolicy(EvictionPolicy):
     """Least recently used first; prefix-unaware."""
 
+    def native_spec(self) -> dict:
+        return {"kind": 0}
+
     def _priority(self, entry: PolicyEntry) -> tuple:
         return (entry.last_access, entry.seq)

@@ -19,6 +19,9 @@ class NoEvictionPolicy(EvictionPolicy):
 
     evicts = False
 
+    def native_spec(self) -> dict:
+        return {"kind": 3}
+
     def _priority(self, entry: PolicyEntry) -> tuple:
         return (entry.seq,)
 

@@ -1,0 +1,86 @@
+"""StoredObject's compact layout: one copy without a list, flags in one int, extras on demand."""
+
+from __future__ import annotations
+
+import sys
+
+from kvstore.store.objects import ObjectState, StoredObject
+
+
+def obj(**kw) -> StoredObject:
+    return StoredObject("k", 7, 64, 0xFEED, None, **kw)
+
+
+def test_copies_by_level_with_a_list_only_while_two_or_more():
+    o = obj()
+    assert o.copy(0) is None and o.copy_items() == [] and o.best_level() is None
+    o.set_copy(0, "dram")
+    assert o.copy(0) == "dram" and o.copy(2) is None and o.alloc == "dram"
+    assert not isinstance(o._copy, list)
+    o.set_copy(2, "ssd")
+    assert o.copy_items() == [(0, "dram"), (2, "ssd")] and o.best_level() == 0
+    assert isinstance(o._copy, list)
+    o.set_copy(0, None)
+    assert o.copy_items() == [(2, "ssd")] and o.best_level() == 2 and o.alloc is None
+    assert not isinstance(o._copy, list)
+    o.set_copy(1, None)            # no copy there: nothing changes
+    assert o.copy_items() == [(2, "ssd")]
+    o.set_copy(2, None)
+    assert o.copy_items() == []
+    assert StoredObject("k", 1, 1, 1, None, [None, "gpu", None]).copy_items() == [(1, "gpu")]
+
+
+def test_flags_and_state_are_independent():
+    o = obj(state=ObjectState.COMPLETE, confirmed=True)
+    o.set_copy(3, "x")
+    assert o.state is ObjectState.COMPLETE and o.confirmed and not o.staged
+    for name in ("staged", "doomed", "moving", "promoting"):
+        setattr(o, name, True)
+        assert getattr(o, name)
+    o.state = ObjectState.WRITING
+    o.doomed = False
+    assert o.state is ObjectState.WRITING and not o.doomed and o.moving and o.confirmed
+    assert o.copy(3) == "x"        # the copy's level survives flag changes
+
+
+def test_pins_and_lookahead_are_extras_set_on_demand():
+    o = obj(state=ObjectState.COMPLETE)
+    o.set_copy(0, "dram")
+    assert o._extra is None and o.hard_pins == 0 and o.protect_until_s == 0.0
+    assert o.can_give_up(0, soft_ok=False, now=10.0)
+    o.soft_pin_until_s = 20.0
+    assert not o.can_give_up(0, soft_ok=False, now=10.0) and o.can_give_up(0, True, 10.0)
+    o.hard_pins += 1
+    assert not o.can_give_up(0, True, 10.0)
+    o.hard_pins -= 1
+    o.protect_until_s = 15.0
+    assert not o.can_give_up(0, True, 10.0) and o.can_give_up(0, True, 30.0)
+    o.refs = 1
+    assert not o.can_give_up(0, True, 30.0)
+    o.refs = 0
+    o.moving = True
+    assert not o.can_give_up(0, True, 30.0)
+    assert not obj(state=ObjectState.COMPLETE).can_give_up(0, True, 30.0)   # no copy there
+
+
+def test_the_object_itself_is_small():
+    assert sys.getsizeof(obj()) <= 128       # 12 slots, with the GC header (main: 184)
+
+
+def test_a_chained_block_shares_its_parents_key_string():
+    from kvstore.keys import value_checksum
+    from kvstore.store.node import StoreNode
+    from kvstore.store.tiers.dram import DramTier
+
+    tier = DramTier(1 << 16)
+    try:
+        node = StoreNode(tier, policy="default")
+        head = "".join(["head-", "of-chain"])            # built at run time: not interned
+        for key, parent in ((head, None), ("tail", "".join(["head-", "of-chain"]))):
+            obj, _ = node.begin_write(key, 1, 4, value_checksum(b"data"), parent=parent)
+            node.write_view(obj)[:] = b"data"
+            node.commit_write(obj)
+        tail = node._table.objects["tail"]
+        assert tail.parent == head and tail.parent is node._table.objects[head].key
+    finally:
+        tier.close()
