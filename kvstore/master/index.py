@@ -41,16 +41,15 @@ import logging
 from collections import Counter
 from typing import Iterator, Sequence
 
-from kvstore.bigmap import BigMap
 from kvstore.errors import (AlreadyPresent, KeyConflict, KVStoreError, NoSpace, NotFound,
                             Unavailable, WrongShard)
 from kvstore.keys import key_slot, validate_key
 from kvstore.master.counters import MasterCounter as C
-from kvstore.master.entries import EntryTable
+from kvstore.master.entries import (PROBE_ABSENT, PROBE_OTHER_BYTES, PROBE_OTHER_VERSION,
+                                    PROBE_REPLICA, SCAN_SLICE, TIERS, EntriesView, EntryTable)
 from kvstore.master.entry import Entry
 from kvstore.master.grants import MAX_IDS_PER_GRANT, Grant, Grants
 from kvstore.master.inventory import sync_node_inventory
-from kvstore.master.key_order import KeyOrder
 from kvstore.master.limits import MASTER_BYTES_PER_OBJECT
 from kvstore.master.membership import Membership, NodeInfo
 from kvstore.master.superseded import Superseded
@@ -84,9 +83,8 @@ class ObjectIndex:
         self.shard_id = shard_id
         self.max_objects = max_objects
         self.complete_bytes = 0        # bytes of the entries (stat is O(1))
-        self.table = EntryTable()      # the entries, by key and by position (scans)
-        self.entries: BigMap[ObjectKey, Entry] = self.table.entries
-        self.key_order = KeyOrder()    # the entries' keys in order, for list
+        self.table = EntryTable()      # the entries (native), by key and by slot (scans)
+        self.entries: EntriesView = self.table.view()   # key -> Entry snapshots (tests)
         self._next_id = 1              # object ids; above every id seen in an inventory
         self.counters: Counter[C] = Counter()
         self.grants = Grants(grace_ms=put_timeout_ms)    # placement grants: how puts are placed
@@ -112,7 +110,7 @@ class ObjectIndex:
 
     def _check_room(self, key: str) -> None:
         """Raises NoSpace when a new key would pass ``max_objects``."""
-        if len(self.entries) >= self.max_objects:
+        if len(self.table) >= self.max_objects:
             self.counters[C.PUTS_OVER_LIMIT] += 1
             raise NoSpace(f"shard {self.shard_id} indexes {len(self.entries)} objects, its limit "
                           f"(--max-objects {self.max_objects}: about "
@@ -135,11 +133,20 @@ class ObjectIndex:
     def _visible(self, entry: Entry | None) -> bool:
         return entry is not None and bool(self._live_replicas(entry))
 
-    def _delete(self, entry: Entry, drop_on: list[NodeId]) -> None:
-        self.table.remove(entry)
-        self.complete_bytes -= entry.size_bytes
-        for node_id in drop_on:
-            self.membership.order_drop(node_id, entry.key, entry.object_id)
+    def _alive(self) -> bytes:
+        """The alive mask by node number (:meth:`EntryTable.alive_mask`)."""
+        return self.table.alive_mask(self.membership.is_alive)
+
+    def _delete(self, slot: int, drop_on: Sequence[NodeId]) -> None:
+        """Delete the entry at ``slot``, ordering its version dropped on ``drop_on``."""
+        native = self.table.native
+        object_id, size_bytes, _ = native.head(slot)
+        if drop_on:
+            key = ObjectKey(native.key(slot))
+            for node_id in drop_on:
+                self.membership.order_drop(node_id, key, object_id)
+        native.remove(slot)
+        self.complete_bytes -= size_bytes
 
     def forget_nodes(self, now_ms: int) -> list[NodeId]:
         """Forget the nodes dead past the membership's ``forget_ms``; their replicas
@@ -159,19 +166,13 @@ class ObjectIndex:
         self.repair_hint = True
         forgotten = set(self.forgetting)
         gone = set(forgotten)
-        for entries in self.table.scan():
+        native = self.table.native
+        for start in range(0, native.positions(), SCAN_SLICE):
             gone -= self.membership.nodes.keys()
-            for entry in entries:
-                if not gone & set(entry.replicas):
-                    continue
-                self.table.set_replicas(entry, [n for n in entry.replicas if n not in gone])
-                for n in gone:
-                    entry.tiers.pop(n, None)
-                if entry.repair_target in gone:
-                    entry.repair_target = None
-                if not entry.replicas:
-                    self._delete(entry, [])
-                    self.counters[C.FORGOTTEN] += 1
+            _, deleted, deleted_bytes = native.forget_slice(start, SCAN_SLICE,
+                                                            self.table.mask_of(gone))
+            self.complete_bytes -= deleted_bytes
+            self.counters[C.FORGOTTEN] += deleted
             yield
         self.forgetting -= forgotten
 
@@ -222,10 +223,11 @@ class ObjectIndex:
         self.superseded.expire(now_ms)
         return self.grants.expire(now_ms)
 
-    def _stored_placed(self, node_id: NodeId, event: NodeEvent, entry: Entry | None,
+    def _stored_placed(self, node_id: NodeId, node: int, event: NodeEvent, slot: int,
                        grant: Grant, now_ms: int) -> None:
         """The first STORED of a version placed through a grant decides the put
-        (the rules in :mod:`kvstore.master.grants`).
+        (the rules in :mod:`kvstore.master.grants`); ``slot`` is the key's entry
+        of another version, or -1.
 
         Raises:
             AlreadyPresent: the key holds equal bytes under another version.
@@ -234,29 +236,28 @@ class ObjectIndex:
                 from its client unchecked).
         """
         self._check_key(event.key)
+        native = self.table.native
         replaced_dead = False
-        if entry is not None and not self._live_replicas(entry):
-            self._delete(entry, [])          # every replica died: the key is free again ...
-            entry = None                     # ... but a dead node may bring the old one back
+        if slot >= 0 and not native.visible(slot, self._alive()):
+            self._delete(slot, [])           # every replica died: the key is free again ...
+            slot = -1                        # ... but a dead node may bring the old one back
             replaced_dead = True
-        if entry is not None:
+        if slot >= 0:
             grant.decided_ids.add(event.object_id)
-            if _same_bytes(entry, event):
+            _, size_bytes, checksum = native.head(slot)
+            if size_bytes == event.size_bytes and checksum == event.checksum:
                 self.counters[C.PUTS_ALREADY_PRESENT] += 1
                 raise AlreadyPresent("equal bytes are stored", key=event.key)
-            raise KeyConflict(f"key holds different bytes ({entry.size_bytes} B, checksum "
-                              f"{entry.checksum:#x}); objects are immutable", key=event.key)
+            raise KeyConflict(f"key holds different bytes ({size_bytes} B, checksum "
+                              f"{checksum:#x}); objects are immutable", key=event.key)
         self._check_room(event.key)
-        self.table.add(Entry(
-            key=event.key, size_bytes=event.size_bytes, checksum=event.checksum,
-            object_id=event.object_id, replicas=[node_id], created_ms=now_ms,
-            replica_num=grant.replica_num, tiers={node_id: event.tier or TierKind.DRAM}))
+        native.insert(event.key, event.size_bytes, event.checksum, event.object_id, now_ms,
+                      grant.replica_num, node, event.tier or TierKind.DRAM)
         grant.decided_ids.add(event.object_id)
         if replaced_dead:
             self.superseded.note(event.key, event.object_id, now_ms)
         else:
             self.superseded.renew(event.key, event.object_id, now_ms)
-        self.key_order.add(event.key)
         self.complete_bytes += event.size_bytes
         if grant.replica_num > 1:
             self.repair_hint = True
@@ -272,65 +273,103 @@ class ObjectIndex:
                 node must drop it.
             KeyConflict: the node verified other bytes than the version's first copy.
         """
-        entry = self.entries.get(event.key)
-        if entry is None or entry.object_id != event.object_id:
+        native = self.table.native
+        node = self.table.ix(node_id)
+        code, slot = native.stored_probe(event.key, event.object_id, event.size_bytes,
+                                         event.checksum, node)
+        if code <= PROBE_OTHER_VERSION:      # no entry, or one of another version
             grant = self.grants.find(event.object_id, now_ms)
             if grant is not None and event.object_id not in grant.decided_ids:
-                self._stored_placed(node_id, event, entry, grant, now_ms)
+                self._stored_placed(node_id, node, event,
+                                    -1 if code == PROBE_ABSENT else slot, grant, now_ms)
                 return
             # An id of no live grant (a previous master's, or expired; the writer
             # asks for a new grant), or a decided id whose version is gone (removed
             # or replaced: a late copy, see grants.py).
             raise NotFound("no put of this object_id (removed or replaced, or its placement "
                            "grant is unknown here)", key=event.key)
-        if not _same_bytes(entry, event):
+        if code == PROBE_OTHER_BYTES:
+            _, size_bytes, checksum = native.head(slot)
             raise KeyConflict(f"stored {event.size_bytes} B with checksum {event.checksum:#x}; "
-                              f"the put announced {entry.size_bytes} B, {entry.checksum:#x}",
+                              f"the put announced {size_bytes} B, {checksum:#x}",
                               key=event.key)
-        if node_id in entry.replicas:
+        if code == PROBE_REPLICA:
             return                        # reported again (at-least-once delivery)
-        if entry.repair_target != node_id and self.grants.find(entry.object_id, now_ms) is None:
+        target, _ = native.repair(slot)
+        if target != node and self.grants.find(event.object_id, now_ms) is None:
             # A put's further replicas come while its grant lives; later, only the
             # copy the repair planner ordered is one.
             raise NotFound("no put or repair of this version is in flight to this node",
                            key=event.key)
-        self.table.set_replicas(entry, [*entry.replicas, node_id])
-        if entry.replica_num > 1:
+        native.add_replica(slot, node, event.tier or TierKind.DRAM)
+        if native.replica_num(slot) > 1:
             self.repair_hint = True
-        entry.tiers[node_id] = event.tier or TierKind.DRAM
-        self.membership.account_stored(node_id, entry.size_bytes)
-        if entry.repair_target == node_id:
-            entry.repair_target = None     # a repair copy landed
+        self.membership.account_stored(node_id, event.size_bytes)
+        if target == node:
+            native.set_repair(slot, -1, 0)      # a repair copy landed
             self.counters[C.REPAIRS] += 1
 
     # ---- read side ----
-    def _visible_entry(self, key: str) -> Entry:
-        """The complete, readable entry of ``key`` on this shard.
+    def _not_found(self, key: str, dead: list[int] | None) -> NotFound:
+        """NotFound of ``key``: absent, or held only by the ``dead`` nodes (numbers)."""
+        return NotFound("no such key" + (f": its replicas were on dead node(s) "
+                                         f"{', '.join(self.table.names(dead))}"
+                                         if dead is not None else ""), key=key)
+
+    def _visible_slot(self, key: str) -> int:
+        """The slot of the complete, readable entry of ``key`` on this shard.
 
         Raises:
             InvalidArgument: a bad key. WrongShard: another shard's key. NotFound.
         """
-        entry = self.entries.get(self._check_key(key))
-        if not self._visible(entry):
-            lost = entry is not None                   # with its nodes
-            raise NotFound("no such key" + (f": its replicas were on dead node(s) "
-                                            f"{', '.join(entry.replicas)}" if lost else ""),
-                           key=key)
-        return entry
+        native = self.table.native
+        slot = native.find(self._check_key(key))
+        if slot < 0:
+            raise self._not_found(key, None)
+        if not native.visible(slot, self._alive()):
+            raise self._not_found(key, native.nodes(slot))
+        return slot
+
+    def _checked(self, keys: Sequence[str], errors: list) -> list[str]:
+        """The keys this shard may answer; per key of ``keys`` its error (or None) is
+        appended to ``errors``."""
+        ok: list[str] = []
+        for key in keys:
+            try:
+                self._check_key(key)
+            except KVStoreError as err:
+                if err.key is None:
+                    err.key = key
+                errors.append(err)
+                continue
+            ok.append(key)
+            errors.append(None)
+        return ok
 
     def lookup(self, keys: Sequence[str], now_ms: int) -> Results:
-        """Per key its :class:`ObjectMeta` (live replicas only), or the error; counts an access."""
-        def one(key: str) -> ObjectMeta:
-            try:
-                entry = self._visible_entry(key)
-            except KVStoreError:
-                self.counters[C.LOOKUP_MISSES] += 1
-                raise
-            entry.access_count += 1
-            entry.last_access_ms = now_ms
-            self.counters[C.LOOKUP_HITS] += 1
-            return self._meta(entry)
-        return self._each(keys, one)
+        """Per key its :class:`ObjectMeta` (live replicas only), or the error; counts an
+        access. The table's part runs in one native call for the batch."""
+        out: Results = []
+        ok = self._checked(keys, out)
+        rows = iter(self.table.native.lookup(ok, now_ms, self._alive()))
+        nodes, names = self.membership.nodes, self.table.node_ids
+        hits = 0
+        for i, key in enumerate(keys):
+            if out[i] is not None:
+                continue                   # its key's error
+            row = next(rows)
+            if type(row) is tuple:
+                size, checksum, object_id, created, count, last, reps = row
+                out[i] = ObjectMeta(
+                    key=key, size_bytes=size, checksum=checksum, object_id=object_id,
+                    replicas=tuple(Replica(nodes[names[n]].address, TIERS[t]) for n, t in reps),
+                    created_ms=created, access_count=count, last_access_ms=last)
+                hits += 1
+            else:
+                out[i] = self._not_found(key, row)
+        self.counters[C.LOOKUP_HITS] += hits
+        self.counters[C.LOOKUP_MISSES] += len(keys) - hits
+        return out
 
     def exists(self, keys: Sequence[str]) -> list[bool]:
         """Visibility only; never refreshes access stats (it must not block eviction)."""
@@ -342,64 +381,46 @@ class ObjectIndex:
         are an empty list when every key was answered (the common case: no 1000
         OK statuses to build and parse)."""
         self.counters[C.EXISTS_KEYS] += len(keys)
-        entries = self.entries
-        out: list[bool] = []
         errors: list[KVStoreError | None] = []
-        failed = False
-        for key in keys:
-            try:
-                self._check_key(key)
-            except KVStoreError as err:
-                out.append(False)
-                errors.append(err)
-                failed = True
-                continue
-            out.append(self._visible(entries.get(key)))
-            errors.append(None)
-        return out, errors if failed else []
+        ok = self._checked(keys, errors)
+        found = self.table.native.exists(ok, self._alive())
+        if len(ok) == len(keys):
+            return found, []
+        it = iter(found)
+        return [False if e is not None else next(it) for e in errors], errors
 
     def remove(self, keys: Sequence[str], reason: RemoveReason = RemoveReason.REMOVE) -> Results:
         """Remove each visible key (drop orders to its nodes): per key the removed
         object's metadata (its version and live replicas) or the error."""
         def one(key: str) -> ObjectMeta:
-            entry = self._visible_entry(key)
-            meta = self._meta(entry)
-            self._delete(entry, entry.replicas)
+            slot = self._visible_slot(key)
+            meta = self._meta(slot)
+            self._delete(slot, self.table.names(self.table.native.nodes(slot)))
             self.counters[C.EVICTS if reason is RemoveReason.EVICT else C.REMOVES] += 1
             return meta
         return self._each(keys, one)
 
     def list(self, prefix: str, start_after: str, limit: int) -> tuple[list[ObjectMeta], str]:
         """Visible objects whose key starts with ``prefix``, in key order, after
-        ``start_after``; at most ``limit`` (0: 1000). Returns (page, next cursor or "")."""
-        limit = limit or 1000
-        keys = self.key_order.iterate(
-            start_after or prefix, bool(start_after), num_live=len(self.entries),
-            live=self.entries.keys)
-        out: list[ObjectMeta] = []
-        more = False
-        for key in keys:
-            if not key.startswith(prefix):
-                if key > prefix:
-                    break
-                continue
-            entry = self.entries.get(key)
-            if not self._visible(entry):
-                continue
-            if len(out) == limit:
-                more = True               # a next visible key: the page has a cursor
-                break
-            out.append(self._meta(entry))
-        return out, out[-1].key if out and more else ""
+        ``start_after``; at most ``limit`` (0: 1000). Returns (page, next cursor or "").
 
-    def _meta(self, entry: Entry) -> ObjectMeta:
-        replicas = tuple(Replica(self.membership.nodes[n].address,
-                                 entry.tiers.get(n, TierKind.DRAM))
-                         for n in self._live_replicas(entry))
-        return ObjectMeta(key=entry.key, size_bytes=entry.size_bytes, checksum=entry.checksum,
-                          object_id=entry.object_id, replicas=replicas,
-                          created_ms=entry.created_ms, access_count=entry.access_count,
-                          last_access_ms=entry.last_access_ms)
+        A page is one native scan of every entry (no key order is kept: it would
+        cost a pointer or more per entry): about 0.1-0.3 s at 10M entries."""
+        limit = limit or 1000
+        slots = self.table.native.list(prefix, start_after, limit + 1, self._alive())
+        out = [self._meta(s) for s in slots[:limit]]
+        return out, out[-1].key if out and len(slots) > limit else ""
+
+    def _meta(self, slot: int) -> ObjectMeta:
+        """The reply's view of the entry at ``slot`` (live replicas only)."""
+        (key, size, checksum, object_id, created, count, last, _, reps, _,
+         _) = self.table.native.record(slot)
+        nodes, names, alive = self.membership.nodes, self.table.node_ids, self.membership.is_alive
+        replicas = tuple(Replica(nodes[names[n]].address, TIERS[t]) for n, t in reps
+                         if alive(names[n]))
+        return ObjectMeta(key=ObjectKey(key), size_bytes=size, checksum=checksum,
+                          object_id=object_id, replicas=replicas, created_ms=created,
+                          access_count=count, last_access_ms=last)
 
     def stat(self) -> ShardStatus:
         nodes = tuple(NodeStatus(address=info.address, alive=info.alive,
@@ -411,7 +432,7 @@ class ObjectIndex:
         # One rule everywhere: an object counts while it is readable (a live replica).
         gone, gone_bytes = self.table.unavailable(self.membership.is_alive)
         return ShardStatus(shard_id=self.shard_id, shard_map_version=self.shard_map.version,
-                           nodes=nodes, num_objects=len(self.entries) - gone,
+                           nodes=nodes, num_objects=len(self.table) - gone,
                            total_bytes=self.complete_bytes - gone_bytes,
                            unavailable_objects=gone, unavailable_bytes=gone_bytes,
                            counters={c.value: v for c, v in self.counters.items()})
@@ -434,18 +455,19 @@ class ObjectIndex:
                 self.counters[C.STORED_REFUSED] += 1
                 return err
             return None
-        entry = self.entries.get(event.key)
-        if entry is None or entry.object_id != event.object_id or node_id not in entry.replicas:
+        native = self.table.native
+        slot, node = native.find(event.key), self.table.ix_of(node_id)
+        if (slot < 0 or node is None or native.head(slot)[0] != event.object_id
+                or not native.has_replica(slot, node)):
             return None
         if event.kind is EventKind.EVICTED:
-            self.table.set_replicas(entry, [n for n in entry.replicas if n != node_id])
-            entry.tiers.pop(node_id, None)
+            native.remove_replica(slot, node)
             self.repair_hint = True
             self.counters[C.REPLICAS_EVICTED] += 1
-            if not entry.replicas:
-                self._delete(entry, [])
+            if not native.nodes(slot):
+                self._delete(slot, [])
         elif event.kind in (EventKind.DEMOTED, EventKind.PROMOTED) and event.tier is not None:
-            entry.tiers[node_id] = event.tier
+            native.set_tier(slot, node, event.tier)
             self.counters[C.REPLICAS_PROMOTED if event.kind is EventKind.PROMOTED
                           else C.REPLICAS_DEMOTED] += 1
         return None
@@ -461,8 +483,3 @@ class ObjectIndex:
         self.repair_hint = True
         return sync_node_inventory(self, node_id, items, now_ms)
 
-
-def _same_bytes(entry: Entry, event: NodeEvent) -> bool:
-    """The one test of "equal bytes" (size and xxh3-64): a second put of them is
-    already present, and a replica of them is one more of the version."""
-    return entry.size_bytes == event.size_bytes and entry.checksum == event.checksum

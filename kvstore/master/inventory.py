@@ -36,8 +36,8 @@ from typing import Iterator, Sequence
 
 from kvstore.errors import KVStoreError
 from kvstore.master.counters import MasterCounter as C
-from kvstore.master.entry import Entry
-from kvstore.types import InventoryItem, NodeId
+from kvstore.master.entries import SCAN_SLICE
+from kvstore.types import InventoryItem, NodeId, TierKind
 
 #: Inventory items applied per slice of the event loop (about 2-5 ms).
 APPLY_SLICE = 512
@@ -58,6 +58,7 @@ class InventorySync:
     def __init__(self, index, node_id: NodeId, sweep: bool = True):
         self.index = index
         self.node_id = node_id
+        self.node = index.table.ix(node_id)   # its number in the entry table
         self.next_seq = 0              # the chunk expected next
         self.items_applied = 0
         self.indexed = 0               # entries created from the inventory
@@ -66,16 +67,17 @@ class InventorySync:
         # Which entries the inventory listed this node's version of, by entry slot.
         self._listed = bytearray() if sweep else None
 
-    def _mark(self, entry: Entry) -> None:
+    def _mark(self, slot: int) -> None:
         if self._listed is None:
             return
-        if entry.slot >= len(self._listed):
-            self._listed.extend(bytes(entry.slot + 1 - len(self._listed) + 4096))
-        self._listed[entry.slot] = 1
+        if slot >= len(self._listed):
+            self._listed.extend(bytes(slot + 1 - len(self._listed) + 4096))
+        self._listed[slot] = 1
 
     def apply(self, items: Sequence[InventoryItem], now_ms: int) -> None:
         """Apply a slice of the inventory (bounded by the caller; see APPLY_SLICE)."""
-        index, node_id = self.index, self.node_id
+        index, node_id, node = self.index, self.node_id, self.node
+        native = index.table.native
         for it in items:
             self.items_applied += 1
             if (it.key, it.object_id) in self._ordered:
@@ -84,18 +86,19 @@ class InventorySync:
                 index._check_key(it.key)
             except KVStoreError:
                 continue              # another shard's key (or garbage): not ours to index
-            entry = index.entries.get(it.key)
-            if entry is not None and entry.object_id != it.object_id:
-                self._forget(entry)   # the node holds another version than the one indexed
-                entry = index.entries.get(it.key)
+            slot = native.find(it.key)
+            if slot >= 0 and native.head(slot)[0] != it.object_id:
+                self._forget(slot)    # the node holds another version than the one indexed
+                slot = native.find(it.key)
+            object_id = native.head(slot)[0] if slot >= 0 else 0
             if it.pending:
                 # Not applied by a master yet: its STORED event, replayed after
                 # the inventory, decides (a put the index never placed is refused).
-                if entry is not None and entry.object_id != it.object_id:
+                if slot >= 0 and object_id != it.object_id:
                     index.membership.order_drop(node_id, it.key, it.object_id)
                     index.counters[C.STALE_REPLICAS_DROPPED] += 1
-                elif entry is not None:
-                    self._mark(entry)     # applied here, its answer lost: kept
+                elif slot >= 0:
+                    self._mark(slot)      # applied here, its answer lost: kept
                 continue
             if index.superseded.replaced(it.key, it.object_id):
                 # The shard acknowledged a later version since this node went away.
@@ -103,54 +106,48 @@ class InventorySync:
                 index.counters[C.STALE_REPLICAS_DROPPED] += 1
                 continue
             index._next_id = max(index._next_id, it.object_id + 1)
-            if entry is not None and entry.object_id < it.object_id:
-                self._supersede(entry, it.object_id, now_ms)
-                entry = None
-            if entry is None:
-                entry = Entry(key=it.key, size_bytes=it.size_bytes, checksum=it.checksum,
-                              object_id=it.object_id, replicas=[node_id], created_ms=now_ms,
-                              tiers={node_id: it.tier}, replica_num=max(1, it.replica_num))
-                if len(index.entries) >= index.max_objects:
+            if slot >= 0 and object_id < it.object_id:
+                self._supersede(slot, it.key, it.object_id, now_ms)
+                slot = -1
+            if slot < 0:
+                if len(index.table) >= index.max_objects:
                     index.counters[C.INVENTORY_OVER_LIMIT] += 1    # indexed all the same
-                index.table.add(entry)
-                index.key_order.add(it.key)
+                slot = native.insert(it.key, it.size_bytes, it.checksum, it.object_id, now_ms,
+                                     max(1, it.replica_num), node, it.tier or TierKind.DRAM)
                 index.complete_bytes += it.size_bytes
                 self.indexed += 1
-            elif entry.object_id == it.object_id:
-                if node_id not in entry.replicas:
-                    index.table.set_replicas(entry, [*entry.replicas, node_id])
+            elif object_id == it.object_id:
+                native.add_replica(slot, node, it.tier or TierKind.DRAM)
                 # A rebuilt index learns how many replicas were wanted from what the
                 # nodes say their puts asked for, and at least as many as it finds.
-                entry.replica_num = max(entry.replica_num, len(entry.replicas), it.replica_num)
-                entry.tiers[node_id] = it.tier
+                native.set_replica_num(slot, max(native.replica_num(slot),
+                                                 len(native.nodes(slot)), it.replica_num))
             else:
                 index.membership.order_drop(node_id, it.key, it.object_id)
                 index.counters[C.STALE_REPLICAS_DROPPED] += 1
                 continue
-            self._mark(entry)
+            self._mark(slot)
 
-    def _supersede(self, entry: Entry, later_id: int, now_ms: int) -> None:
-        """The node announces a later version of ``entry``'s key (ids only grow: the
+    def _supersede(self, slot: int, key: str, later_id: int, now_ms: int) -> None:
+        """The node announces a later version of the key at ``slot`` (ids only grow: the
         larger id is the later put; e.g. two nodes re-registering with a restarted
         master): the indexed one goes, dropped by its live holders and noted
         against its dead ones (:mod:`kvstore.master.superseded`)."""
         index = self.index
-        live = [n for n in entry.replicas if index.membership.is_alive(n)]
-        if len(live) < len(entry.replicas):
-            index.superseded.note(entry.key, later_id, now_ms)
-        index._delete(entry, live)
+        holders = index.table.names(index.table.native.nodes(slot))
+        live = [n for n in holders if index.membership.is_alive(n)]
+        if len(live) < len(holders):
+            index.superseded.note(key, later_id, now_ms)
+        index._delete(slot, live)
         index.counters[C.STALE_REPLICAS_DROPPED] += len(live)
 
-    def _forget(self, entry: Entry) -> None:
-        """This node does not hold ``entry``'s version: it is no longer a replica of it
-        (an entry left with no replica is deleted)."""
-        index, node_id = self.index, self.node_id
-        if node_id in entry.replicas:
-            index.table.set_replicas(entry, [n for n in entry.replicas if n != node_id])
-            entry.tiers.pop(node_id, None)
-            if not entry.replicas:
-                index._delete(entry, [])
-                self.lost += 1
+    def _forget(self, slot: int) -> None:
+        """This node does not hold the version at ``slot``: it is no longer a replica of
+        it (an entry left with no replica is deleted)."""
+        native = self.index.table.native
+        if native.remove_replica(slot, self.node) and not native.nodes(slot):
+            self.index._delete(slot, [])
+            self.lost += 1
 
     def sweep(self) -> Iterator[None]:
         """After the last chunk: forget this node's replicas that no chunk listed, a
@@ -160,13 +157,11 @@ class InventorySync:
         index.counters[C.REINDEXED] += self.indexed
         if self._listed is None:
             return
-        listed, node_id = self._listed, self.node_id
-        for entries in index.table.scan():
-            for entry in entries:
-                if entry.slot < 0 or (entry.slot < len(listed) and listed[entry.slot]):
-                    continue          # deleted meanwhile, or listed
-                if node_id in entry.replicas:
-                    self._forget(entry)
+        native = index.table.native
+        for start in range(0, native.positions(), SCAN_SLICE):
+            _, lost, lost_bytes = native.sweep_slice(start, SCAN_SLICE, self.node, self._listed)
+            index.complete_bytes -= lost_bytes
+            self.lost += lost
             yield
 
 

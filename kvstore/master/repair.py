@@ -25,10 +25,10 @@ Thread safety: owned by the master's event loop, like the index.
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Iterator
+from typing import Iterator
 
 from kvstore.master.counters import MasterCounter as C
-from kvstore.master.entry import Entry
+from kvstore.master.entries import SCAN_SLICE
 from kvstore.master.index import ObjectIndex
 from kvstore.sizes import fits
 from kvstore.types import CopyOrder, CopyResult, NodeId
@@ -71,66 +71,63 @@ class RepairPlanner:
             return
         self._seen, index.repair_hint = seen, False
         found = in_flight = 0
-        for entries in index.table.scan():
-            short, flying = self.under_replicated(now_ms, entries)
+        for start in range(0, index.table.native.positions(), SCAN_SLICE):
+            short, flying = self.under_replicated(now_ms, start)
             found += len(short)
             in_flight += flying
-            for entry, live in short:
+            for slot, live in short:
                 if self.ordered >= self.max_orders:
                     break
-                self._order(entry, live, now_ms)
+                self._order(slot, live, now_ms)
             if self.ordered >= self.max_orders:
                 break                  # busy: the next round goes on
             yield
         self._busy = bool(found) or in_flight > 0
 
-    def under_replicated(self, now_ms: int, entries: Iterable[Entry]
-                         ) -> tuple[list[tuple[Entry, list[NodeId]]], int]:
-        """Of ``entries`` (a slice of the index's scan), those with fewer live replicas
-        than wanted and no repair in flight, with their live replicas, and how many
-        have a repair in flight; a repair past its deadline is given up."""
+    def under_replicated(self, now_ms: int, start: int
+                         ) -> tuple[list[tuple[int, list[int]]], int]:
+        """Of the slice of :data:`SCAN_SLICE` positions from ``start``, the entries with
+        fewer live replicas than wanted and no repair in flight, as (slot, live node
+        numbers), and how many have a repair in flight; a repair past its deadline
+        is given up. One native call (kvstore/native/entry_table.hpp, short_slice)."""
         index = self.index
-        out = []
-        in_flight = 0
-        for entry in entries:
-            if entry.repair_target is not None:
-                if now_ms <= entry.repair_deadline_ms:
-                    in_flight += 1
-                    continue
-                index.counters[C.REPAIR_TIMEOUTS] += 1
-                entry.repair_target = None
-            live = index._live_replicas(entry)
-            if live and len(live) < entry.replica_num:
-                out.append((entry, live))
-        return out, in_flight
+        _, short, in_flight, timeouts = index.table.native.short_slice(
+            start, SCAN_SLICE, now_ms, index._alive())
+        index.counters[C.REPAIR_TIMEOUTS] += timeouts
+        return short, in_flight
 
-    def _order(self, entry: Entry, live: list[NodeId], now_ms: int) -> None:
-        """Order one copy of ``entry`` from ``live[0]`` to the healthy node with the most
-        free space that holds none (none fits: nothing ordered)."""
-        membership = self.index.membership
-        held = set(entry.replicas)
+    def _order(self, slot: int, live: list[int], now_ms: int) -> None:
+        """Order one copy of the entry at ``slot`` from ``live[0]`` (a node number) to the
+        healthy node with the most free space that holds none (none fits: nothing
+        ordered)."""
+        table, membership = self.index.table, self.index.membership
+        object_id, size_bytes, _ = table.native.head(slot)
+        held = set(table.names(table.native.nodes(slot)))
         targets = [n for n in membership.healthy_nodes(now_ms)
-                   if n.node_id not in held and fits(entry.size_bytes, n.max_object_bytes)
-                   and n.free_bytes >= entry.size_bytes]
+                   if n.node_id not in held and fits(size_bytes, n.max_object_bytes)
+                   and n.free_bytes >= size_bytes]
         if not targets:
             return
         target = max(targets, key=lambda n: (n.free_bytes, n.node_id))
-        membership.order_copy(live[0], CopyOrder(entry.key, entry.object_id, target.address))
-        membership.reserve(target.node_id, entry.size_bytes)
-        entry.repair_target = target.node_id
-        entry.repair_deadline_ms = now_ms + self.timeout_ms
+        membership.order_copy(table.node_ids[live[0]],
+                              CopyOrder(table.native.key(slot), object_id, target.address))
+        membership.reserve(target.node_id, size_bytes)
+        table.native.set_repair(slot, table.ix(target.node_id), now_ms + self.timeout_ms)
         self.index.counters[C.REPAIRS_ORDERED] += 1
         self.ordered += 1
 
     def done(self, result: CopyResult) -> None:
         """A node reports a repair copy done (its target's STORED made it a replica) or failed."""
         index, membership = self.index, self.index.membership
-        entry = index.entries.get(result.key)
-        membership.unreserve(result.target_node_id, entry.size_bytes if entry is not None else 0)
-        if entry is None or entry.object_id != result.object_id:
+        native = index.table.native
+        slot = native.find(result.key)
+        object_id, size_bytes, _ = native.head(slot) if slot >= 0 else (0, 0, 0)
+        membership.unreserve(result.target_node_id, size_bytes)
+        if slot < 0 or object_id != result.object_id:
             return                    # removed or replaced meanwhile; the target refused it
-        if entry.repair_target == result.target_node_id:
-            entry.repair_target = None
+        target = index.table.ix_of(result.target_node_id)
+        if target is not None and native.repair(slot)[0] == target:
+            native.set_repair(slot, -1, 0)
         index.repair_hint = True     # a failed copy is planned again; a done one may not suffice
         if result.error:
             index.counters[C.REPAIR_FAILURES] += 1

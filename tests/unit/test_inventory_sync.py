@@ -11,8 +11,6 @@ import json
 import pytest
 
 from kvstore.errors import InvalidArgument
-from kvstore.master.entries import EntryTable
-from kvstore.master.entry import Entry
 from kvstore.master.index import ObjectIndex
 from kvstore.master.inventory import InventorySync, sync_node_inventory
 from kvstore.master.membership import Membership, NodeRegistration
@@ -53,27 +51,6 @@ def stored(index: ObjectIndex, node: str, key: str) -> int:
 
 def state(index: ObjectIndex) -> dict:
     return {k: (e.object_id, sorted(e.replicas)) for k, e in index.entries.items()}
-
-
-# ---- the entry table ----
-
-def test_a_scan_sees_every_entry_that_lives_through_it_and_reuses_positions():
-    table = EntryTable()
-    entries = [Entry(f"k{i}", 1, 1, i) for i in range(10)]
-    for e in entries:
-        table.add(e)
-    seen = []
-    for part in table.scan(slice_entries=3):
-        seen += [e.key for e in part]
-        if len(seen) == 3:                 # between slices: one behind, one ahead goes
-            table.remove(entries[0])
-            table.remove(entries[8])
-    assert seen == [f"k{i}" for i in range(10) if i != 8]
-    fresh = Entry("new", 1, 1, 99)
-    table.add(fresh)
-    assert fresh.slot == 8                         # the last position freed
-    assert len(table) == 9 and sorted(e.key for p in table.scan() for e in p) == sorted(
-        [f"k{i}" for i in range(1, 8)] + ["k9", "new"])
 
 
 # ---- an inventory in chunks ----
