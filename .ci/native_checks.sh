@@ -111,7 +111,9 @@ failed=0
 say "native unit tests against the sanitizer build"
 ( cd "$WORK/src" && san_env "$PY" -m pytest -q -p no:cacheprovider \
     tests/unit/test_native_codec.py tests/unit/test_shm_copy.py \
-    tests/integration/test_tcp_put_checksum.py ) >&2 || failed=1
+    tests/unit/test_native_allocator.py tests/unit/test_allocator.py \
+    tests/unit/test_native_eviction.py tests/unit/test_entry_table.py \
+    tests/unit/test_master_index.py tests/integration/test_tcp_put_checksum.py ) >&2 || failed=1
 say "a short kvstore fuzz against the sanitizer build"
 ( cd "$WORK/src" && san_env "$PY" -m kvstore.tools.cli.cli fuzz --inputs 600 --seed 1 --json \
     --log-dir "$WORK/fuzz-logs" >"$WORK/kvfuzz.out" 2>"$WORK/kvfuzz.err" ) \
