@@ -1,6 +1,6 @@
 // The master shard's compact entry table: key -> one record of fixed size.
 //
-// Pure C++ (no Python types): the pybind layer is entry_table_binding.cpp.
+// Pure C++ (no Python types): the pybind layer is entry_table_bind.cpp.
 // It replaces a Python object graph per entry (an Entry dataclass, its replica
 // list and tiers dict, the key string, dict slots: about 670 B an object at
 // 10M) with one 72-byte record in arrays and an 8-byte bucket of an open
