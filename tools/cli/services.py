@@ -25,6 +25,7 @@ from typing import Callable
 
 from kvstore.process import exit_with_launcher, setup_logging
 from kvstore.errors import InvalidArgument
+from kvstore.master.limits import MASTER_BYTES_PER_OBJECT
 from kvstore.rpc import MAX_REPLICAS, check_replica_num
 from kvstore.sizes import parse_size
 from kvstore.tools.cli.service_options import (check_common, checked, client_creds, port_number,
@@ -75,7 +76,8 @@ def master_main(argv: list[str]) -> None:
     p.add_argument("--lease-ttl-s", type=int, default=3, help="leader lease ttl")
     p.add_argument("--max-objects", type=int, default=0,
                    help="objects indexed at most; a new key beyond is NO_SPACE (0: half the "
-                        "memory at about 850 B each; see docs/operations.md, Scale and limits)")
+                        f"memory at about {MASTER_BYTES_PER_OBJECT} B each; see docs/operations.md, "
+                        "Scale and limits)")
     p.add_argument("--state-dir", default="",
                    help="keep the shard's roster of nodes here (with --etcd: in etcd): a "
                         "restart serves once they are back, a fresh cluster at once")
