@@ -26,6 +26,7 @@ from typing import Callable
 from kvstore.process import exit_with_launcher, setup_logging
 from kvstore.errors import InvalidArgument
 from kvstore.master.limits import MASTER_BYTES_PER_OBJECT
+from kvstore.store.limits import NODE_BYTES_PER_OBJECT
 from kvstore.rpc import MAX_REPLICAS, check_replica_num
 from kvstore.sizes import parse_size
 from kvstore.tools.cli.service_options import (check_common, checked, client_creds, port_number,
@@ -157,7 +158,7 @@ def node_main(argv: list[str]) -> None:
     p.add_argument("--max-objects", type=int, default=0,
                    help="objects held at most (every tier): one more evicts the coldest where "
                         "a policy evicts, else is NO_SPACE (0: half the memory beside --dram at "
-                        "about 1100 B each; see docs/operations.md, Scale and limits)")
+                        f"about {NODE_BYTES_PER_OBJECT} B each; see docs/operations.md, Scale and limits)")
     a = p.parse_args(argv)
     setup_logging(a.log_level)
     _check_node(a)
