@@ -93,7 +93,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         kwargs: the factory's extra arguments (unused).
 
     Raises:
-        ValueError: no master address.
+        ValueError: no master address, or decode context parallelism.
         kvstore.errors.Unavailable: the master cannot be reached.
     """
 
@@ -104,6 +104,11 @@ class KVStoreHiCacheStorage(HiCacheStorage):
             raise ValueError("kvstore HiCache backend: no master address; put \"master\": "
                              "\"HOST:PORT\" in --hicache-storage-backend-extra-config "
                              "or set KVSTORE_MASTER")
+        if getattr(storage_config, "dcp_size", 1) > 1:
+            # DCP ranks hold slices of a widened logical page: other host indices,
+            # other keys (Mooncake's backend has a layout of its own for them).
+            raise ValueError("kvstore HiCache backend: decode context parallelism "
+                             "(dcp_size > 1) is not supported")
         self.storage_config = storage_config
         self.identity = identity_from_config(storage_config, extra)
         writer = getattr(storage_config, "is_storage_writer", None)
