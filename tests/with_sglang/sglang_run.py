@@ -23,12 +23,16 @@ hashes of tokens 1..10 at page size 4, and ``keys``: their kvstore keys per rank
 
 - ``set``: fills each rank's pool with bytes that are a function of (page
   hash, rank, deployment) and ``batch_set_v1``s the first SET_PAGES pages of
-  TOKENS (twice: the second call finds them stored); ``results``, ``stats``.
+  TOKENS (twice: the second call finds them stored), and ``batch_set``s two
+  flat pages (the legacy interface); ``results``, ``again``, ``legacy``, ``stats``.
 - ``get``: ``batch_exists`` per rank over all pages; ``batch_get_v1`` of
   SET_PAGES pages into other pool slots and a byte compare with the bytes
-  ``set`` wrote; ``exists``, ``read``, ``exact``, ``stats``.
+  ``set`` wrote; the flat pages back through ``batch_get`` and ``get``;
+  ``exists`` of a stored and an unstored page; ``exists``, ``read``, ``exact``,
+  ``legacy_exact``, ``legacy_fresh``, ``exists_one``, ``stats``.
 - ``dead``: (the node is gone) ``batch_exists``, ``batch_get_v1`` and
-  ``batch_set_v1`` per rank; no exception may escape; ``exists``, ``read``, ``written``.
+  ``batch_set_v1`` per rank, and the same of a backend whose master does not
+  exist (``down``); no exception may escape; ``exists``, ``read``, ``written``.
 - ``clear`` (MHA rank 0 only): writes a page under another tenant, checks the
   first tenant does not see it, ``clear()``s the other tenant; ``other_before``,
   ``first_tenant``, ``cleared``, ``other_after``, ``first_tenant_kept``.
@@ -113,6 +117,7 @@ def indices(slots) -> torch.Tensor:
 
 
 RANKS = [(False, 0), (False, 1), (True, 0), (True, 1)]
+LEGACY = [f"{i:064x}" for i in (0xF1A70, 0xF1A71)]   # flat pages (the copying calls)
 
 
 def main() -> None:
@@ -129,7 +134,9 @@ def main() -> None:
             fill(pool, slots, hashes[:SET_PAGES], rank)
             first = b.batch_set_v1(hashes[:SET_PAGES], indices(slots))
             again = b.batch_set_v1(hashes[:SET_PAGES], indices(slots))
-            report[name] = {"results": first, "again": again, "stats": b.stats()}
+            legacy = b.batch_set(LEGACY, [page_bytes(k, rank, mla, 100) for k in LEGACY])
+            report[name] = {"results": first, "again": again, "legacy": legacy,
+                            "stats": b.stats()}
         elif mode == "get":
             count = b.batch_exists(hashes)
             slots = list(range(31, 31 - SET_PAGES, -1))       # other slots, reversed
@@ -138,10 +145,26 @@ def main() -> None:
             exact = [torch.equal(pool.page(s).reshape(-1),
                                  page_bytes(h, writer_rank, mla, pool.page(s).numel()))
                      for s, h in zip(slots, hashes[:SET_PAGES])]
+            into = [torch.empty(100, dtype=torch.uint8) for _ in LEGACY]
+            legacy = b.batch_get(LEGACY, into)
+            fresh = b.get(LEGACY[0])
             report[name] = {"exists": count, "read": read, "exact": exact, "stats": b.stats(),
-                            "metrics_pgs": b.get_stats().prefetch_pgs}
+                            "metrics_pgs": b.get_stats().prefetch_pgs,
+                            "legacy_exact": [t is not None and torch.equal(
+                                t, page_bytes(k, writer_rank, mla, 100))
+                                for t, k in zip(legacy, LEGACY)],
+                            "legacy_fresh": fresh is not None and torch.equal(
+                                fresh, page_bytes(LEGACY[0], writer_rank, mla, 100)),
+                            "exists_one": [b.exists(hashes[0]), b.exists(hashes[-1])]}
         elif mode == "dead":
             slots = list(range(SET_PAGES))
+            if name == "mha0":                   # and a master that is not there at all
+                down, _ = backend("127.0.0.1:1", mla, rank)
+                report["down"] = {"exists": down.batch_exists(hashes),
+                                  "read": down.batch_get_v1(hashes[:2], indices([0, 1])),
+                                  "written": down.batch_set_v1(hashes[:2], indices([0, 1])),
+                                  "stats": down.stats()}
+                down.close()
             report[name] = {"exists": b.batch_exists(hashes),
                             "read": b.batch_get_v1(hashes[:SET_PAGES], indices(slots)),
                             "written": b.batch_set_v1(hashes[SET_PAGES:], indices(

@@ -80,6 +80,7 @@ def test_pages_set_in_one_process_are_read_byte_exact_in_another_and_a_dead_node
         for name in RANKS:
             assert put[name]["results"] == [True] * SET_PAGES, put[name]
             assert put[name]["again"] == [True] * SET_PAGES, put[name]
+            assert put[name]["legacy"] is True
         # Writes: every MHA rank its own pages, the MLA writer (rank 0) once, rank 1 none.
         assert put["mha1"]["stats"]["pages_written"] == SET_PAGES
         assert put["mla0"]["stats"]["pages_written"] == SET_PAGES
@@ -94,6 +95,9 @@ def test_pages_set_in_one_process_are_read_byte_exact_in_another_and_a_dead_node
             assert g["read"] == [True] * SET_PAGES, (name, g)
             assert g["exact"] == [True] * SET_PAGES, (name, g)      # rank 1 of MLA: rank 0's
             assert g["stats"]["errors"] == 0 and g["metrics_pgs"] == [SET_PAGES]
+            # The legacy (copying) interface: flat pages, MLA rank 1 reading rank 0's.
+            assert g["legacy_exact"] == [True, True] and g["legacy_fresh"] is True, (name, g)
+            assert g["exists_one"] == [True, False]
 
         cleared = _run(tmp_path, "clear", cluster.master)["mha0"]
         assert cleared == {"other_before": 1, "first_tenant": 0, "cleared": True,
@@ -114,3 +118,7 @@ def test_pages_set_in_one_process_are_read_byte_exact_in_another_and_a_dead_node
         assert dead[name]["written"] == [False] * (ALL_PAGES - SET_PAGES), dead[name]
         assert dead[name]["stats"]["errors"] >= 1
     assert dead["mla1"]["written"] == [True] * (ALL_PAGES - SET_PAGES)   # writes nothing
+    # A master that is not there: the backend is made (SGLang starts) and answers misses.
+    down = dead["down"]
+    assert (down["exists"], down["read"], down["written"]) == (0, [False] * 2, [False] * 2)
+    assert down["stats"]["errors"] == 3

@@ -1,4 +1,4 @@
-"""Build the virtual environment that runs kvstore's SGLang HiCache backend against SGLang's own classes.
+"""Build the virtual environment that runs kvstore's SGLang HiCache backend with SGLang's wheel.
 
     python3 tools/cluster/sglang_env.py VENV    # from a checkout, before kvstore is installed
 

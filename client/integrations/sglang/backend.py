@@ -35,6 +35,8 @@ report success without writing, and every rank reads the one copy.
 Failures are never raised into SGLang: a store that is down, a node that
 died, a page that is gone are misses (``False`` per page, a count of 0);
 the first of each kind is logged and every one counted in :meth:`stats`.
+The client is made at the first call (SGLang starts while the store is
+down), and every call ends within ``timeout_s``.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from kvstore.client.client import KVClient
 from kvstore.client.integrations.sglang.keys import (FLAT_PART, StorageIdentity, leading_pages,
                                                      page_keys)
 from kvstore.client.integrations.sglang.pool import PoolPages
-from kvstore.errors import KeyConflict, KVStoreError, NotFound
+from kvstore.errors import KeyConflict, KVStoreError, NotFound, Unavailable
 
 # SGLang shows INFO of loggers under its own name.
 log = logging.getLogger("sglang.kvstore_hicache")
@@ -94,7 +96,6 @@ class KVStoreHiCacheStorage(HiCacheStorage):
 
     Raises:
         ValueError: no master address, or decode context parallelism.
-        kvstore.errors.Unavailable: the master cannot be reached.
     """
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Optional[dict] = None):
@@ -115,11 +116,15 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         self.is_writer = bool(writer if writer is not None
                               else not storage_config.is_mla_model or storage_config.tp_rank == 0)
         self.enable_storage_metrics = bool(storage_config.enable_storage_metrics)
-        self.client = KVClient(master, replica_num=int(extra.get("replica_num", 1)),
-                               timeout_s=float(extra.get("timeout_s", 5.0)),
-                               token=extra.get("token"))
+        self._master = master
+        self._timeout_s = float(extra.get("timeout_s", 5.0))
+        self._replica_num = int(extra.get("replica_num", 1))
+        self._token = extra.get("token")
+        self._client: KVClient | None = None
+        self._retry_at = 0.0
         self.pages: PoolPages | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()            # the counters and metrics
+        self._client_lock = threading.Lock()     # making the client (may take timeout_s)
         self._counters = dict.fromkeys(_COUNTERS, 0)
         self._logged: set[str] = set()
         self._metrics: dict[str, list] = {"prefetch_pgs": [], "backup_pgs": [],
@@ -163,7 +168,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
             return [False] * len(keys)
         t0 = time.perf_counter()
         try:
-            res = self.client.batch_get_into(page_keys(self.identity, keys), views)
+            res = self._store().batch_get_into(page_keys(self.identity, keys), views)
         except KVStoreError as e:
             self._failed("get", e)
             return [False] * len(keys)
@@ -197,7 +202,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         t0 = time.perf_counter()
         okeys = page_keys(self.identity, keys)
         try:
-            present = self.client.batch_exists(okeys)
+            present = self._store().batch_exists(okeys)
         except KVStoreError as e:
             self._failed("set", e)
             return [False] * len(keys)
@@ -206,8 +211,9 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         if todo:
             parents = self._parents(okeys, extra_info)
             try:
-                res = self.client.batch_put([okeys[i] for i in todo], [views[i] for i in todo],
-                                            parents=[parents[i] for i in todo])
+                res = self._store().batch_put([okeys[i] for i in todo],
+                                              [views[i] for i in todo],
+                                              parents=[parents[i] for i in todo])
             except KVStoreError as e:
                 self._failed("set", e)
                 res = [e] * len(todo)
@@ -240,7 +246,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
             return 0
         self._count(exists_calls=1)
         try:
-            present = self.client.batch_exists(page_keys(self.identity, keys))
+            present = self._store().batch_exists(page_keys(self.identity, keys))
         except KVStoreError as e:
             self._failed("exists", e)
             return 0
@@ -264,11 +270,11 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         okeys = page_keys(self.identity, keys, (FLAT_PART,))
         try:
             if target_locations is None:
-                vals = self.client.batch_get(okeys)
+                vals = self._store().batch_get(okeys)
                 return [None if isinstance(v, KVStoreError)
                         else torch.frombuffer(v, dtype=torch.uint8) if v else
                         torch.empty(0, dtype=torch.uint8) for v in vals]
-            sizes = self.client.batch_get_into(okeys, target_locations)
+            sizes = self._store().batch_get_into(okeys, target_locations)
         except KVStoreError as e:
             self._failed("get", e)
             return [None] * len(keys)
@@ -290,7 +296,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
             return True
         okeys = page_keys(self.identity, keys, (FLAT_PART,))
         try:
-            res = self.client.batch_put(okeys, [v.contiguous() for v in values])
+            res = self._store().batch_put(okeys, [v.contiguous() for v in values])
         except KVStoreError as e:
             self._failed("set", e)
             return False
@@ -302,9 +308,9 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         to list: ``admin`` where the store authenticates); True when done."""
         prefix = self.identity.key_prefix()
         try:
-            keys = [m.key for m in self.client.list(prefix)]
+            keys = [m.key for m in self._store().list(prefix)]
             for i in range(0, len(keys), 1000):
-                self.client.batch_remove(keys[i:i + 1000])
+                self._store().batch_remove(keys[i:i + 1000])
         except KVStoreError as e:
             self._failed("clear", e)
             return False
@@ -339,9 +345,37 @@ class KVStoreHiCacheStorage(HiCacheStorage):
 
     def close(self) -> None:
         """Close the client's connections."""
-        self.client.close()
+        with self._client_lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
 
     # ---- helpers ----
+    def _store(self) -> KVClient:
+        """The client, made at first use: SGLang starts (and answers misses) while
+        the store is down. After a failed connect, calls answer misses at once
+        for ``timeout_s`` before the next try, so a dead master costs one
+        timeout per ``timeout_s``, not one per call.
+
+        Raises:
+            kvstore.errors.Unavailable: the master cannot be reached (now or lately).
+        """
+        with self._client_lock:
+            if self._client is not None:
+                return self._client
+            if time.monotonic() < self._retry_at:
+                raise Unavailable(f"kvstore master {self._master} unreachable; retrying later")
+            try:
+                # One deadline per call, failover waits included: a miss costs a
+                # recompute, a stalled prefetch or backup thread costs more.
+                self._client = KVClient(self._master, replica_num=self._replica_num,
+                                        timeout_s=self._timeout_s,
+                                        failover_wait_s=self._timeout_s, token=self._token)
+            except KVStoreError:
+                self._retry_at = time.monotonic() + self._timeout_s
+                raise
+            return self._client
+
     def _views(self, keys: List[str], host_indices, op: str) -> list[memoryview] | None:
         if self.pages is None:
             self._failed(op, RuntimeError("no host pool registered (register_mem_pool_host)"))
