@@ -146,8 +146,10 @@ class KVStoreHiCacheStorage(HiCacheStorage):
             kv_dtype=str(getattr(pool, "dtype", "")).removeprefix("torch."),
             layout=str(getattr(pool, "layout", "")),
             num_layers=int(getattr(pool, "layer_num", 0)),
-            num_kv_heads=int(getattr(pool, "head_num", 0) or 0),
-            head_dim=int(getattr(pool, "head_dim", 0) or getattr(pool, "kv_lora_rank", 0) or 0))
+            num_kv_heads=int(getattr(pool, "head_num", 0) or 1),
+            # MLA pools have no head_dim: their latent KV is kv_lora_rank + the rope part
+            head_dim=int(getattr(pool, "head_dim", 0) or getattr(pool, "kv_lora_rank", 0)
+                         + getattr(pool, "qk_rope_head_dim", 0)))
         self.pages = PoolPages(pool, len(self.identity.parts))
         log.info("kvstore HiCache backend: rank %d/%d%s, keys %s*", self.identity.tp_rank,
                  self.identity.tp_size, " (MLA)" if self.identity.is_mla else "",
@@ -215,8 +217,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
                                               [views[i] for i in todo],
                                               parents=[parents[i] for i in todo])
             except KVStoreError as e:
-                self._failed("set", e)
-                res = [e] * len(todo)
+                res = [e] * len(todo)          # counted once, below
             conflicts, failed = 0, None
             for i, r in zip(todo, res):
                 # Another writer stored other bytes for this prefix (kernels are not
