@@ -99,7 +99,8 @@ def test_pages_set_in_one_process_are_read_byte_exact_in_another_and_a_dead_node
             assert g["legacy_exact"] == [True, True] and g["legacy_fresh"] is True, (name, g)
             assert g["exists_one"] == [True, False]
 
-        cleared = _run(tmp_path, "clear", cluster.master)["mha0"]
+        clear = _run(tmp_path, "clear", cluster.master)
+        cleared = clear["mha0"]
         assert cleared == {"other_before": 1, "first_tenant": 0, "cleared": True,
                            "other_after": 0, "first_tenant_kept": SET_PAGES}
 
@@ -110,6 +111,7 @@ def test_pages_set_in_one_process_are_read_byte_exact_in_another_and_a_dead_node
         for segment in Path("/dev/shm").glob(f"kvstore-{node.pid}-*"):
             segment.unlink(missing_ok=True)   # a SIGKILLed node cannot unlink its own
         dead = _run(tmp_path, "dead", cluster.master)
+    _keys_agree(put, got, clear, dead)                   # four processes, one mapping
     for name in RANKS:
         d = dead[name]
         assert d["read"] == [False] * SET_PAGES, (name, d)        # misses, no exception
