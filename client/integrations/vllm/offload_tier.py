@@ -6,13 +6,13 @@ secondary on store, secondary -> CPU -> GPU on load. :class:`KVStoreTier` is
 such a tier, loaded out of tree by module path, with no vLLM change::
 
     "kv_connector": "OffloadingConnector",
-    "kv_connector_extra_config": {..., "secondary_tiers": [
-        {"type": "KVStoreTier",
-         "module_path": "kvstore.client.integrations.vllm.offload_tier",
-         "master": "HOST:PORT"}]}
+    "kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec",
+        "cpu_bytes_to_use": ..., "secondary_tiers": [
+            {"type": "KVStoreTier",
+             "module_path": "kvstore.client.integrations.vllm.offload_tier",
+             "master": "HOST:PORT"}]}
 
-(the key that lists the tiers is the OffloadingConnector's own, see its
-docs). vLLM builds it with ``SecondaryTierFactory.create_secondary_tier``,
+vLLM builds it with ``SecondaryTierFactory.create_secondary_tier``,
 which passes the tier's other fields as keyword arguments (``master``,
 ``timeout_s``, ``threads``, ``tenant``, ``locality``).
 
