@@ -16,7 +16,10 @@ engine step does not wait for the store; the blocks are copied out of
 vLLM's cache by then, so vLLM may free them at once (``request_finished``
 holds nothing and ``get_finished`` has nothing to report). At most
 ``MAX_PENDING_SAVES`` batches wait; then the step waits for the oldest; at
-shutdown every pending save is finished. Loads are synchronous by default;
+shutdown every pending save is finished (``save_mode: parts`` writes each layer
+straight into the values reserved on their nodes instead, and commits them in
+the background: :mod:`kvstore.client.integrations.vllm.layerwise`). Loads are
+synchronous by default;
 with ``load_async`` (extra config, default false) a request's blocks are read
 on a background thread while vLLM steps the other requests, and the request
 is reported in ``get_finished`` once they are in its blocks
@@ -53,9 +56,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStat
 
 from kvstore.client.client import KVClient
 from kvstore.client.integrations.vllm.keys import EngineIdentity, matched_blocks, request_keys
+from kvstore.client.integrations.vllm.layerwise import LayerwiseSave
 from kvstore.client.integrations.vllm.loads import Loader, LoadJob
-from kvstore.client.integrations.vllm.staging import (BlockLayout, HostBuffers, copies_done,
-                                                    copy_between, rows)
+from kvstore.client.integrations.vllm.staging import (BlockLayout, HostBuffers, StagedSave,
+                                                    copies_done, copy_between, rows)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -107,23 +111,6 @@ class KVStoreConnectorStats(KVConnectorStats):
 
 
 @dataclass
-class _StagedSave:
-    """One step's blocks to save, their objects staged as the rows of one host buffer
-    (plan by plan, block by block)."""
-
-    plans: list[_ReqPlan]               # the step's plans with save blocks
-    buf: torch.Tensor | None = None     # from HostBuffers; given back once the put is done
-    objects: torch.Tensor | None = None  # [blocks, object_bytes] uint8 view of buf
-    layers: set[str] = field(default_factory=set)   # layers copied in so far
-    pending: bool = False               # asynchronous (CUDA) copies were issued
-    error: BaseException | None = None  # a copy failed: nothing of this step is saved
-
-    @property
-    def num_blocks(self) -> int:
-        return sum(len(p.save_blocks) for p in self.plans)
-
-
-@dataclass
 class _Tracked:
     tokens: list[int]
     lora_name: str
@@ -159,6 +146,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._save_async = bool(extra.get("save_async", True))
         self._load_async = bool(extra.get("load_async", False))
         self._load_threads = int(extra.get("load_threads", 2))
+        self._save_parts = extra.get("save_mode", "batch") == "parts"   # else one batch_put
         self._block_size = vllm_config.cache_config.block_size
         self._can_load = self._kv_transfer_config.kv_role in ("kv_both", "kv_consumer")
         self._can_save = self._kv_transfer_config.kv_role in ("kv_both", "kv_producer")
@@ -187,10 +175,11 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._layout: BlockLayout | None = None
         self._host = HostBuffers()
         self._load_errors: set[int] = set()
-        self._staged: _StagedSave | None = None
+        self._staged: StagedSave | None = None
         self._saver: ThreadPoolExecutor | None = None
         self._pending_saves: deque[Future] = deque()
         self._loader: Loader | None = None
+        self._layerwise: LayerwiseSave | None = None
 
     # ---- shared ----
     def _store(self) -> KVClient:
@@ -251,6 +240,8 @@ class KVStoreConnector(KVConnectorBase_V1):
                     self._host.give(job.buf)
             self._loader = None
         self._drain_saves(0)
+        if self._layerwise is not None:
+            self._layerwise.close()
         if self._saver is not None:
             self._saver.shutdown(wait=True)
             self._saver = None
@@ -424,26 +415,13 @@ class KVStoreConnector(KVConnectorBase_V1):
 
     def _apply(self, job: LoadJob) -> None:
         """Copy a read job's objects into vLLM's blocks (engine thread); a block that
-        failed goes to get_block_ids_with_load_errors. Gives the job's buffer back."""
-        pending = False
-        for bid, size, i in zip(job.block_ids, job.results, range(len(job.keys))):
-            err = size if isinstance(size, BaseException) else None
-            if err is None and size != self._layout.object_bytes:
-                err = ValueError("block size differs from the layout")
-            if err is None:
-                try:
-                    pending |= self._scatter(job.objects[i], bid)
-                except Exception as e:  # noqa: BLE001 - never raise into the engine
-                    err = e
-            if err is not None:
-                self._load_errors.add(bid)
-                self._fail("load", "load_errors", 1, err)
-                continue
-            self._count("loaded_blocks", 1)
-        if job.buf is not None:
-            if pending:
-                copies_done().synchronize()     # before the buffer is reused
-            self._host.give(job.buf)
+        failed goes to get_block_ids_with_load_errors."""
+        loaded, failed = job.copy_in(self._kv_caches, self._layout, self._block_slice,
+                                     self._host)
+        for bid, err in failed:
+            self._load_errors.add(bid)
+            self._fail("load", "load_errors", 1, err)
+        self._count("loaded_blocks", loaded)
         self._count("load_s", job.read_s)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None,
@@ -464,16 +442,6 @@ class KVStoreConnector(KVConnectorBase_V1):
             self._dump_stats()
         return None, ({job.req_id for job in done} or None)
 
-    def _scatter(self, obj: torch.Tensor, block_id: int) -> bool:
-        """Copy one object (a host row, ``object_bytes``) into block ``block_id`` of every
-        layer; True when the copies were issued asynchronously."""
-        pending = False
-        for layer, off, size in zip(self._kv_caches.values(), self._layout.offsets,
-                                    self._layout.sizes):
-            pending |= copy_between(obj[off:off + size], self._block_slice(layer, block_id),
-                                    to_host=False, pinned=self._host.pin)
-        return pending
-
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads complete in start_load_kv
 
@@ -482,12 +450,15 @@ class KVStoreConnector(KVConnectorBase_V1):
         """Copy this layer's slice of the step's blocks to save into their objects' rows
         (one copy each, device to host). A failure is counted in ``wait_for_save``, never
         raised into vLLM's forward."""
+        if self._save_parts:
+            self._save_layer_parts(layer_name, kv_layer)
+            return
         staged = self._staged
         if staged is None:
             plans = [p for p in self._get_connector_metadata().requests if p.save_blocks]
             if not plans:
                 return
-            staged = self._staged = _StagedSave(plans)
+            staged = self._staged = StagedSave(plans)
         try:
             if staged.error is not None:
                 return
@@ -507,7 +478,39 @@ class KVStoreConnector(KVConnectorBase_V1):
         except Exception as e:  # noqa: BLE001 - never raise into the engine's forward
             staged.error = e
 
+    def bind_connector_metadata(self, connector_metadata) -> None:
+        """vLLM binds the step's plans before its forward: ``save_mode: parts`` reserves
+        the step's values now, while the first layers compute."""
+        super().bind_connector_metadata(connector_metadata)
+        if self._save_parts and self._layout is not None:
+            self._begin_parts()
+
+    def _begin_parts(self) -> None:
+        if self._layerwise is None:
+            self._layerwise = LayerwiseSave(self._store, self._layout, self._block_slice,
+                                            self._host, self._count, self._fail,
+                                            self._dump_stats)
+        plans = [p for p in self._get_connector_metadata().requests if p.save_blocks]
+        if plans and self._layerwise.step is None:
+            self._layerwise.begin([k for p in plans for k in self._keys(p, p.save_blocks)],
+                                  [bid for p in plans for _, bid in p.save_blocks])
+
+    def _save_layer_parts(self, layer_name: str, kv_layer: torch.Tensor) -> None:
+        """``save_mode: parts``: each layer goes into the step's reserved values
+        (:mod:`.layerwise`)."""
+        if self._layerwise is None or self._layerwise.step is None:
+            self._begin_parts()
+        self._layerwise.layer(layer_name, kv_layer)
+
     def wait_for_save(self):
+        if self._layerwise is not None and self._save_parts:
+            t0 = time.perf_counter()
+            self._drain_saves(MAX_PENDING_SAVES - 1)
+            done = self._layerwise.finish()
+            if done is not None:
+                self._pending_saves.append(done)
+            self._count("save_wait_s", time.perf_counter() - t0)
+            return
         staged, self._staged = self._staged, None
         if staged is None:
             return

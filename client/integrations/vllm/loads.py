@@ -43,7 +43,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from kvstore.client.integrations.vllm.staging import HostBuffers, rows
+from kvstore.client.integrations.vllm.staging import (BlockLayout, HostBuffers, copies_done,
+                                                    copy_between, rows)
 
 log = logging.getLogger("vllm.kvstore_connector")
 
@@ -78,6 +79,39 @@ class LoadJob:
             self.results = [e] * len(self.keys)
         self.done_at = time.perf_counter()
         self.read_s = self.done_at - t0
+
+    def copy_in(self, kv_caches: dict[str, torch.Tensor], layout: BlockLayout,
+                block_slice: Callable[[torch.Tensor, int], torch.Tensor],
+                host: HostBuffers) -> tuple[int, list[tuple[int, BaseException]]]:
+        """Copy each object read into its block of every layer (engine thread), one copy
+        per layer slice, then give the buffer back; never raises.
+
+        Returns:
+            The blocks copied in, and ``(block id, error)`` of each block that was not
+            (its read failed, or its size differs from ``layout``).
+        """
+        loaded, failed, pending = 0, [], False
+        for i, (bid, size) in enumerate(zip(self.block_ids, self.results)):
+            err = size if isinstance(size, BaseException) else None
+            if err is None and size != layout.object_bytes:
+                err = ValueError(f"a {size} B object, the layout's are {layout.object_bytes} B")
+            if err is None:
+                try:
+                    obj = self.objects[i]
+                    for layer, off, n in zip(kv_caches.values(), layout.offsets, layout.sizes):
+                        pending |= copy_between(obj[off:off + n], block_slice(layer, bid),
+                                                to_host=False, pinned=host.pin)
+                    loaded += 1
+                    continue
+                except Exception as e:  # noqa: BLE001 - never raised into vLLM
+                    err = e
+            failed.append((bid, err))
+        if self.buf is not None:
+            if pending:
+                copies_done().synchronize()     # before the buffer is reused
+            host.give(self.buf)
+            self.buf = self.objects = None
+        return loaded, failed
 
 
 class Loader:
