@@ -16,7 +16,14 @@ engine step does not wait for the store; the blocks are copied out of
 vLLM's cache by then, so vLLM may free them at once (``request_finished``
 holds nothing and ``get_finished`` has nothing to report). At most
 ``MAX_PENDING_SAVES`` batches wait; then the step waits for the oldest; at
-shutdown every pending save is finished. Loads are synchronous. The copies
+shutdown every pending save is finished (``save_mode: parts`` writes each layer
+straight into the values reserved on their nodes instead, and commits them in
+the background: :mod:`kvstore.client.integrations.vllm.layerwise`). Loads are
+synchronous by default;
+with ``load_async`` (extra config, default false) a request's blocks are read
+on a background thread while vLLM steps the other requests, and the request
+is reported in ``get_finished`` once they are in its blocks
+(:mod:`kvstore.client.integrations.vllm.loads`). The copies
 go through reusable host buffers (pinned where CUDA is), one copy per layer
 slice each way, so vLLM's KV tensors may be on any device
 (:mod:`kvstore.client.integrations.vllm.staging`). A store that is down, or a block that
@@ -49,8 +56,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStat
 
 from kvstore.client.client import KVClient
 from kvstore.client.integrations.vllm.keys import EngineIdentity, matched_blocks, request_keys
-from kvstore.client.integrations.vllm.staging import (BlockLayout, HostBuffers, copies_done,
-                                                    copy_between, rows)
+from kvstore.client.integrations.vllm.layerwise import LayerwiseSave
+from kvstore.client.integrations.vllm.loads import Loader, LoadJob
+from kvstore.client.integrations.vllm.staging import (BlockLayout, HostBuffers, StagedSave,
+                                                    copies_done, copy_between, rows)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -73,6 +82,7 @@ class _ReqPlan:
     cache_salt: str
     load_blocks: list[tuple[int, int]] = field(default_factory=list)  # (block index, block id)
     save_blocks: list[tuple[int, int]] = field(default_factory=list)
+    load_async: bool = False    # load_blocks are read in the background (get_finished)
 
 
 @dataclass
@@ -101,29 +111,15 @@ class KVStoreConnectorStats(KVConnectorStats):
 
 
 @dataclass
-class _StagedSave:
-    """One step's blocks to save, their objects staged as the rows of one host buffer
-    (plan by plan, block by block)."""
-
-    plans: list[_ReqPlan]               # the step's plans with save blocks
-    buf: torch.Tensor | None = None     # from HostBuffers; given back once the put is done
-    objects: torch.Tensor | None = None  # [blocks, object_bytes] uint8 view of buf
-    layers: set[str] = field(default_factory=set)   # layers copied in so far
-    pending: bool = False               # asynchronous (CUDA) copies were issued
-    error: BaseException | None = None  # a copy failed: nothing of this step is saved
-
-    @property
-    def num_blocks(self) -> int:
-        return sum(len(p.save_blocks) for p in self.plans)
-
-
-@dataclass
 class _Tracked:
     tokens: list[int]
     lora_name: str
     cache_salt: str
     block_ids: list[int]
     saved_upto: int  # blocks below this index need no save
+    computed_at_lookup: int = 0     # vLLM's own prefix hit (tokens) at the last lookup
+    loading: set[int] = field(default_factory=set)  # block ids of its async load under way
+    no_load: bool = False   # an async load of it failed: vLLM recomputes, never loads again
 
 
 def _identity(vllm_config: "VllmConfig", tp_rank: int) -> EngineIdentity:
@@ -148,6 +144,9 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._stats_path = extra.get("stats_path")
         self._timeout_s = float(extra.get("timeout_s", 5.0))
         self._save_async = bool(extra.get("save_async", True))
+        self._load_async = bool(extra.get("load_async", False))
+        self._load_threads = int(extra.get("load_threads", 2))
+        self._save_parts = extra.get("save_mode", "batch") == "parts"   # else one batch_put
         self._block_size = vllm_config.cache_config.block_size
         self._can_load = self._kv_transfer_config.kv_role in ("kv_both", "kv_consumer")
         self._can_save = self._kv_transfer_config.kv_role in ("kv_both", "kv_producer")
@@ -165,7 +164,8 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._stats = {"lookups": 0, "lookup_errors": 0, "hit_blocks": 0,
                        "loaded_blocks": 0, "load_errors": 0, "load_s": 0.0,
                        "saved_blocks": 0, "save_errors": 0, "save_s": 0.0,
-                       "load_errors_reported": 0, "save_wait_s": 0.0}
+                       "load_errors_reported": 0, "save_wait_s": 0.0,
+                       "async_loads": 0, "load_wait_s": 0.0, "steps_during_loads": 0}
         self._reported: dict[str, int | float] = {}  # _stats at the last get_kv_connector_stats
         # scheduler state
         self._tracked: dict[str, _Tracked] = {}
@@ -175,9 +175,11 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._layout: BlockLayout | None = None
         self._host = HostBuffers()
         self._load_errors: set[int] = set()
-        self._staged: _StagedSave | None = None
+        self._staged: StagedSave | None = None
         self._saver: ThreadPoolExecutor | None = None
         self._pending_saves: deque[Future] = deque()
+        self._loader: Loader | None = None
+        self._layerwise: LayerwiseSave | None = None
 
     # ---- shared ----
     def _store(self) -> KVClient:
@@ -211,8 +213,11 @@ class KVStoreConnector(KVConnectorBase_V1):
 
     def stats(self) -> dict:
         """Counters: lookups, hit/loaded/saved blocks, load/save errors and seconds (the
-        background puts' ``save_s``, the engine's waits for them ``save_wait_s``), and
-        the failed blocks handed to vLLM to recompute (``load_errors_reported``)."""
+        background puts' ``save_s``, the engine's waits for them ``save_wait_s``; the
+        store reads' ``load_s``), and the failed blocks handed to vLLM to recompute
+        (``load_errors_reported``). Async loads: ``async_loads`` started, the engine
+        thread's time on them ``load_wait_s`` (submitting, copying in), and
+        ``steps_during_loads``, the engine steps that ended while a read was under way."""
         with self._lock:
             return dict(self._stats)
 
@@ -229,7 +234,14 @@ class KVStoreConnector(KVConnectorBase_V1):
         return KVStoreConnectorStats(data=dict(data or {}))
 
     def shutdown(self) -> None:
+        if self._loader is not None:
+            for job in self._loader.close():     # loads vLLM no longer waits for
+                if job.buf is not None:
+                    self._host.give(job.buf)
+            self._loader = None
         self._drain_saves(0)
+        if self._layerwise is not None:
+            self._layerwise.close()
         if self._saver is not None:
             self._saver.shutdown(wait=True)
             self._saver = None
@@ -244,8 +256,15 @@ class KVStoreConnector(KVConnectorBase_V1):
         return (lora.lora_name if lora is not None else ""), (request.cache_salt or "")
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        """Tokens beyond vLLM's own ``num_computed_tokens`` kvstore holds, and whether
+        they are loaded in the background (``load_async``)."""
         if not self._can_load:
             return 0, False
+        t = self._tracked.get(request.request_id)
+        if t is not None:
+            if t.no_load:
+                return 0, False
+            t.computed_at_lookup = num_computed_tokens   # where the loaded blocks start
         tokens = list(request.prompt_token_ids or [])
         usable = (len(tokens) - 1) // self._block_size  # the last token is always computed
         if usable * self._block_size <= num_computed_tokens:
@@ -260,15 +279,17 @@ class KVStoreConnector(KVConnectorBase_V1):
             return 0, False
         self._count("hit_blocks", hits)
         self._dump_stats()
-        return max(0, hits * self._block_size - num_computed_tokens), False
+        n = max(0, hits * self._block_size - num_computed_tokens)
+        return n, self._load_async and n > 0
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
         if num_external_tokens <= 0:
             return
         block_ids = blocks.get_block_ids()[0]
         # blocks holds the request's blocks from the first one; the external
-        # tokens follow the locally computed ones.
-        first = request.num_computed_tokens // self._block_size
+        # tokens follow the locally computed ones (the hit vLLM gave the lookup).
+        t = self._tracked.get(request.request_id)
+        first = (t.computed_at_lookup if t is not None else 0) // self._block_size
         n = num_external_tokens // self._block_size
         self._pending_loads[request.request_id] = [(i, block_ids[i])
                                                    for i in range(first, first + n)]
@@ -287,12 +308,20 @@ class KVStoreConnector(KVConnectorBase_V1):
                 continue
             t.block_ids = list(new.block_ids[0])
             loads = self._pending_loads.pop(new.req_id, [])
-            # blocks vLLM already had or loads need no save
-            t.saved_upto = new.num_computed_tokens // self._block_size + len(loads)
+            # blocks vLLM already had or loaded (both in num_computed_tokens; after a
+            # failed async load only those before its first failed block) need no save
+            t.saved_upto = new.num_computed_tokens // self._block_size
             if loads:
                 meta.requests.append(_ReqPlan(new.req_id, t.tokens, t.lora_name, t.cache_salt,
                                               load_blocks=loads))
             steps.append((new.req_id, new.num_computed_tokens))
+        # Async loads: their requests wait (unscheduled) until get_finished reports them.
+        for req_id in [r for r in self._pending_loads if self._load_async]:
+            t, loads = self._tracked.get(req_id), self._pending_loads.pop(req_id)
+            if t is not None:
+                t.loading = {bid for _, bid in loads}
+                meta.requests.append(_ReqPlan(req_id, t.tokens, t.lora_name, t.cache_salt,
+                                              load_blocks=loads, load_async=True))
         cached = scheduler_output.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
             t = self._tracked.get(req_id)
@@ -319,6 +348,13 @@ class KVStoreConnector(KVConnectorBase_V1):
         """Blocks whose load failed are recomputed by vLLM: save them again then
         (the store lost or never had them), from a request's first failed block."""
         bad = getattr(connector_output, "invalid_block_ids", None)
+        for req_id in getattr(connector_output, "finished_recving", None) or ():
+            t = self._tracked.get(req_id)
+            if t is not None:
+                # A failed async load is not tried again: vLLM asks again when the
+                # whole load failed, and the store may still list the blocks.
+                t.no_load = bool(bad and t.loading & bad)
+                t.loading = set()
         if not bad:
             return
         for t in self._tracked.values():
@@ -350,56 +386,61 @@ class KVStoreConnector(KVConnectorBase_V1):
         return [keys[b] for b, _ in blocks]
 
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
+        """Load this step's blocks: synchronous loads here, before the forward that
+        needs them; asynchronous ones are handed to the load threads (get_finished
+        reports them)."""
         meta = self._get_connector_metadata()
+        t0 = time.perf_counter()
         for plan in meta.requests:
             if not plan.load_blocks:
                 continue
-            t0 = time.perf_counter()
-            block_ids = [bid for _, bid in plan.load_blocks]
-            buf = None
-            try:
-                # each object is read straight into its row of a host buffer
-                size = self._layout.object_bytes
-                buf = self._host.take(len(block_ids) * size)
-                objects = rows(buf, len(block_ids), size)
-                sizes = self._store().batch_get_into(self._keys(plan, plan.load_blocks),
-                                                     list(objects))
-            except Exception as e:  # noqa: BLE001
-                if buf is not None:
-                    self._host.give(buf)
-                self._load_errors.update(block_ids)
-                self._fail("load", "load_errors", len(block_ids), e)
+            job = LoadJob(plan.req_id, self._keys(plan, plan.load_blocks),
+                          [bid for _, bid in plan.load_blocks])
+            if plan.load_async:
+                if self._loader is None:
+                    self._loader = Loader(self._read_blocks, self._host,
+                                          self._layout.object_bytes, self._load_threads)
+                self._loader.submit(job)
+                self._count("async_loads", 1)
                 continue
-            pending = False
-            for bid, obj, size in zip(block_ids, objects, sizes):
-                err = size if isinstance(size, BaseException) else None
-                if err is None and size != self._layout.object_bytes:
-                    err = ValueError("block size differs from the layout")
-                if err is None:
-                    try:
-                        pending |= self._scatter(obj, bid)
-                    except Exception as e:  # noqa: BLE001 - never raise into the engine
-                        err = e
-                if err is not None:
-                    self._load_errors.add(bid)
-                    self._fail("load", "load_errors", 1, err)
-                    continue
-                self._count("loaded_blocks", 1)
-            if pending:
-                copies_done().synchronize()     # before the buffer is reused
-            self._host.give(buf)
-            self._count("load_s", time.perf_counter() - t0)
+            job.read(self._read_blocks, self._host, self._layout.object_bytes)
+            self._apply(job)
+        if any(p.load_async for p in meta.requests):
+            self._count("load_wait_s", time.perf_counter() - t0)
         self._dump_stats()
 
-    def _scatter(self, obj: torch.Tensor, block_id: int) -> bool:
-        """Copy one object (a host row, ``object_bytes``) into block ``block_id`` of every
-        layer; True when the copies were issued asynchronously."""
-        pending = False
-        for layer, off, size in zip(self._kv_caches.values(), self._layout.offsets,
-                                    self._layout.sizes):
-            pending |= copy_between(obj[off:off + size], self._block_slice(layer, block_id),
-                                    to_host=False, pinned=self._host.pin)
-        return pending
+    def _read_blocks(self, keys: list[str], dests: list) -> list:
+        """The store read of a load (on a load thread when asynchronous)."""
+        return self._store().batch_get_into(keys, dests)
+
+    def _apply(self, job: LoadJob) -> None:
+        """Copy a read job's objects into vLLM's blocks (engine thread); a block that
+        failed goes to get_block_ids_with_load_errors."""
+        loaded, failed = job.copy_in(self._kv_caches, self._layout, self._block_slice,
+                                     self._host)
+        for bid, err in failed:
+            self._load_errors.add(bid)
+            self._fail("load", "load_errors", 1, err)
+        self._count("loaded_blocks", loaded)
+        self._count("load_s", job.read_s)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None,
+                                                               set[str] | None]:
+        """``(None, requests whose async load is done)``: their blocks are copied in
+        now, on the engine thread, and the failed ones are in the same pass's
+        get_block_ids_with_load_errors. Saves hold no blocks, so nothing is sending."""
+        if self._loader is None:
+            return None, None
+        t0 = time.perf_counter()
+        done = self._loader.take_done()
+        for job in done:
+            self._apply(job)
+        if self._loader.in_flight:
+            self._count("steps_during_loads", 1)
+        if done:
+            self._count("load_wait_s", time.perf_counter() - t0)
+            self._dump_stats()
+        return None, ({job.req_id for job in done} or None)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads complete in start_load_kv
@@ -409,12 +450,15 @@ class KVStoreConnector(KVConnectorBase_V1):
         """Copy this layer's slice of the step's blocks to save into their objects' rows
         (one copy each, device to host). A failure is counted in ``wait_for_save``, never
         raised into vLLM's forward."""
+        if self._save_parts:
+            self._save_layer_parts(layer_name, kv_layer)
+            return
         staged = self._staged
         if staged is None:
             plans = [p for p in self._get_connector_metadata().requests if p.save_blocks]
             if not plans:
                 return
-            staged = self._staged = _StagedSave(plans)
+            staged = self._staged = StagedSave(plans)
         try:
             if staged.error is not None:
                 return
@@ -434,7 +478,39 @@ class KVStoreConnector(KVConnectorBase_V1):
         except Exception as e:  # noqa: BLE001 - never raise into the engine's forward
             staged.error = e
 
+    def bind_connector_metadata(self, connector_metadata) -> None:
+        """vLLM binds the step's plans before its forward: ``save_mode: parts`` reserves
+        the step's values now, while the first layers compute."""
+        super().bind_connector_metadata(connector_metadata)
+        if self._save_parts and self._layout is not None:
+            self._begin_parts()
+
+    def _begin_parts(self) -> None:
+        if self._layerwise is None:
+            self._layerwise = LayerwiseSave(self._store, self._layout, self._block_slice,
+                                            self._host, self._count, self._fail,
+                                            self._dump_stats)
+        plans = [p for p in self._get_connector_metadata().requests if p.save_blocks]
+        if plans and self._layerwise.step is None:
+            self._layerwise.begin([k for p in plans for k in self._keys(p, p.save_blocks)],
+                                  [bid for p in plans for _, bid in p.save_blocks])
+
+    def _save_layer_parts(self, layer_name: str, kv_layer: torch.Tensor) -> None:
+        """``save_mode: parts``: each layer goes into the step's reserved values
+        (:mod:`.layerwise`)."""
+        if self._layerwise is None or self._layerwise.step is None:
+            self._begin_parts()
+        self._layerwise.layer(layer_name, kv_layer)
+
     def wait_for_save(self):
+        if self._layerwise is not None and self._save_parts:
+            t0 = time.perf_counter()
+            self._drain_saves(MAX_PENDING_SAVES - 1)
+            done = self._layerwise.finish()
+            if done is not None:
+                self._pending_saves.append(done)
+            self._count("save_wait_s", time.perf_counter() - t0)
+            return
         staged, self._staged = self._staged, None
         if staged is None:
             return

@@ -27,7 +27,7 @@ thread; a buffer belongs to one holder from ``take`` to ``give``.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -138,3 +138,20 @@ def copies_done():
     event = torch.cuda.Event()
     event.record()
     return event
+
+
+@dataclass
+class StagedSave:
+    """One step's blocks to save, their objects staged as the rows of one host buffer
+    (plan by plan, block by block)."""
+
+    plans: list                         # the step's plans (connector._ReqPlan) with save blocks
+    buf: torch.Tensor | None = None     # from HostBuffers; given back once the put is done
+    objects: torch.Tensor | None = None  # [blocks, object_bytes] uint8 view of buf
+    layers: set[str] = field(default_factory=set)   # layers copied in so far
+    pending: bool = False               # asynchronous (CUDA) copies were issued
+    error: BaseException | None = None  # a copy failed: nothing of this step is saved
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(len(p.save_blocks) for p in self.plans)
