@@ -84,7 +84,8 @@ def master_main(argv: list[str]) -> None:
                         "restart serves once they are back, a fresh cluster at once")
     p.add_argument("--event-log", type=int, default=EVENT_LOG_DEFAULT,
                    help="events (key stored / evicted / removed) the shard keeps for "
-                        "WatchEvents and `kvctl events` to replay; about 150 B + the key each")
+                        "WatchEvents and `kvctl events` to replay; about 300 B each with "
+                        "32-character keys")
     a = p.parse_args(argv)
     setup_logging(a.log_level)
     require(a.event_log >= 1, f"--event-log must be >= 1, got {a.event_log}")
