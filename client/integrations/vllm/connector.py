@@ -48,6 +48,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from kvstore.client.client import KVClient
+from kvstore.client.integrations.vllm import kv_events
 from kvstore.client.integrations.vllm.keys import EngineIdentity, matched_blocks, request_keys
 from kvstore.client.integrations.vllm.staging import (BlockLayout, HostBuffers, copies_done,
                                                     copy_between, rows)
@@ -178,6 +179,10 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._staged: _StagedSave | None = None
         self._saver: ThreadPoolExecutor | None = None
         self._pending_saves: deque[Future] = deque()
+        # KV events of the blocks kept in kvstore (medium STORAGE), scheduler side
+        self._kv_events = kv_events.for_connector(
+            vllm_config, self._master, self._identity, self._block_size, extra) \
+            if role == KVConnectorRole.SCHEDULER and self._can_save else None
 
     # ---- shared ----
     def _store(self) -> KVClient:
@@ -229,6 +234,8 @@ class KVStoreConnector(KVConnectorBase_V1):
         return KVStoreConnectorStats(data=dict(data or {}))
 
     def shutdown(self) -> None:
+        if self._kv_events is not None:
+            self._kv_events.close()
         self._drain_saves(0)
         if self._saver is not None:
             self._saver.shutdown(wait=True)
@@ -277,6 +284,8 @@ class KVStoreConnector(KVConnectorBase_V1):
         lora, salt = self._req_ns(request)
         self._tracked[request.request_id] = _Tracked(list(request.prompt_token_ids or []),
                                                      lora, salt, [], 0)
+        if self._kv_events is not None:
+            self._kv_events.track(request)
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
         meta = KVStoreConnectorMetadata()
@@ -312,6 +321,9 @@ class KVStoreConnector(KVConnectorBase_V1):
                                     save_blocks=[(b, t.block_ids[b])
                                                  for b in range(t.saved_upto, done)])
                     meta.requests.append(plan)
+                    if self._kv_events is not None:
+                        self._kv_events.planned(req_id, t.tokens, t.lora_name, t.cache_salt,
+                                                range(t.saved_upto, done))
                     t.saved_upto = done
         return meta
 
@@ -328,9 +340,15 @@ class KVStoreConnector(KVConnectorBase_V1):
                     break
 
     def request_finished(self, request, block_ids):
+        if self._kv_events is not None:
+            self._kv_events.untrack(request.request_id)
         self._tracked.pop(request.request_id, None)
         self._pending_loads.pop(request.request_id, None)
         return False, None
+
+    def take_events(self):
+        """vLLM KV events of the blocks in kvstore (:mod:`.kv_events`), since the last call."""
+        return self._kv_events.take() if self._kv_events is not None else ()
 
     # ---- worker side ----
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
