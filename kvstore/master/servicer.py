@@ -114,7 +114,8 @@ class MasterServicer(pb_grpc.MasterServicer):
         # start's unix ms), fed by the term's index.
         e = self.election
         epoch = e.term_revision if e is not None and e.term_revision else self.clock.wall_ms()
-        self.feed = EventFeed(epoch, self.event_log, self.clock.wall_ms)
+        self.feed = EventFeed(epoch, self.event_log,
+                              None if self.clock is SYSTEM_CLOCK else self.clock.wall_ms)
         self.index.on_event = self.feed.record
 
     def leading(self) -> bool:
