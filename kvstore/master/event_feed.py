@@ -122,8 +122,12 @@ class EventFeed:
                                            else self._wall_ms(), node_id)
         self.next_seq = seq + 1
         if self._waiting:
-            grew, self._grew = self._grew, asyncio.Event()
-            grew.set()
+            self.wake()
+
+    def wake(self) -> None:
+        """Wake every waiting watch (an event, or the master stopping: each gets a batch)."""
+        grew, self._grew = self._grew, asyncio.Event()
+        grew.set()
 
     def start(self, from_seq: int = 0, epoch: int = 0, oldest: bool = False) -> int:
         """Where a watch starts: ``from_seq`` (a resume), the oldest event held

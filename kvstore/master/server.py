@@ -262,7 +262,9 @@ async def serve(cfg: MasterConfig) -> None:
     announce_ready(info)
     await wait_for_stop_signal()
     # Drain: NOT_SERVING first, then stop accepting, then the calls in flight end;
-    # only then give up the lead (a standby takes over after the lease).
+    # only then give up the lead (a standby takes over after the lease). Event
+    # watches never end by themselves: they end first.
+    server.servicer.end_watches()
     await drain(health, server, cfg.drain_s)
     server.report_port.close()
     task.cancel()

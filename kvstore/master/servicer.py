@@ -101,6 +101,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         self.metrics_address = ""      # its /metrics, for kvctl top (set by serve)
         self._was_leading = election is None
         self.loop_watch = LoopWatch()  # run by serve()
+        self.stopping = False          # end_watches() was called: watch streams end
         self._new_term()
 
     @property
@@ -367,17 +368,27 @@ class MasterServicer(pb_grpc.MasterServicer):
         except KVStoreError as err:
             await rpc.abort(context, err)
         await self._gate(context, client_rpc=False)
+        if self.stopping:
+            await rpc.abort(context, Unavailable("the master is stopping"))
         feed = self.feed
         seq = feed.start(request.from_seq, request.epoch, request.oldest)   # or EventsLost
         yield self._events_pb(feed, (), seq)
         async for batch in feed.follow(seq, prefixes):
             if not self.leading():
                 await rpc.abort(context, self.not_leader())
+            if self.stopping:
+                await rpc.abort(context, Unavailable("the master is stopping"))
             if self.feed is not feed:
                 await rpc.abort(context, Unavailable(
                     f"the event log of epoch {feed.epoch} ended with its term; the shard's "
                     f"log is now of epoch {self.feed.epoch}"))
             yield self._events_pb(feed, batch.events, batch.next_seq)
+
+    def end_watches(self) -> None:
+        """End every WatchEvents stream now (UNAVAILABLE: watchers go to the next
+        leader) rather than after the drain's grace: a stopping master calls it."""
+        self.stopping = True
+        self.feed.wake()
 
     def _events_pb(self, feed: EventFeed, events, next_seq: int) -> pb.WatchEventsResponse:
         return pb.WatchEventsResponse(

@@ -19,6 +19,7 @@ import sys
 import threading
 from collections import Counter, defaultdict
 
+import grpc
 import pytest
 
 from kvstore.client import KVClient
@@ -211,3 +212,28 @@ def test_a_sequence_out_of_the_ring_or_of_another_epoch_is_lost_not_silent(clust
     assert "lost" in lines[0] and lines[0]["shard"] == 0, out.stdout
     after = [ev for ev in lines[1:] if ev.get("shard") == 0]
     assert after and after[0]["epoch"] > old[0].epoch and after[0]["seq"] == 1
+
+
+def test_a_stopping_master_ends_its_watches_at_once(cluster):
+    """SIGTERM: the watch streams end first (UNAVAILABLE), not after the drain's grace."""
+    import time
+
+    from kvstore._proto import kvstore_pb2 as pb
+    from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+    from kvstore.rpc import channel
+
+    shard1 = cluster.shards[1][0]
+    with channel(shard1.address, creds("metrics")) as ch:
+        stream = pb_grpc.MasterStub(ch).WatchEvents(pb.WatchEventsRequest())
+        assert next(stream).events == []                       # the header
+        t0 = time.monotonic()
+        shard1.proc.terminate()
+        with pytest.raises(grpc.RpcError) as info:
+            for _ in stream:
+                pass
+        ended_s = time.monotonic() - t0
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE, info.value
+    assert "stopping" in info.value.details()
+    shard1.proc.wait()
+    cluster.restart_master(1)
+    print(f"watch ended {ended_s:.2f} s after SIGTERM")
