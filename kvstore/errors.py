@@ -139,6 +139,14 @@ class IdTaken(PermissionDenied):
     code = pb.ID_TAKEN
 
 
+class EventsLost(KVStoreError):
+    """A watch of a shard's event log (WatchEvents) asked for events the log no longer
+    holds: older than its oldest retained event, or of another epoch (the master
+    restarted, or another took the shard over). The subscriber missed events: it
+    resyncs (re-reads what it needs), then watches from the log's oldest or newest."""
+    code = pb.EVENTS_LOST
+
+
 class Internal(KVStoreError):
     """A broken invariant on the server side (a bug)."""
     code = pb.INTERNAL
@@ -170,6 +178,7 @@ ERRORS: dict[type[KVStoreError], grpc.StatusCode] = {
     Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     IdTaken: grpc.StatusCode.PERMISSION_DENIED,
+    EventsLost: grpc.StatusCode.OUT_OF_RANGE,
     Internal: grpc.StatusCode.INTERNAL,
 }
 

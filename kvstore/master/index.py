@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from kvstore.errors import (AlreadyPresent, KeyConflict, KVStoreError, NoSpace, NotFound,
                             Unavailable, WrongShard)
@@ -48,6 +48,7 @@ from kvstore.master.counters import MasterCounter as C
 from kvstore.master.entries import (PROBE_ABSENT, PROBE_OTHER_BYTES, PROBE_OTHER_VERSION,
                                     PROBE_REPLICA, SCAN_SLICE, TIERS, EntriesView, EntryTable)
 from kvstore.master.entry import Entry
+from kvstore.master.event_feed import StoreEventKind
 from kvstore.master.grants import MAX_IDS_PER_GRANT, Grant, Grants
 from kvstore.master.inventory import sync_node_inventory
 from kvstore.master.limits import MASTER_BYTES_PER_OBJECT
@@ -99,6 +100,14 @@ class ObjectIndex:
         self.superseded = Superseded(keep_ms=membership.forget_ms)
         # No id at or above this is handed out (None: no bound; kvstore.master.roster).
         self.ids_below: int | None = None
+        # The shard's event log (kvstore.master.event_feed.EventFeed.record): told of
+        # each key that becomes readable or goes away. None: nobody listens.
+        self.on_event: Callable[..., object] | None = None
+
+    def _emit(self, kind: StoreEventKind, key: str, object_id: int, size_bytes: int,
+              node_id: str = "") -> None:
+        if self.on_event is not None:
+            self.on_event(kind, key, object_id, size_bytes, node_id)
 
     def _check_key(self, key: str) -> ObjectKey:
         validate_key(key)
@@ -263,6 +272,8 @@ class ObjectIndex:
             self.repair_hint = True
         self.membership.account_stored(node_id, event.size_bytes)
         self.counters[C.PUTS] += 1
+        self._emit(StoreEventKind.KEY_STORED, event.key, event.object_id, event.size_bytes,
+                   node_id)
 
     def _stored(self, node_id: NodeId, event: NodeEvent, now_ms: int) -> None:
         """``node_id`` holds this version, complete and checksum-verified (STORED).
@@ -396,7 +407,10 @@ class ObjectIndex:
             slot = self._visible_slot(key)
             meta = self._meta(slot)
             self._delete(slot, self.table.names(self.table.native.nodes(slot)))
-            self.counters[C.EVICTS if reason is RemoveReason.EVICT else C.REMOVES] += 1
+            evict = reason is RemoveReason.EVICT
+            self.counters[C.EVICTS if evict else C.REMOVES] += 1
+            self._emit(StoreEventKind.KEY_EVICTED if evict else StoreEventKind.KEY_REMOVED,
+                       key, meta.object_id, meta.size_bytes)
             return meta
         return self._each(keys, one)
 
@@ -465,7 +479,10 @@ class ObjectIndex:
             self.repair_hint = True
             self.counters[C.REPLICAS_EVICTED] += 1
             if not native.nodes(slot):
+                size_bytes = native.head(slot)[1]
                 self._delete(slot, [])
+                self._emit(StoreEventKind.KEY_EVICTED, event.key, event.object_id, size_bytes,
+                           node_id)
         elif event.kind in (EventKind.DEMOTED, EventKind.PROMOTED) and event.tier is not None:
             native.set_tier(slot, node, event.tier)
             self.counters[C.REPLICAS_PROMOTED if event.kind is EventKind.PROMOTED

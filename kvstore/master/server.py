@@ -26,6 +26,7 @@ from kvstore.metrics import MetricsConfig, ProcessMetrics, check_metrics_binding
 from kvstore.rpc import ServerSecurity
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.master import metrics as master_metrics
+from kvstore.master.event_feed import DEFAULT_CAPACITY
 from kvstore.master.index import ObjectIndex
 from kvstore.master.limits import default_max_objects
 from kvstore.master.membership import Membership
@@ -49,7 +50,7 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
                         security: ServerSecurity | None = None, advertise_host: str = "",
                         metrics: ProcessMetrics | None = None,
                         health: Health | None = None, roster: Roster | None = None,
-                        report_port: int = 0,
+                        report_port: int = 0, event_log: int = DEFAULT_CAPACITY,
                         clock: Clock = SYSTEM_CLOCK) -> tuple[grpc.aio.Server, int, ObjectIndex]:
     """Build and start a master shard on ``host:port`` (0 = a free port).
 
@@ -69,6 +70,8 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
         roster: where the shard keeps its nodes (:mod:`kvstore.master.roster`; None:
             nowhere, so each term's warm-up waits the node ttl).
         report_port: the report link's port on ``host`` (0: a free one).
+        event_log: events the shard's event log keeps for replay
+            (:mod:`kvstore.master.event_feed`).
         clock: the shard's clocks (:mod:`kvstore.clock`; tests step its wall clock).
 
     Returns:
@@ -93,7 +96,7 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
                            shard_map, shard_id=shard_id, put_timeout_ms=put_timeout_ms,
                            max_objects=max_objects)
     servicer = MasterServicer(index, election=election, new_index=new_index, roster=roster,
-                              security=security, clock=clock)
+                              security=security, clock=clock, event_log=event_log)
     pb_grpc.add_MasterServicer_to_server(servicer, server)
     server.servicer = servicer      # for the maintenance loop and tests
     if health is not None:
@@ -183,6 +186,7 @@ class MasterConfig:
     advertise_host: str = ""           # address to give others ("" : see kvstore.binding)
     metrics: MetricsConfig = MetricsConfig()   # --metrics-port, --metrics-host
     drain_s: float = 0.0               # SIGTERM: NOT_SERVING this long before stopping
+    event_log: int = DEFAULT_CAPACITY  # events kept for WatchEvents replay (event_feed.py)
 
 
 async def serve(cfg: MasterConfig) -> None:
@@ -230,7 +234,8 @@ async def serve(cfg: MasterConfig) -> None:
                                                election=election, security=cfg.security,
                                                advertise_host=cfg.advertise_host,
                                                metrics=metrics, health=health, roster=roster,
-                                               report_port=cfg.report_port)
+                                               report_port=cfg.report_port,
+                                               event_log=cfg.event_log)
     host = advertised_host(cfg.host, cfg.advertise_host)
     address = f"{host}:{bound}"
     try:
@@ -257,7 +262,9 @@ async def serve(cfg: MasterConfig) -> None:
     announce_ready(info)
     await wait_for_stop_signal()
     # Drain: NOT_SERVING first, then stop accepting, then the calls in flight end;
-    # only then give up the lead (a standby takes over after the lease).
+    # only then give up the lead (a standby takes over after the lease). Event
+    # watches never end by themselves: they end first.
+    server.servicer.end_watches()
     await drain(health, server, cfg.drain_s)
     server.report_port.close()
     task.cancel()

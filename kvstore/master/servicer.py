@@ -22,8 +22,10 @@ import grpc
 from kvstore import rpc, wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.errors import OK_STATUS, IndexIncomplete, KVStoreError, NotLeader, to_status
+from kvstore.errors import (OK_STATUS, IndexIncomplete, KVStoreError, NotLeader, Unavailable,
+                            to_status)
 from kvstore.master.counters import MasterCounter as C
+from kvstore.master.event_feed import DEFAULT_CAPACITY, EventFeed, check_prefixes
 from kvstore.master.index import ObjectIndex
 from kvstore.master.membership import NodeHeartbeat, NodeRegistration
 from kvstore.master.repair import RepairPlanner
@@ -46,10 +48,11 @@ _CLIENT = frozenset({Role.CLIENT})
 METHOD_ROLES: dict[str, frozenset[Role]] = {
     "RegisterNode": _NODE, "SyncInventory": _NODE, "Heartbeat": _NODE, "ReportEvents": _NODE,
     "StreamEvents": _NODE,
-    "GetShardMap": _CLIENT | _NODE,
+    "GetShardMap": _CLIENT | _NODE | frozenset({Role.METRICS}),
     "GrantPlacement": _CLIENT,
     "Lookup": _CLIENT, "Exists": _CLIENT,
     "Remove": _CLIENT, "ReportFailure": _CLIENT,
+    "WatchEvents": frozenset({Role.METRICS}),      # routers, kvctl events (and admin)
 }
 
 
@@ -69,6 +72,7 @@ class MasterServicer(pb_grpc.MasterServicer):
             the warm-up of each term waits for them. None: no roster.
         security: the server's tokens, for the checks a method's table cannot
             express (an eviction is admin's).
+        event_log: events each term's log keeps for replay (:mod:`kvstore.master.event_feed`).
 
     The warm-up (:mod:`kvstore.master.warmup`): after starting and after each
     win, client RPCs answer UNAVAILABLE (:class:`~kvstore.errors.IndexIncomplete`,
@@ -81,8 +85,9 @@ class MasterServicer(pb_grpc.MasterServicer):
     def __init__(self, index: ObjectIndex, election=None,
                  new_index: Callable[[], ObjectIndex] | None = None,
                  roster: Roster | None = None, security: ServerSecurity | None = None,
-                 clock: Clock = SYSTEM_CLOCK):
+                 clock: Clock = SYSTEM_CLOCK, event_log: int = DEFAULT_CAPACITY):
         self.index = index
+        self.event_log = event_log
         self.clock = clock           # monotonic for every deadline; wall only in replies
         self.security = security
         self.report_port = 0         # the report link's port (kvstore.master.report_port); 0: none
@@ -96,6 +101,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         self.metrics_address = ""      # its /metrics, for kvctl top (set by serve)
         self._was_leading = election is None
         self.loop_watch = LoopWatch()  # run by serve()
+        self.stopping = False          # end_watches() was called: watch streams end
         self._new_term()
 
     @property
@@ -105,6 +111,13 @@ class MasterServicer(pb_grpc.MasterServicer):
     def _new_term(self) -> None:
         """A term starts (the process, or a win): a fresh warm-up (kvstore.master.term)."""
         self.term = Term(self.index, self.roster, self.clock.monotonic_ms())
+        # A new log per term (its epoch grows: the etcd revision of the win, else the
+        # start's unix ms), fed by the term's index.
+        e = self.election
+        epoch = e.term_revision if e is not None and e.term_revision else self.clock.wall_ms()
+        self.feed = EventFeed(epoch, self.event_log,
+                              None if self.clock is SYSTEM_CLOCK else self.clock.wall_ms)
+        self.index.on_event = self.feed.record
 
     def leading(self) -> bool:
         """Whether this process serves the shard now; starts a new term's index when needed."""
@@ -345,6 +358,45 @@ class MasterServicer(pb_grpc.MasterServicer):
                                                     items_applied=n.items_applied)
                                       for n in warmup.missing())
         return reply
+
+    async def WatchEvents(self, request, context):
+        """The shard's event log from a sequence, then live (kvstore.master.event_feed):
+        a header (no events: the log's epoch and bounds), then batches; ends with
+        EventsLost (the sequence is gone), or NotLeader / Unavailable when the term ends."""
+        try:
+            prefixes = check_prefixes(request.key_prefixes)
+        except KVStoreError as err:
+            await rpc.abort(context, err)
+        await self._gate(context, client_rpc=False)
+        if self.stopping:
+            await rpc.abort(context, Unavailable("the master is stopping"))
+        feed = self.feed
+        seq = feed.start(request.from_seq, request.epoch, request.oldest)   # or EventsLost
+        yield self._events_pb(feed, (), seq)
+        async for batch in feed.follow(seq, prefixes):
+            if not self.leading():
+                await rpc.abort(context, self.not_leader())
+            if self.stopping:
+                await rpc.abort(context, Unavailable("the master is stopping"))
+            if self.feed is not feed:
+                await rpc.abort(context, Unavailable(
+                    f"the event log of epoch {feed.epoch} ended with its term; the shard's "
+                    f"log is now of epoch {self.feed.epoch}"))
+            yield self._events_pb(feed, batch.events, batch.next_seq)
+
+    def end_watches(self) -> None:
+        """End every WatchEvents stream now (UNAVAILABLE: watchers go to the next
+        leader) rather than after the drain's grace: a stopping master calls it."""
+        self.stopping = True
+        self.feed.wake()
+
+    def _events_pb(self, feed: EventFeed, events, next_seq: int) -> pb.WatchEventsResponse:
+        return pb.WatchEventsResponse(
+            shard_id=self.index.shard_id, epoch=feed.epoch, next_seq=next_seq,
+            first_seq=feed.first_seq,
+            events=[pb.StoreEvent(seq=e.seq, kind=int(e.kind), key=e.key, object_id=e.object_id,
+                                  size_bytes=e.size_bytes, time_ms=e.time_ms, node_id=e.node_id)
+                    for e in events])
 
     async def ReportFailure(self, request, context):
         await self._gate(context, client_rpc=False)

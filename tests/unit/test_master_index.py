@@ -451,3 +451,27 @@ def test_an_eviction_right_after_storing_leaves_nothing_visible(index):
     assert lookup_error(index, "k") is NotFound
     assert index.exists(["k"]) == [False] and "k" not in index.entries
     assert index.counters["replicas_evicted"] == 1
+
+
+# ---- the store-wide event log (kvstore.master.event_feed) ----
+
+def test_the_event_log_hears_of_keys_stored_evicted_and_removed(index):
+    from kvstore.master.event_feed import EventFeed, StoreEventKind as K
+
+    feed = EventFeed(epoch=1, capacity=64)
+    index.on_event = feed.record
+    a = put(index, "a", replica_num=2)
+    put(index, "b")
+    c = put(index, "c")
+    assert stored(index, "a", a) == [None, None]          # reported again: no new event
+    holder = c.targets[0].node_id
+    index.node_event(holder, NodeEvent(EventKind.EVICTED, "c", c.object_id), T0)
+    first, second = (t.node_id for t in a.targets)
+    index.node_event(first, NodeEvent(EventKind.EVICTED, "a", a.object_id), T0)  # one replica of 2
+    index.remove(["b"], RemoveReason.REMOVE)
+    index.remove(["a"], RemoveReason.EVICT)
+    index.remove(["nope"], RemoveReason.REMOVE)           # NotFound: no event
+    got = [(e.seq, e.kind, e.key) for e in feed.read(1).events]
+    assert got == [(1, K.KEY_STORED, "a"), (2, K.KEY_STORED, "b"), (3, K.KEY_STORED, "c"),
+                   (4, K.KEY_EVICTED, "c"), (5, K.KEY_REMOVED, "b"), (6, K.KEY_EVICTED, "a")]
+    assert feed.read(4).events[0].node_id == holder and feed.read(1).events[0].size_bytes == 100

@@ -4,6 +4,7 @@
     KVSTORE_MASTER=127.0.0.1:50051 kvctl ls block/ --limit 20
     kvctl inspect KEY | evict KEY | rm KEY | stats
     kvctl top [--interval 2] [--conductor-metrics HOST:PORT]   (live; --once --json: one sample)
+    kvctl events [--from SEQ|oldest|SHARD:EPOCH:SEQ] [--namespace PREFIX] [--json]
     KVSTORE_TOKEN=... kvctl --master HOST:PORT evict KEY     (a cluster started with --auth)
 
 Every command takes ``--json``: machine-readable JSON on stdout, sizes as raw
@@ -514,6 +515,11 @@ def _windows(kv, scraper, watched: tuple[str, ...], interval: float, before):
             continue
         yield top_view.summarize(before, after), None
         before = after
+
+
+from kvstore.tools.cli.events import events as _events   # noqa: E402 (its own module)
+
+app.command("events")(_events)
 
 
 def main() -> None:

@@ -27,6 +27,7 @@ from kvstore.process import exit_with_launcher, setup_logging
 from kvstore.errors import InvalidArgument
 from kvstore.master.limits import MASTER_BYTES_PER_OBJECT
 from kvstore.store.limits import NODE_BYTES_PER_OBJECT
+from kvstore.master.event_feed import DEFAULT_CAPACITY as EVENT_LOG_DEFAULT
 from kvstore.rpc import MAX_REPLICAS, check_replica_num
 from kvstore.sizes import parse_size
 from kvstore.tools.cli.service_options import (check_common, checked, client_creds, port_number,
@@ -82,8 +83,13 @@ def master_main(argv: list[str]) -> None:
     p.add_argument("--state-dir", default="",
                    help="keep the shard's roster of nodes here (with --etcd: in etcd): a "
                         "restart serves once they are back, a fresh cluster at once")
+    p.add_argument("--event-log", type=int, default=EVENT_LOG_DEFAULT,
+                   help="events (key stored / evicted / removed) the shard keeps for "
+                        "WatchEvents and `kvctl events` to replay; about 300 B each with "
+                        "32-character keys")
     a = p.parse_args(argv)
     setup_logging(a.log_level)
+    require(a.event_log >= 1, f"--event-log must be >= 1, got {a.event_log}")
     require(not a.etcd or a.etcd.startswith(("http://", "https://")),
              f"--etcd {a.etcd!r}: give a URL, http://HOST:PORT")
     require(a.max_objects >= 0, f"--max-objects must be >= 0, got {a.max_objects}")
@@ -99,7 +105,7 @@ def master_main(argv: list[str]) -> None:
         shard_id=a.shard_id,
         shard_map=ShardMap.parse(a.shard_map) if a.shard_map else None, etcd=a.etcd,
         cluster_name=a.cluster_name, lease_ttl_s=a.lease_ttl_s, state_dir=a.state_dir,
-        max_objects=a.max_objects,
+        max_objects=a.max_objects, event_log=a.event_log,
         **secured(a))
     if a.check_config:
         _check_shard(cfg)

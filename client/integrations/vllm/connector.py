@@ -16,14 +16,12 @@ engine step does not wait for the store; the blocks are copied out of
 vLLM's cache by then, so vLLM may free them at once (``request_finished``
 holds nothing and ``get_finished`` has nothing to report). At most
 ``MAX_PENDING_SAVES`` batches wait; then the step waits for the oldest; at
-shutdown every pending save is finished (``save_mode: parts`` writes each layer
-straight into the values reserved on their nodes instead, and commits them in
-the background: :mod:`kvstore.client.integrations.vllm.layerwise`). Loads are
-synchronous by default;
-with ``load_async`` (extra config, default false) a request's blocks are read
-on a background thread while vLLM steps the other requests, and the request
-is reported in ``get_finished`` once they are in its blocks
-(:mod:`kvstore.client.integrations.vllm.loads`). The copies
+shutdown every pending save is finished (``save_mode: parts``: each layer goes
+straight into values reserved on their nodes, committed in the background,
+:mod:`.layerwise`). Loads are synchronous by default; with ``load_async`` a
+request's blocks are read on a thread while vLLM steps the others and it is
+reported in ``get_finished`` once they are in (:mod:`.loads`); KV events of
+the blocks in kvstore go to vLLM's publisher (:mod:`.kv_events`). The copies
 go through reusable host buffers (pinned where CUDA is), one copy per layer
 slice each way, so vLLM's KV tensors may be on any device
 (:mod:`kvstore.client.integrations.vllm.staging`). A store that is down, or a block that
@@ -55,6 +53,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from kvstore.client.client import KVClient
+from kvstore.client.integrations.vllm import kv_events
 from kvstore.client.integrations.vllm.keys import EngineIdentity, matched_blocks, request_keys
 from kvstore.client.integrations.vllm.layerwise import LayerwiseSave
 from kvstore.client.integrations.vllm.loads import Loader, LoadJob
@@ -180,6 +179,10 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._pending_saves: deque[Future] = deque()
         self._loader: Loader | None = None
         self._layerwise: LayerwiseSave | None = None
+        # KV events of the blocks kept in kvstore (medium STORAGE), scheduler side
+        self._kv_events = kv_events.for_connector(
+            vllm_config, self._master, self._identity, self._block_size, extra) \
+            if role == KVConnectorRole.SCHEDULER and self._can_save else None
 
     # ---- shared ----
     def _store(self) -> KVClient:
@@ -239,6 +242,8 @@ class KVStoreConnector(KVConnectorBase_V1):
                 if job.buf is not None:
                     self._host.give(job.buf)
             self._loader = None
+        if self._kv_events is not None:
+            self._kv_events.close()
         self._drain_saves(0)
         if self._layerwise is not None:
             self._layerwise.close()
@@ -298,6 +303,8 @@ class KVStoreConnector(KVConnectorBase_V1):
         lora, salt = self._req_ns(request)
         self._tracked[request.request_id] = _Tracked(list(request.prompt_token_ids or []),
                                                      lora, salt, [], 0)
+        if self._kv_events is not None:
+            self._kv_events.track(request)
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
         meta = KVStoreConnectorMetadata()
@@ -341,6 +348,9 @@ class KVStoreConnector(KVConnectorBase_V1):
                                     save_blocks=[(b, t.block_ids[b])
                                                  for b in range(t.saved_upto, done)])
                     meta.requests.append(plan)
+                    if self._kv_events is not None:
+                        self._kv_events.planned(req_id, t.tokens, t.lora_name, t.cache_salt,
+                                                range(t.saved_upto, done))
                     t.saved_upto = done
         return meta
 
@@ -364,9 +374,15 @@ class KVStoreConnector(KVConnectorBase_V1):
                     break
 
     def request_finished(self, request, block_ids):
+        if self._kv_events is not None:
+            self._kv_events.untrack(request.request_id)
         self._tracked.pop(request.request_id, None)
         self._pending_loads.pop(request.request_id, None)
         return False, None
+
+    def take_events(self):
+        """vLLM KV events of the blocks in kvstore (:mod:`.kv_events`), since the last call."""
+        return self._kv_events.take() if self._kv_events is not None else ()
 
     # ---- worker side ----
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
