@@ -22,12 +22,11 @@ straight into values reserved on their nodes, committed in the background,
 request's blocks are read on a thread while vLLM steps the others and it is
 reported in ``get_finished`` once they are in (:mod:`.loads`); KV events of
 the blocks in kvstore go to vLLM's publisher (:mod:`.kv_events`). The copies
-go through reusable host buffers (pinned where CUDA is), one copy per layer
-slice each way, so vLLM's KV tensors may be on any device
-(:mod:`kvstore.client.integrations.vllm.staging`). A store that is down, or a block that
-cannot be read, is never raised into vLLM: the scheduler reports no hit,
-the worker reports the blocks in ``get_block_ids_with_load_errors`` so vLLM
-recomputes them; the first failure is logged, every one counted in
+go through reusable host buffers (pinned where CUDA is), one copy per layer slice
+each way, so vLLM's KV tensors may be on any device (:mod:`.staging`). A store
+that is down, or a block that cannot be read, is never raised into vLLM: the
+scheduler reports no hit, the worker reports the blocks in ``get_block_ids_with_load_errors``
+so vLLM recomputes them; the first failure is logged, every one counted in
 :meth:`KVStoreConnector.stats` (and in the JSON file ``stats_path`` of the
 extra config, when given). vLLM's own stats path gets the same counters:
 ``get_kv_connector_stats`` hands over what changed since its last call (a
