@@ -24,7 +24,7 @@ from typing import Callable, Iterator
 import grpc
 
 from kvstore._native import encode_inventory
-from kvstore.store.objects import ObjectState
+from kvstore.store.objects import inventory_rows as rows_of
 
 Row = tuple   # (key, object_id, size_bytes, checksum, tier (wire value), pending, replica_num)
 
@@ -41,15 +41,11 @@ def inventory_rows(table, levels, chunk_items: int,
         owns: key -> whether to list it (one shard's keys); None: every key.
     """
     tiers = [int(lv.tier.kind) for lv in levels]
-    complete = ObjectState.COMPLETE
     with table.cond:
         end = len(table.slots)
     for start in range(0, end, chunk_items):
         with table.cond:
-            rows = [(o.key, o.object_id, o.size_bytes, o.checksum, tiers[o.best_level()],
-                     not o.confirmed, o.replica_num)
-                    for o in table.slots[start:start + chunk_items]
-                    if o is not None and o.state is complete]
+            rows = rows_of(table.slots[start:start + chunk_items], tiers)
         yield rows if owns is None else [r for r in rows if owns(r[0])]
 
 
