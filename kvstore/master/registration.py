@@ -40,11 +40,20 @@ from kvstore.types import InventoryItem, NodeId
 log = logging.getLogger(__name__)
 
 
+#: How long a chunk one ahead of the next expected waits for it (s): a node keeps two
+#: chunks in flight (kvstore.store.inventory), and the second may be handled first.
+AHEAD_WAIT_S = 10.0
+
+
 @dataclass(slots=True)
 class _Sync:
     sync_id: int
     inventory: InventorySync
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    applied: asyncio.Condition | None = None      # notified when next_seq moves (on lock)
+
+    def __post_init__(self):
+        self.applied = asyncio.Condition(self.lock)
 
 
 class Registrations:
@@ -130,6 +139,17 @@ class Registrations:
             if self._syncs.get(node_id) is not sync:
                 return None           # replaced or given up while this chunk waited
             inv = sync.inventory
+            if seq == inv.next_seq + 1:
+                # The chunk before this one is still on its way (two in flight): wait for
+                # it to be applied, a bounded time (it may have been lost).
+                try:
+                    await asyncio.wait_for(sync.applied.wait_for(
+                        lambda: inv.next_seq >= seq or self._syncs.get(node_id) is not sync),
+                        AHEAD_WAIT_S)
+                except asyncio.TimeoutError:
+                    return None
+                if self._syncs.get(node_id) is not sync:
+                    return None
             if seq < inv.next_seq:
                 return inv.items_applied          # a resend: applied already
             if seq > inv.next_seq:
@@ -149,6 +169,7 @@ class Registrations:
                 self.warmup.applied(node_id, end - start)
                 await asyncio.sleep(0)
             inv.next_seq += 1
+            sync.applied.notify_all()
             # A chunk's entries out of the full collections' reach now, not at the next
             # maintenance round: a full collection walks what was made since the last
             # freeze (at 100k entries a second, 0.2 s of them took 40 ms of the loop).

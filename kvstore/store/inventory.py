@@ -7,10 +7,12 @@ What the node holds goes to a master in SyncInventory chunks (the master's side:
     size_bytes, checksum, tier, pending, replica_num)  --kvstore._native.encode_inventory-->
     a serialized SyncInventoryRequest (no protobuf object per item)  --> SyncInventory
 
-and the next chunk is read and encoded while the master applies the one sent
-(each is sent only once the one before is answered: the master applies them in
-order, one at a time). Before: an ``InventoryItem`` and an ``InventoryItem``
-message per object, about 9 µs of the node's CPU each.
+and two chunks are in flight: the next one is read, encoded and sent while the
+master applies one (it applies them in order, one at a time; a chunk that
+arrives before its predecessor waits for it there). Before: an ``InventoryItem``
+and an ``InventoryItem`` message per object, about 9 µs of the node's CPU each,
+and one chunk at a time (its transfer, the master's apply and the answer in
+series: at 4096 items about 9 ms a chunk, 2.2 µs an object).
 
 Thread safety: :func:`inventory_rows` takes the table's lock per chunk, never for
 the whole table; :func:`send_inventory` runs on the caller's thread (the agent's).
@@ -19,6 +21,7 @@ the whole table; :func:`send_inventory` runs on the caller's thread (the agent's
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Callable, Iterator
 
 import grpc
@@ -27,6 +30,11 @@ from kvstore._native import encode_inventory
 from kvstore.store.objects import inventory_rows as rows_of
 
 Row = tuple   # (key, object_id, size_bytes, checksum, tier (wire value), pending, replica_num)
+
+#: Chunks sent before the first is answered: the next one crosses the network while the
+#: master applies one (the master applies them in order: one ahead waits there for its
+#: predecessor, kvstore.master.registration.AHEAD_WAIT_S).
+IN_FLIGHT = 2
 
 
 def inventory_rows(table, levels, chunk_items: int,
@@ -50,10 +58,10 @@ def inventory_rows(table, levels, chunk_items: int,
 
 
 def send_inventory(call, node_id: str, incarnation: str, sync_id: int,
-                   rows: Iterator[list[Row]], chunk_items: int,
-                   timeout_s: float) -> tuple[float | None, int]:
+                   rows: Iterator[list[Row]], chunk_items: int, timeout_s: float,
+                   in_flight_max: int = IN_FLIGHT) -> tuple[float | None, int]:
     """Send ``rows`` as SyncInventory chunks of ``chunk_items`` items, the last one
-    marked last (an empty one when there are none).
+    marked last (an empty one when there are none), ``in_flight_max`` at a time.
 
     Args:
         call: SyncInventory taking the serialized request (bytes) and returning a
@@ -62,18 +70,17 @@ def send_inventory(call, node_id: str, incarnation: str, sync_id: int,
 
     Returns:
         (when the last chunk was sent, monotonic s; or None when the master lost the
-        registration), items sent.
+        registration), items the master acknowledged.
 
     Raises:
         grpc.RpcError: the master did not answer a chunk (or refused it).
     """
-    seq, sent_items, sent_at = 0, 0, 0.0
-    in_flight = None              # (future, raw, items) of the chunk the master applies now
+    acked, sent_items, sent_at = 0, 0, 0.0
+    in_flight: deque = deque()       # (future, raw, items) in the order sent
 
-    def wait() -> bool:
-        nonlocal sent_at, sent_items, seq, in_flight
-        future, raw, n = in_flight
-        in_flight = None
+    def wait_oldest() -> bool:
+        nonlocal sent_at, sent_items, acked
+        future, raw, n = in_flight.popleft()
         for attempt in range(3):
             try:
                 resp = future.result()
@@ -85,27 +92,35 @@ def send_inventory(call, node_id: str, incarnation: str, sync_id: int,
                 future = call.future(raw, timeout=timeout_s)
         if not resp.known:
             return False
-        seq += 1
+        acked += 1
         sent_items += n
         return True
 
     def send(items: list[Row], last: bool) -> bool:
-        nonlocal sent_at, in_flight
-        raw = encode_inventory(node_id, incarnation, sync_id, seq + (in_flight is not None),
-                               last, items)
-        if in_flight is not None and not wait():
-            return False
+        nonlocal sent_at
+        raw = encode_inventory(node_id, incarnation, sync_id, acked + len(in_flight), last,
+                               items)
+        while len(in_flight) >= in_flight_max:
+            if not wait_oldest():
+                return False
         sent_at = time.monotonic()
-        in_flight = (call.future(raw, timeout=timeout_s), raw, len(items))
+        in_flight.append((call.future(raw, timeout=timeout_s), raw, len(items)))
         return True
 
-    pending: list[Row] = []
-    for chunk in rows:
-        pending.extend(chunk)
-        while len(pending) >= chunk_items:
-            if not send(pending[:chunk_items], last=False):
+    try:
+        pending: list[Row] = []
+        for chunk in rows:
+            pending.extend(chunk)
+            while len(pending) >= chunk_items:
+                if not send(pending[:chunk_items], last=False):
+                    return None, sent_items
+                del pending[:chunk_items]
+        if not send(pending, last=True):
+            return None, sent_items
+        while in_flight:
+            if not wait_oldest():
                 return None, sent_items
-            del pending[:chunk_items]
-    if not send(pending, last=True) or not wait():
-        return None, sent_items
-    return sent_at, sent_items
+        return sent_at, sent_items
+    finally:
+        for future, _, _ in in_flight:
+            future.cancel()
