@@ -223,3 +223,45 @@ def test_a_bad_item_refuses_the_chunk_natively_as_in_python():
             after = snapshot(idx)
             assert after["entries"] == before["entries"]          # nothing applied
         assert errors[0] == errors[1]
+
+
+# ---- the node's side: chunks serialized and sent two at a time ----
+
+class _Future:
+    def __init__(self, answer):
+        self.answer = answer
+
+    def result(self):
+        return self.answer
+
+    def cancel(self):
+        pass
+
+
+class _Call:
+    """SyncInventory as a master answers it: in order, known until ``forget_at``."""
+
+    def __init__(self, forget_at: int = -1):
+        self.chunks, self.forget_at = [], forget_at
+
+    def future(self, raw, timeout):
+        c = decode_sync_inventory(raw)
+        self.chunks.append(c)
+        known = c.seq != self.forget_at
+        return _Future(pb.SyncInventoryResponse(known=known, items_applied=0))
+
+
+def test_a_node_sends_its_chunks_in_order_the_last_marked():
+    from kvstore.store.inventory import send_inventory
+    rows = [(hexkey(i), i + 1, 64, 7, 2, False, 1) for i in range(10)]
+    call = _Call()
+    sent, items = send_inventory(call, "n0", "inc", 9, iter([rows[:3], rows[3:], []]), 4, 1.0)
+    assert sent is not None and items == 10
+    assert [(c.seq, c.last, len(c), c.sync_id, c.node_id) for c in call.chunks] == [
+        (0, False, 4, 9, "n0"), (1, False, 4, 9, "n0"), (2, True, 2, 9, "n0")]
+    assert [c.item(i)[0] for c in call.chunks for i in range(len(c))] == [r[0] for r in rows]
+    empty = _Call()
+    assert send_inventory(empty, "n0", "inc", 9, iter([]), 4, 1.0)[1] == 0
+    assert [(c.seq, c.last, len(c)) for c in empty.chunks] == [(0, True, 0)]
+    lost = _Call(forget_at=1)
+    assert send_inventory(lost, "n0", "inc", 9, iter([rows]), 4, 1.0)[0] is None
