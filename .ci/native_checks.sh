@@ -11,9 +11,11 @@
 #     every process the fuzz run starts: a report anywhere fails the check.
 #     (It compiles on one core while 2. runs on the other.)
 #  2. libFuzzer: kvstore/native/fuzz/frames_fuzz.cpp (the header parser on
-#     arbitrary streams; XXH3 streamed over any split == one-shot == copy_hashed),
-#     built with clang -fsanitize=fuzzer,address,undefined, for $FUZZ_SECONDS
-#     (KVSTORE_FUZZ_SECONDS, default 60; 0 builds it only).
+#     arbitrary streams; XXH3 streamed over any split == one-shot == copy_hashed)
+#     and kvstore/native/fuzz/inventory_fuzz.cpp (a SyncInventory chunk decoded,
+#     re-encoded and applied to an entry table), built with clang
+#     -fsanitize=fuzzer,address,undefined, for $FUZZ_SECONDS together, half each
+#     (KVSTORE_FUZZ_SECONDS, default 60; 0 builds them only).
 #
 # Exit status: 0 when all pass, 1 otherwise. Needs clang and its runtimes
 # (Debian: clang, libclang-rt-14-dev), installed with apt-get when missing.
@@ -61,7 +63,11 @@ SAN_BUILD_PID=$!
 fuzz_build() {
     clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
         -Ikvstore/native kvstore/native/fuzz/frames_fuzz.cpp kvstore/native/frames.cpp \
-        kvstore/native/xxh3.cpp kvstore/native/io.cpp -o "$WORK/frames_fuzz"
+        kvstore/native/xxh3.cpp kvstore/native/io.cpp -o "$WORK/frames_fuzz" &&
+    clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+        -Ikvstore/native kvstore/native/fuzz/inventory_fuzz.cpp kvstore/native/inventory_wire.cpp \
+        kvstore/native/entry_inventory.cpp kvstore/native/entry_table.cpp \
+        kvstore/native/xxh3.cpp -o "$WORK/inventory_fuzz"
 }
 if ! fuzz_build 2>"$WORK/fuzz_build.log"; then
     major="$(clang++ -dumpversion | cut -d. -f1)"
@@ -84,14 +90,31 @@ seeds = {
 for name, data in seeds.items():
     open(f"{sys.argv[1]}/{name}", "wb").write(data)
 EOF
-say "fuzzing the frame parser and the streaming XXH3 for ${FUZZ_SECONDS} s"
-if [ "$FUZZ_SECONDS" -gt 0 ] && ! "$WORK/frames_fuzz" -max_total_time="$FUZZ_SECONDS" -max_len=8192 -rss_limit_mb=2048 \
-        -print_final_stats=1 -artifact_prefix="$WORK/" "$WORK/corpus" >"$WORK/fuzz.log" 2>&1; then
-    tail -n 60 "$WORK/fuzz.log" >&2
-    say "FAILED: the fuzz target found a crash or a sanitizer report (input: $WORK/crash-*)"
-    exit 1
+# Seeds of the inventory target: SyncInventory chunks as a node serializes them.
+mkdir -p "$WORK/inv_corpus"
+"$PY" - "$WORK/inv_corpus" <<'EOF'
+import sys
+from kvstore._native import encode_inventory
+rows = [(f"{i % 5:032x}", i + 1, 64, 7, i % 4, i % 3 == 0, i % 4) for i in range(8)]
+open(f"{sys.argv[1]}/chunk", "wb").write(encode_inventory("n0", "i", 5, 1, True, rows))
+open(f"{sys.argv[1]}/odd", "wb").write(
+    encode_inventory("", "", 0, 0, False, [("\u00e9-key", 2**63, 0, 0, 0, False, 0)]))
+EOF
+HALF=$(( (FUZZ_SECONDS + 1) / 2 ))
+run_fuzz() {    # target corpus: a crash or a sanitizer report fails CI
+    say "fuzzing $1 for ${HALF} s"
+    if ! "$WORK/$1" -max_total_time="$HALF" -max_len=8192 -rss_limit_mb=2048 \
+            -print_final_stats=1 -artifact_prefix="$WORK/" "$WORK/$2" >"$WORK/$1.log" 2>&1; then
+        tail -n 60 "$WORK/$1.log" >&2
+        say "FAILED: $1 found a crash or a sanitizer report (input: $WORK/crash-*)"
+        exit 1
+    fi
+    grep -E "^stat::number_of_executed_units|^Done" "$WORK/$1.log" >&2 || true
+}
+if [ "$FUZZ_SECONDS" -gt 0 ]; then
+    run_fuzz frames_fuzz corpus
+    run_fuzz inventory_fuzz inv_corpus
 fi
-[ ! -f "$WORK/fuzz.log" ] || grep -E "^stat::number_of_executed_units|^Done" "$WORK/fuzz.log" >&2 || true
 
 # ---- 3. the native unit tests and a fuzz run against the sanitizer build ----
 wait "$SAN_BUILD_PID" || { SAN_BUILD_PID=""; tail -n 40 "$WORK/san_build.log" >&2; say "the sanitizer build failed"; exit 1; }
@@ -113,7 +136,7 @@ say "native unit tests against the sanitizer build"
     tests/unit/test_native_codec.py tests/unit/test_shm_copy.py \
     tests/unit/test_native_allocator.py tests/unit/test_allocator.py \
     tests/unit/test_native_eviction.py tests/unit/test_entry_table.py \
-    tests/unit/test_master_index.py tests/integration/test_tcp_put_checksum.py ) >&2 || failed=1
+    tests/unit/test_master_index.py tests/unit/test_native_inventory.py tests/integration/test_tcp_put_checksum.py ) >&2 || failed=1
 say "a short kvstore fuzz against the sanitizer build"
 ( cd "$WORK/src" && san_env "$PY" -m kvstore.tools.cli.cli fuzz --inputs 600 --seed 1 --json \
     --log-dir "$WORK/fuzz-logs" >"$WORK/kvfuzz.out" 2>"$WORK/kvfuzz.err" ) \

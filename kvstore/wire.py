@@ -148,6 +148,15 @@ def inventory_item(msg: pb.InventoryItem) -> InventoryItem:
                          msg.pending, msg.replica_num)
 
 
+def inventory_row(row: tuple) -> InventoryItem:
+    """An item of a natively decoded chunk (``kvstore._native.InventoryChunk.item``: key,
+    object_id, size_bytes, checksum, tier, pending, replica_num), read as
+    :func:`inventory_item` reads a message (the same checks)."""
+    key, object_id, size_bytes, checksum, tier, pending, replica_num = row
+    return InventoryItem(ObjectKey(key), ObjectId(object_id), size_bytes, checksum,
+                         _kind(TierKind, tier or pb.DRAM, "inventory tier"), pending, replica_num)
+
+
 def inventory_item_pb(it: InventoryItem) -> pb.InventoryItem:
     return pb.InventoryItem(key=it.key, object_id=it.object_id, size_bytes=it.size_bytes,
                             checksum=it.checksum, tier=it.tier, pending=it.pending,

@@ -24,7 +24,6 @@ from kvstore.clock import SYSTEM_CLOCK, Clock
 from kvstore.health import Health, State, drain
 from kvstore.metrics import MetricsConfig, ProcessMetrics, check_metrics_binding, start_metrics
 from kvstore.rpc import ServerSecurity
-from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.master import metrics as master_metrics
 from kvstore.master.event_feed import DEFAULT_CAPACITY
 from kvstore.master.index import ObjectIndex
@@ -32,7 +31,7 @@ from kvstore.master.limits import default_max_objects
 from kvstore.master.membership import Membership
 from kvstore.master.roster import EtcdRoster, FileRoster, Roster
 from kvstore.master.report_port import ReportPort
-from kvstore.master.servicer import METHOD_ROLES, MasterServicer
+from kvstore.master.servicer import METHOD_ROLES, MasterServicer, add_to_server
 from kvstore.process import (announce_ready, freeze_survivors, memory_limit_bytes,
                              wait_for_stop_signal)
 from kvstore.shardmap import ShardMap
@@ -97,7 +96,7 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
                            max_objects=max_objects)
     servicer = MasterServicer(index, election=election, new_index=new_index, roster=roster,
                               security=security, clock=clock, event_log=event_log)
-    pb_grpc.add_MasterServicer_to_server(servicer, server)
+    add_to_server(servicer, server)
     server.servicer = servicer      # for the maintenance loop and tests
     if health is not None:
         health.attach_grpc(server)

@@ -20,6 +20,7 @@ from typing import Callable
 import grpc
 
 from kvstore import rpc, wire
+from kvstore._native import InventoryChunk
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.errors import (OK_STATUS, IndexIncomplete, KVStoreError, NotLeader, Unavailable,
@@ -27,6 +28,7 @@ from kvstore.errors import (OK_STATUS, IndexIncomplete, KVStoreError, NotLeader,
 from kvstore.master.counters import MasterCounter as C
 from kvstore.master.event_feed import DEFAULT_CAPACITY, EventFeed, check_prefixes
 from kvstore.master.index import ObjectIndex
+from kvstore.master.limits import MAX_INVENTORY_CHUNK
 from kvstore.master.membership import NodeHeartbeat, NodeRegistration
 from kvstore.master.repair import RepairPlanner
 from kvstore.master.roster import Roster
@@ -54,6 +56,38 @@ METHOD_ROLES: dict[str, frozenset[Role]] = {
     "Remove": _CLIENT, "ReportFailure": _CLIENT,
     "WatchEvents": frozenset({Role.METRICS}),      # routers, kvctl events (and admin)
 }
+
+
+def decode_sync_inventory(raw: bytes) -> InventoryChunk:
+    """SyncInventory's request deserializer: the bytes decoded natively into columns
+    (kvstore/native/inventory_wire.hpp), no protobuf object per item; the items past
+    MAX_INVENTORY_CHUNK are counted, not kept (the handler refuses the chunk).
+
+    Raises:
+        ValueError: not a SyncInventoryRequest (the call answers INVALID_ARGUMENT).
+    """
+    return InventoryChunk.decode(raw, MAX_INVENTORY_CHUNK)
+
+
+def add_to_server(servicer: "MasterServicer", server) -> None:
+    """``add_MasterServicer_to_server``, but SyncInventory's request is decoded by
+    :func:`decode_sync_inventory` (a node's inventory is millions of items)."""
+    handlers: dict = {}
+
+    class _Capture:       # the generated function's handlers, before they are added
+        def add_generic_rpc_handlers(self, _):
+            pass
+
+        def add_registered_method_handlers(self, _, found):
+            handlers.update(found)
+
+    pb_grpc.add_MasterServicer_to_server(servicer, _Capture())
+    handlers["SyncInventory"] = grpc.unary_unary_rpc_method_handler(
+        servicer.SyncInventory, request_deserializer=decode_sync_inventory,
+        response_serializer=pb.SyncInventoryResponse.SerializeToString)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("kvstore.v1.Master", handlers),))
+    server.add_registered_method_handlers("kvstore.v1.Master", handlers)
 
 
 def _status(result) -> pb.Status:
@@ -220,8 +254,10 @@ class MasterServicer(pb_grpc.MasterServicer):
         try:
             self.membership.check_identity(info, request.incarnation, self._owner(context))
             # Bad input first: nothing of a chunk that is refused is applied.
+            # Natively decoded (add_to_server): the chunk itself; a message otherwise.
+            items = request if isinstance(request, InventoryChunk) else request.items
             applied = await self.term.registrations.sync_chunk(
-                node_id, request.sync_id, request.seq, request.items, request.last, self.clock.monotonic_ms,
+                node_id, request.sync_id, request.seq, items, request.last, self.clock.monotonic_ms,
                 wire.inventory_item)
         except KVStoreError as err:
             await self._refuse(context, err)

@@ -63,6 +63,10 @@ class Superseded:
         if key in self._newest:
             self.note(key, object_id, now_ms)
 
+    def keys(self):
+        """The keys noted (a live view)."""
+        return self._newest.keys()
+
     def replaced(self, key: ObjectKey, object_id: int) -> bool:
         """Whether the shard acknowledged a version of ``key`` newer than ``object_id``."""
         return self._newest.get(key, (0, 0))[0] > object_id

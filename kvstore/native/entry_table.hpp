@@ -117,6 +117,12 @@ public:
     bool used(Slot s) const { return s < high_ && (rec(s).flags & kUsed); }
 
     Slot find(const KeyRef& k) const;
+    // A hint: the bucket find(k) starts at is loaded into the cache (a batch looks a few
+    // keys ahead: the bucket array is the one random access of a find at 10M keys).
+    void prefetch(const KeyRef& k) const {
+        const Part& p = parts_[k.hash & (kParts - 1)];
+        __builtin_prefetch(&p.buckets[(k.hash >> 8) & (p.buckets.size() - 1)]);
+    }
     // Adds an entry (the caller checked the key is absent). Returns its slot.
     Slot insert(const KeyRef& k, uint64_t size_bytes, uint64_t checksum, uint64_t object_id,
                 int64_t created_ms, uint8_t replica_num, uint16_t node, uint8_t tier);

@@ -42,6 +42,7 @@ from kvstore.rpc import ClientCredentials
 from kvstore.shardmap import ShardMap
 from kvstore.store.event_stream import EventStream
 from kvstore.store.events import EventLog, Ticket
+from kvstore.store.inventory import send_inventory
 from kvstore.store.lease import MasterLease
 from kvstore.store.node import StoreNode
 from kvstore.store.repair import Copier
@@ -161,6 +162,10 @@ class NodeAgent:
     def _connect(self) -> None:
         self.channel = rpc.channel(self._addrs[self._cur], self.creds)
         self.stub = pb_grpc.MasterStub(self.channel)
+        # SyncInventory with the request serialized by the caller (kvstore.store.inventory).
+        self._sync_inventory = self.channel.unary_unary(
+            "/kvstore.v1.Master/SyncInventory", request_serializer=None,
+            response_deserializer=pb.SyncInventoryResponse.FromString)
         self.stream = EventStream(self.stub)
         self.link: ReportLink | None = None       # set by a registration that names a port
         self.report_port = 0                      # ... the port the master last announced
@@ -284,41 +289,17 @@ class NodeAgent:
 
     def _send_inventory(self, sync_id: int, timeout_s: float) -> float | None:
         """Every object of this shard the node holds, in chunks of at most
-        INVENTORY_CHUNK items (:meth:`StoreNode.inventory_chunks` takes the node's
-        lock per chunk). Returns when the last chunk was sent (monotonic s: the
+        INVENTORY_CHUNK items (:mod:`kvstore.store.inventory`: read a chunk at a time
+        under the node's lock, serialized natively, the next one read while the master
+        applies this one). Returns when the last chunk was sent (monotonic s: the
         master counts the node alive from its answer on), or None when the master
         lost the registration."""
         self.inventory_sent = 0
-        seq = 0
-        pending: list = []
-        sent = 0.0
-
-        def send(items, last: bool) -> bool:
-            nonlocal seq, sent
-            chunk = pb.SyncInventoryRequest(node_id=self.address.node_id,
-                                            incarnation=self.incarnation, sync_id=sync_id,
-                                            seq=seq, items=items, last=last)
-            for attempt in range(3):
-                sent = time.monotonic()
-                try:
-                    resp = self.stub.SyncInventory(chunk, timeout=timeout_s)
-                    break
-                except grpc.RpcError as exc:
-                    if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED or attempt == 2:
-                        raise
-            if not resp.known:
-                return False
-            seq += 1
-            self.inventory_sent += len(items)
-            return True
-
-        for items in self.node.inventory_chunks(INVENTORY_CHUNK, self.owns):
-            pending.extend(wire.inventory_item_pb(it) for it in items)
-            while len(pending) >= INVENTORY_CHUNK:
-                if not send(pending[:INVENTORY_CHUNK], last=False):
-                    return None
-                del pending[:INVENTORY_CHUNK]
-        return sent if send(pending, last=True) else None
+        rows = self.node.inventory_rows(INVENTORY_CHUNK, self.owns)
+        sent, self.inventory_sent = send_inventory(
+            self._sync_inventory, self.address.node_id, self.incarnation, sync_id, rows,
+            INVENTORY_CHUNK, timeout_s)
+        return sent
 
     def deliver(self, timeout_s: float | None = None) -> None:
         """Send this shard's pending events (one ReportEvents) and resolve their tickets.

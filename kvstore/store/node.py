@@ -72,6 +72,7 @@ from kvstore.sizes import check_fits
 from kvstore.store.levels import DEFAULT_WATERMARKS, TierLevel, build_levels
 from kvstore.store.limits import NODE_BYTES_PER_OBJECT, UNLIMITED
 from kvstore.store.events import EventLog, Ticket
+from kvstore.store.inventory import inventory_rows
 from kvstore.store.mover import TierMover
 from kvstore.store.objects import ObjectState, StoredObject
 from kvstore.store.node_stats import NodeStatsView
@@ -511,6 +512,12 @@ class StoreNode(NodeStatsView):
         """Every complete object in service (:meth:`inventory_chunks` in one list)."""
         return [it for chunk in self.inventory_chunks() for it in chunk]
 
+    def inventory_rows(self, chunk_items: int = 4096,
+                       owns: Callable[[str], bool] | None = None) -> Iterator[list[tuple]]:
+        """:meth:`inventory_chunks` as plain rows, what a registration sends
+        (:func:`kvstore.store.inventory.inventory_rows`)."""
+        return inventory_rows(self._table, self.levels, chunk_items, owns)
+
     def inventory_chunks(self, chunk_items: int = 4096,
                          owns: Callable[[str], bool] | None = None) -> Iterator[list[InventoryItem]]:
         """Every complete object in service, for a registration, ``chunk_items`` at a time.
@@ -527,17 +534,10 @@ class StoreNode(NodeStatsView):
             chunk_items: objects looked at per chunk (a chunk holds at most this many).
             owns: key -> whether to list it (one shard's keys); None: every key.
         """
-        table = self._table
-        with table.cond:
-            end = len(table.slots)
-        for start in range(0, end, chunk_items):
-            with table.cond:
-                items = [InventoryItem(o.key, o.object_id, o.size_bytes, o.checksum,
-                                       self.levels[o.best_level()].tier.kind,
-                                       pending=not o.confirmed, replica_num=o.replica_num)
-                         for o in table.slots[start:start + chunk_items]
-                         if o is not None and o.state is ObjectState.COMPLETE]
-            yield items if owns is None else [it for it in items if owns(it.key)]
+        for rows in inventory_rows(self._table, self.levels, chunk_items, owns):
+            yield [InventoryItem(key, object_id, size_bytes, checksum, TierKind(tier),
+                                 pending=pending, replica_num=replica_num)
+                   for key, object_id, size_bytes, checksum, tier, pending, replica_num in rows]
 
     # ================================================================ stats
     def count(self, counter: NodeCounter, n: int = 1) -> None:

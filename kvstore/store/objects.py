@@ -290,3 +290,24 @@ class Move:
     dst_extent: Extent
     ok: bool = False               # set by the mover: bytes copied (and durable, for SSD)
     error: str = ""                # why not, when not ok
+
+
+def inventory_rows(objects, tiers: list[int]) -> list[tuple]:
+    """(key, object_id, size_bytes, checksum, tier, pending, replica_num) of each complete
+    object of ``objects`` (None skipped): what a registration lists
+    (:mod:`kvstore.store.inventory`). ``tiers``: the wire tier of each level; an object's
+    is its fastest copy's; pending: its STORED event not yet applied by a master.
+
+    Reads the flags directly (about 0.6 µs an object here, 1.7 with the properties): it
+    runs over every object of the node, under its lock, a chunk at a time."""
+    out = []
+    for o in objects:
+        if o is None:
+            continue
+        f = o._flags
+        if not f & _COMPLETE:
+            continue
+        level = f >> _LEVEL_SHIFT if not f & _MANY and o._copy is not None else o.best_level()
+        out.append((o.key, o.object_id, o.size_bytes, o.checksum, tiers[level],
+                    not f & _CONFIRMED, o.replica_num))
+    return out

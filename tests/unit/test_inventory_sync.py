@@ -14,6 +14,7 @@ from kvstore.errors import InvalidArgument
 from kvstore.master.index import ObjectIndex
 from kvstore.master.inventory import InventorySync, sync_node_inventory
 from kvstore.master.membership import Membership, NodeRegistration
+from kvstore.master import registration as registration_module
 from kvstore.master.registration import Registrations
 from kvstore.master.roster import FileRoster, Roster
 from kvstore.master.warmup import Warmup, WarmupState
@@ -112,6 +113,27 @@ def test_registrations_apply_chunks_in_order_once_and_the_node_serves_at_the_las
         assert info.alive and not info.syncing and warmup.whole(T0)
         assert set(idx.entries) == {"a", "b", "c"}
         assert await chunk(2, [], last=True) is None                   # done: not known
+    run(main())
+
+
+def test_a_chunk_one_ahead_waits_for_the_one_before_a_bounded_time(monkeypatch):
+    """A node keeps two chunks in flight (kvstore.store.inventory): the second may be
+    handled first; it waits for the first, and gives up (register again) if it never comes."""
+    async def main():
+        idx = make_index()
+        regs = Registrations(idx, Warmup({"n0"}, T0, TTL_MS), Roster(), known={"n0"})
+        sync_id = await regs.register(registration("n0"), T0)
+        chunk = lambda seq, items, last=False: regs.sync_chunk(   # noqa: E731
+            "n0", sync_id, seq, items, last, lambda: T0, lambda x: x)
+        ahead = asyncio.ensure_future(chunk(1, [item("b", 11)]))
+        await asyncio.sleep(0.01)
+        assert not ahead.done()
+        assert await chunk(0, [item("a", 10)]) == 1
+        assert await ahead == 2
+        monkeypatch.setattr(registration_module, "AHEAD_WAIT_S", 0.05)
+        assert await chunk(3, [item("d", 13)]) is None          # seq 2 never came
+        assert await chunk(4, [item("e", 14)]) is None          # two ahead: a gap at once
+        assert set(idx.entries) == {"a", "b"}
     run(main())
 
 
