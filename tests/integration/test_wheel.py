@@ -77,7 +77,10 @@ for name in ("client", "tools", "engines", "conductor"):
     assert importlib.util.find_spec(name) is None, name
 # Modules that exist to plug into an optional outside package import it; they are
 # imported too where it is installed.
-OPTIONAL = {"kvstore.client.integrations.vllm.connector": "vllm"}
+OPTIONAL = {"kvstore.client.integrations.vllm.connector": "vllm",
+            "kvstore.client.integrations.vllm.kv_events": "vllm",
+            "kvstore.client.integrations.vllm.offload_tier": "vllm",
+            "kvstore.client.integrations.sglang.backend": "sglang"}
 mods = [m.name for m in pkgutil.walk_packages(kvstore.__path__, "kvstore.")
         if not m.name.endswith(".__main__")]       # scripts: they run when imported
 assert set(OPTIONAL) <= set(mods), set(OPTIONAL) - set(mods)
