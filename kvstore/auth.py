@@ -10,6 +10,10 @@ The file holds one ``ROLE TOKEN`` per line (``#`` starts a comment)::
     node      c0de...         register, heartbeat, report events, repair copies
     metrics   5ca1...         read /metrics (a Prometheus scraper; kvstore.metrics)
 
+A ``client`` or ``metrics`` line may bind its token to tenants (``tenants=a,b``;
+without it: the ``default`` tenant only), and ``tenant`` lines set quotas; see
+:mod:`kvstore.tenants`. Admin and node tokens see every tenant.
+
 A role grants what it names and admin grants everything. Clients present a
 token (``KVClient(token=...)``, ``$KVSTORE_TOKEN`` or ``--token-file``):
 
@@ -35,7 +39,10 @@ import hmac
 import logging
 import os
 import secrets
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from kvstore import tenants as tn
 
 log = logging.getLogger(__name__)
 
@@ -62,37 +69,83 @@ class AuthFileError(ValueError):
     """The token file cannot be used (a bad line, an unknown role, a short token)."""
 
 
-def parse_tokens(text: str, source: str = "<tokens>") -> dict[str, Role]:
-    """Token -> role from the text of a token file.
+@dataclass(frozen=True)
+class AuthTable:
+    """What an ``--auth`` file says: each token's role and tenants, each tenant's quota."""
+
+    roles: dict[str, Role]
+    scopes: dict[str, tn.Scope] = field(default_factory=dict)
+    quotas: dict[str, tn.Quota] = field(default_factory=dict)
+
+    def scope_of_token(self, token: str) -> tn.Scope:
+        return self.scopes.get(token, tn.ALL)
+
+
+def parse_auth(text: str, source: str = "<tokens>") -> AuthTable:
+    """An :class:`AuthTable` from the text of a token file: ``ROLE TOKEN
+    [tenants=NAME,...]`` and ``tenant NAME [bytes=SIZE] [objects=N] [share=SIZE|PCT%]``
+    lines (:mod:`kvstore.tenants`).
 
     Raises:
-        AuthFileError: a line that is not ``ROLE TOKEN``, an unknown role, a
-            token under 16 characters, a token listed twice, or no token at all.
+        AuthFileError: a line that is neither, an unknown role, a token under 16
+            characters, a token listed twice, ``tenants=`` on an admin or node token,
+            a bad tenant line or a tenant quoted twice, or no token at all.
     """
     table: dict[str, Role] = {}
+    scopes: dict[str, tn.Scope] = {}
+    quotas: dict[str, tn.Quota] = {}
     for n, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
         parts = line.split()
-        if len(parts) != 2:
-            raise AuthFileError(f"{source}:{n}: expected 'ROLE TOKEN'")
-        role_name, token = parts
+        where = f"{source}:{n}"
+        if parts[0].lower() == "tenant":
+            try:
+                name, quota = tn.parse_quota(parts[1:], where)
+            except ValueError as exc:
+                raise AuthFileError(str(exc)) from None
+            if name in quotas or len(quotas) >= tn.MAX_TENANTS:
+                raise AuthFileError(f"{where}: tenant {name!r} listed twice, or over "
+                                    f"{tn.MAX_TENANTS} tenant lines")
+            quotas[name] = quota
+            continue
+        if len(parts) not in (2, 3):
+            raise AuthFileError(f"{where}: expected 'ROLE TOKEN' or 'ROLE TOKEN tenants=NAME,...'")
+        role_name, token = parts[:2]
         try:
             role = Role(role_name.lower())
         except ValueError:
-            raise AuthFileError(f"{source}:{n}: unknown role {role_name!r}; known: "
+            raise AuthFileError(f"{where}: unknown role {role_name!r}; known: "
                                 f"{[r.value for r in Role]}") from None
         if len(token) < _MIN_TOKEN_CHARS:
-            raise AuthFileError(f"{source}:{n}: a token needs {_MIN_TOKEN_CHARS} characters or more")
+            raise AuthFileError(f"{where}: a token needs {_MIN_TOKEN_CHARS} characters or more")
         if token in table:
-            raise AuthFileError(f"{source}:{n}: a token is listed twice")
+            raise AuthFileError(f"{where}: a token is listed twice")
         table[token] = role
+        if role in (Role.CLIENT, Role.METRICS):
+            try:
+                scopes[token] = tn.parse_scope(parts[2], where) if len(parts) == 3 \
+                    else tn.DEFAULT_ONLY
+            except ValueError as exc:
+                raise AuthFileError(str(exc)) from None
+        elif len(parts) == 3:
+            raise AuthFileError(f"{where}: a {role.value} token sees every tenant; "
+                                f"tenants= is for client and metrics tokens")
         if len(table) > _MAX_TOKENS:
             raise AuthFileError(f"{source}: more than {_MAX_TOKENS} tokens")
     if not table:
         raise AuthFileError(f"{source}: no tokens")
-    return table
+    return AuthTable(table, scopes, quotas)
+
+
+def parse_tokens(text: str, source: str = "<tokens>") -> dict[str, Role]:
+    """Token -> role from the text of a token file (:func:`parse_auth`'s roles).
+
+    Raises:
+        AuthFileError: as :func:`parse_auth`.
+    """
+    return parse_auth(text, source).roles
 
 
 def proof(token: str, nonce: bytes) -> bytes:
@@ -129,32 +182,57 @@ class TokenFile:
 
     def __init__(self, path: str):
         self.path = path
-        self._table = self._read()
+        self._auth = self._read()
+        #: Called with the new :class:`AuthTable` after each successful reload.
+        self.on_reload: list[Callable[[AuthTable], None]] = []
 
-    def _read(self) -> dict[str, Role]:
+    def _read(self) -> AuthTable:
         with open(self.path, encoding="utf-8") as f:
-            return parse_tokens(f.read(), self.path)
+            return parse_auth(f.read(), self.path)
+
+    @property
+    def table(self) -> AuthTable:
+        return self._auth
+
+    @property
+    def quotas(self) -> dict[str, tn.Quota]:
+        return self._auth.quotas
 
     def reload(self) -> bool:
         """Read the file again (SIGHUP); a bad file keeps the old table. Returns success."""
         try:
-            self._table = self._read()
+            self._auth = self._read()
         except (OSError, AuthFileError) as exc:
             log.error("token file %s not reloaded, keeping the old one: %s", self.path, exc)
             return False
-        log.info("token file %s reloaded: %d token(s)", self.path, len(self._table))
+        log.info("token file %s reloaded: %d token(s), %d tenant quota(s)", self.path,
+                 len(self._auth.roles), len(self._auth.quotas))
+        for hook in list(self.on_reload):
+            try:
+                hook(self._auth)
+            except Exception:                  # noqa: BLE001 - one listener must not stop the rest
+                log.exception("token file %s: a reload listener failed", self.path)
         return True
+
+    def _find(self, given: bytes) -> str | None:
+        found: str | None = None
+        for known in self._auth.roles:
+            if hmac.compare_digest(known.encode(), given):
+                found = known
+        return found
 
     def role_of(self, token: str | None) -> Role | None:
         """The role of ``token``, or None; compares with every token, in constant time."""
+        creds = self.credentials_of(token)
+        return creds[0] if creds else None
+
+    def credentials_of(self, token: str | None) -> tuple[Role, tn.Scope] | None:
+        """The role and tenants of ``token``, or None; constant time as :meth:`role_of`."""
         if not token:
             return None
-        given = token.encode()
-        found: Role | None = None
-        for known, role in self._table.items():
-            if hmac.compare_digest(known.encode(), given):
-                found = role
-        return found
+        auth = self._auth
+        known = self._find(token.encode())
+        return (auth.roles[known], auth.scope_of_token(known)) if known is not None else None
 
     def role_of_proof(self, nonce: bytes, answer: bytes) -> Role | None:
         """The role whose token made ``answer`` to ``nonce`` (the data-port handshake), or None."""
@@ -164,11 +242,20 @@ class TokenFile:
     def match_proof(self, nonce: bytes, answer: bytes) -> tuple[Role, str] | None:
         """The role and :func:`fingerprint` of the token that made ``answer`` to
         ``nonce``, or None; compares with every token, in constant time."""
-        found: tuple[Role, str] | None = None
-        for known, role in self._table.items():
+        found = self.proof_credentials(nonce, answer)
+        return (found[0], found[1]) if found else None
+
+    def proof_credentials(self, nonce: bytes, answer: bytes) -> tuple[Role, str, tn.Scope] | None:
+        """The role, :func:`fingerprint` and tenants of the token that made ``answer``
+        to ``nonce``, or None; compares with every token, in constant time."""
+        auth = self._auth
+        found: str | None = None
+        for known in auth.roles:
             if hmac.compare_digest(proof(known, nonce), answer):
-                found = (role, fingerprint(known))
-        return found
+                found = known
+        if found is None:
+            return None
+        return auth.roles[found], fingerprint(found), auth.scope_of_token(found)
 
 
 def bearer(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:

@@ -26,6 +26,7 @@ import numpy as np
 import xxhash
 
 from kvstore.errors import InvalidArgument
+from kvstore.tenants import DEFAULT_TENANT, tenant_key
 from kvstore.types import BlockHash, ObjectKey
 
 MAX_KEY_BYTES = 512
@@ -144,9 +145,21 @@ def prefix_keys(tokens: Sequence[int] | np.ndarray, namespace: Namespace,
     """Store keys (32 lowercase hex digits) of each full block's prefix.
 
     ``prefix_keys(t, ns)[i]`` names the KV of ``t[: (i + 1) * ns.block_tokens]``.
-    See :func:`prefix_hashes` for arguments and errors.
+    A namespace with a ``tenant`` (other than ``"default"``) makes keys of that
+    tenant: ``"@TENANT/" + hex`` (:mod:`kvstore.tenants`). See
+    :func:`prefix_hashes` for arguments and errors.
+
+    Raises:
+        InvalidArgument: as :func:`prefix_hashes`, or a tenant that is not a tenant name.
     """
-    return [BlockHash(h.hex()) for h in prefix_hashes(tokens, namespace, extra)]
+    hashes = prefix_hashes(tokens, namespace, extra)
+    if not namespace.tenant or namespace.tenant == DEFAULT_TENANT:
+        return [BlockHash(h.hex()) for h in hashes]
+    try:
+        head = tenant_key(namespace.tenant, "")
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+    return [BlockHash(head + h.hex()) for h in hashes]
 
 
 # One search instead of a Python loop over the characters: every key of every
