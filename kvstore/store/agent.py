@@ -51,6 +51,8 @@ from kvstore.types import EventKind, NodeAddress
 
 log = logging.getLogger(__name__)
 LINK_BACKOFF_MAX_S = 300.0    # a failing report link is tried again at most this far apart
+#: How long a channel left by a failover stays open for calls other threads already began on it (s).
+RETIRE_S = 60.0
 #: Inventory items per SyncInventory chunk (at most kvstore.master.limits.MAX_INVENTORY_CHUNK).
 INVENTORY_CHUNK = 4096
 
@@ -151,6 +153,7 @@ class NodeAgent:
         self.full_stats_interval_s = full_stats_interval_s
         self._queue: list[Ticket] = []        # taken from the router, not yet acknowledged
         self._lock = threading.RLock()        # deliveries and registrations, one at a time
+        self._retired: list[tuple[float, grpc.Channel]] = []   # (monotonic s, channel) to close
         self._copied: list = []               # repair results not yet reported
         self.inventory_sent = 0               # items of the last registration's inventory
         self.copier = _LazyCopier(node, creds)
@@ -218,13 +221,24 @@ class NodeAgent:
             self.link.close()
 
     def failover(self) -> None:
-        """Move on to the shard's next master (after a failed RPC)."""
-        self._close_links()
-        if len(self._addrs) == 1:
-            return
-        self.channel.close()
-        self._cur = (self._cur + 1) % len(self._addrs)
-        self._connect()
+        """Move on to the shard's next master (after a failed RPC).
+
+        Under the agent's lock, so no delivery or registration is midway on the old
+        channel; the old channel is closed only after :data:`RETIRE_S`, because this
+        agent's loop thread beats on the stub it read without the lock: grpcio
+        crashes the process (SIGSEGV in ``_get_registered_call_handle``, seen in the
+        multi-host chaos test) when a call is made on a channel another thread is
+        closing."""
+        with self._lock:
+            self._close_links()
+            if len(self._addrs) == 1:
+                return
+            now = time.monotonic()
+            self._retired.append((now, self.channel))
+            while self._retired and now - self._retired[0][0] > RETIRE_S:
+                self._retired.pop(0)[1].close()
+            self._cur = (self._cur + 1) % len(self._addrs)
+            self._connect()
 
     def register(self, timeout_s: float = 10.0) -> None:
         """Register, then send everything of this shard the node holds now (its
@@ -396,6 +410,9 @@ class NodeAgent:
             pass                  # the master will expire it instead
         self._close_links()
         self.channel.close()
+        for _at, channel in self._retired:
+            channel.close()
+        self._retired.clear()
 
     def _loop(self) -> None:
         # Deliver events as soon as they are appended (so the index stops
