@@ -70,7 +70,8 @@ def _after(python: Path, _checkout: Path) -> list[list[str]]:
 
 #: A recipe whose "engine" is pytest: the test's own python has it, at pytest.__version__.
 RECIPE = venv_steps.Recipe(name="test-env", dist="pytest", version=pytest.__version__,
-                           install=_install, check="print('ok')", after=_after)
+                           install=_install, check="print('ok')", doc="test-env",
+                           after=_after)
 
 
 def _shim(venv: Path, *flags: str) -> Path:
@@ -105,7 +106,7 @@ def commands(monkeypatch) -> list[list[str]]:
 
 def test_a_kept_venv_reinstalls_kvstore_and_upgrades_grpcio(commands, tmp_path, capsys):
     venv, checkout = _kept_venv(tmp_path), tmp_path / "checkout"
-    python = venv_steps.build(RECIPE, venv, checkout)
+    python = RECIPE.build(venv, checkout)
     assert python == venv / "bin" / "python"
     assert commands == [
         [str(python), "-m", "pip", "install", "-c", str(checkout / "constraints.txt"),
@@ -120,14 +121,14 @@ def test_a_kept_venv_reinstalls_kvstore_and_upgrades_grpcio(commands, tmp_path, 
 def test_another_version_runs_the_recipes_install(commands, tmp_path):
     venv, checkout = _kept_venv(tmp_path), tmp_path / "checkout"
     recipe = venv_steps.Recipe(name="test-env", dist="pytest", version="0.0.0-not-this",
-                               install=_install, check="pass")
-    python = venv_steps.build(recipe, venv, checkout)
+                               install=_install, check="pass", doc="test-env")
+    python = recipe.build(venv, checkout)
     assert commands == [_install(python, checkout)[0], [str(python), "-c", "pass"]]
 
 
 def test_no_venv_is_made_first(commands, tmp_path):
     venv, checkout = tmp_path / "new", tmp_path / "checkout"
-    python = venv_steps.build(RECIPE, venv, checkout)
+    python = RECIPE.build(venv, checkout)
     assert commands == [[sys.executable, "-m", "venv", str(venv)], *_install(python, checkout),
                         *_after(python, checkout), [str(python), "-c", "print('ok')"]]
 
@@ -135,7 +136,7 @@ def test_no_venv_is_made_first(commands, tmp_path):
 def test_fresh_deletes_a_venv_then_makes_it_again(commands, tmp_path):
     venv = _kept_venv(tmp_path)
     (venv / "old.txt").write_text("gone")
-    python = venv_steps.build(RECIPE, venv, tmp_path / "checkout", fresh=True)
+    python = RECIPE.build(venv, tmp_path / "checkout", fresh=True)
     assert not (venv / "old.txt").exists()
     assert commands[:2] == [[sys.executable, "-m", "venv", str(venv)],
                             *_install(python, tmp_path / "checkout")]
@@ -147,9 +148,10 @@ def test_a_failed_step_exits_1_and_says_which(tmp_path, capsys):
     checkout.mkdir()
     (checkout / "constraints.txt").write_text("")
     recipe = venv_steps.Recipe(name="test-env", dist="no-such-dist-here", version="1",
-                               install=lambda _p, _c: [], check="raise SystemExit(3)")
+                               install=lambda _p, _c: [], check="raise SystemExit(3)",
+                               doc="test-env")
     venv = _kept_venv(tmp_path)
-    assert venv_steps.main(recipe, "doc", [str(venv), "--checkout", str(checkout)]) == 1
+    assert recipe.main([str(venv), "--checkout", str(checkout)]) == 1
     out = capsys.readouterr()
     assert "test-env: failed:" in out.err and "exited 3" in out.err
     assert out.out == ""

@@ -70,27 +70,11 @@ def _install(python: Path, checkout: Path) -> list[list[str]]:
 
 
 RECIPE = venv_steps.Recipe(name="sglang-env", dist="sglang", version=SGLANG_VERSION,
-                           install=_install, check=CHECK)
-default_checkout = venv_steps.default_checkout
-
-
-def build(venv: Path, checkout: Path, fresh: bool = False) -> Path:
-    """Make or update ``venv`` (the module doc's steps); returns its python.
-
-    Args:
-        fresh: delete ``venv`` first (only a folder that is a virtual environment).
-
-    Raises:
-        subprocess.CalledProcessError: a step failed (its output is on stderr).
-        ValueError: ``fresh`` and ``venv`` is a folder but no virtual environment.
-    """
-    return venv_steps.build(RECIPE, venv, checkout, fresh)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``VENV [--checkout DIR] [--fresh]``: 0 built (VENV's python printed last), 1 a step
-    failed, 2 a bad call."""
-    return venv_steps.main(RECIPE, __doc__, argv)
+                           install=_install, check=CHECK, doc=__doc__)
+#: ``main(argv=None)``: the command line (0 built, 1 a step failed, 2 a bad call);
+#: ``build(venv, checkout, fresh=False)``: the module doc's steps, returning VENV's python
+#: (venv_steps.build says what it raises).
+default_checkout, build, main = venv_steps.default_checkout, RECIPE.build, RECIPE.main
 
 
 if __name__ == "__main__":

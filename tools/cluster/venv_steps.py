@@ -54,6 +54,7 @@ class Recipe:
         version: its version; another (or none) means the full install.
         install: the full install's commands.
         check: python code VENV's python runs last; it fails (non-zero exit) when VENV is unfit.
+        doc: the script's module doc (its first paragraph is the command's help).
         after: commands run after either install (the full one or kvstore alone).
     """
 
@@ -62,7 +63,16 @@ class Recipe:
     version: str
     install: Commands
     check: str
+    doc: str
     after: Commands = _none
+
+    def build(self, venv: Path, checkout: Path, fresh: bool = False) -> Path:
+        """:func:`build` of this recipe: VENV's python; raises as :func:`build` does."""
+        return build(self, venv, checkout, fresh)
+
+    def main(self, argv: list[str] | None = None) -> int:
+        """:func:`main` of this recipe: the script's command line; its exit status."""
+        return main(self, argv)
 
 
 def default_checkout() -> Path | None:
@@ -134,15 +144,15 @@ def build(recipe: Recipe, venv: Path, checkout: Path, fresh: bool = False) -> Pa
     return python
 
 
-def main(recipe: Recipe, doc: str, argv: list[str] | None = None) -> int:
+def main(recipe: Recipe, argv: list[str] | None = None) -> int:
     """The env scripts' command line: ``VENV [--checkout DIR] [--fresh]``; prints VENV's
-    python last. ``doc`` is the script's module doc (its first paragraph is the help's).
+    python last.
 
     Returns:
         0 built; 1 a step failed; 2 ``--fresh`` of a folder that is no venv (argparse's
         own errors, such as no checkout, exit 2 too).
     """
-    p = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+    p = argparse.ArgumentParser(description=recipe.doc.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("venv", type=Path, help="the virtual environment to make or update")
     p.add_argument("--checkout", type=Path, default=default_checkout(),
