@@ -38,6 +38,7 @@ def test_finds_the_checkout_it_belongs_to(script):
     assert root is not None and (root / "tools" / "cluster" / "venv_steps.py").samefile(
         venv_steps.__file__)
     assert script.default_checkout() == root
+    assert script.venv_steps is venv_steps      # installed: the package's module, no second copy
 
 
 def test_fresh_refuses_a_folder_that_is_no_virtual_environment(script, tmp_path):
