@@ -125,5 +125,6 @@ def main() -> None:
                                "num_cached_tokens": res.num_cached_tokens, "wall_s": wall,
                                "kv_transfer_metrics": metrics.sums}))
 
+
 if __name__ == "__main__":
     main()
