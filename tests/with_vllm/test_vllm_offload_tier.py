@@ -9,7 +9,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from test_vllm_connector import PYTHON
+from vllm_harness import PYTHON, kill_node
 
 from kvstore.tools.cluster.launcher import start_store_cluster
 
@@ -29,11 +29,7 @@ def test_kvstore_tier_stores_loads_and_fails_cleanly(tmp_path):
     with start_store_cluster(1, 1, node_ttl_ms=10_000, log_dir=str(tmp_path)) as cluster:
         a = _phase(tmp_path, cluster.master, "store")
         b = _phase(tmp_path, cluster.master, "load")
-        node = cluster.nodes["n0"].proc
-        node.kill()
-        node.wait()
-        for segment in Path("/dev/shm").glob(f"kvstore-{node.pid}-*"):
-            segment.unlink(missing_ok=True)   # a SIGKILLed node cannot unlink its own
+        kill_node(cluster)
         c = _phase(tmp_path, cluster.master, "dead")
     # One process: misses, a store, hits, a byte-exact load into other chunks.
     assert a["empty"] == ["MISS", "MISS"]

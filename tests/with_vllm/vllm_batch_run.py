@@ -11,33 +11,18 @@ prompts follows in the same engine (its outputs in ``second``).
 """
 
 import json
-import logging
 import os
 import sys
 from pathlib import Path
 
-from vllm_run import BLOCK, _TransferMetrics, _wait_for_go, build_model
+from vllm_run import start_engine
 
 
 def main() -> None:
     model_dir, out, prompts = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
     kv = json.loads(sys.argv[4]) if len(sys.argv) > 4 else None
-    build_model(model_dir)
-    from vllm import LLM, SamplingParams
-    from vllm.config import KVTransferConfig
+    llm, params, metrics = start_engine(model_dir, kv)
     from vllm.inputs import TokensPrompt
-
-    kwargs = {"kv_transfer_config": KVTransferConfig(**kv), "disable_log_stats": False} \
-        if kv else {}
-    llm = LLM(model=str(model_dir), dtype="float32", max_model_len=1024, enforce_eager=True,
-              seed=0, block_size=BLOCK, kv_cache_memory_bytes=64 << 20, **kwargs)
-    params = SamplingParams(temperature=0.0, max_tokens=int(os.environ.get("MAX_TOKENS", "8")),
-                            ignore_eos=True)
-    metrics = _TransferMetrics()
-    mlog = logging.getLogger("vllm.v1.metrics.loggers")
-    mlog.setLevel(logging.DEBUG)
-    mlog.addHandler(metrics)
-    _wait_for_go()
 
     def generate(batch):
         res = llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch], params,

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from vllm_run import BLOCK, build_model
+from vllm_run import engine_args
 
 
 def _wait(path: Path, timeout_s: float = 300) -> None:
@@ -28,14 +28,13 @@ def _wait(path: Path, timeout_s: float = 300) -> None:
 def main() -> None:
     model_dir, prompt = Path(sys.argv[1]), json.loads(sys.argv[2])
     kv, events, run_dir = json.loads(sys.argv[3]), json.loads(sys.argv[4]), Path(sys.argv[5])
-    build_model(model_dir)
+    args = engine_args(model_dir)
     from vllm import LLM, SamplingParams
     from vllm.config import KVEventsConfig, KVTransferConfig
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model=str(model_dir), dtype="float32", max_model_len=1024, enforce_eager=True,
-              seed=0, block_size=BLOCK, kv_cache_memory_bytes=64 << 20,
-              kv_transfer_config=KVTransferConfig(**kv), kv_events_config=KVEventsConfig(**events))
+    llm = LLM(**args, kv_transfer_config=KVTransferConfig(**kv),
+              kv_events_config=KVEventsConfig(**events))
     params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
     llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
     (run_dir / "ready").write_text("ready")

@@ -10,6 +10,10 @@ of what vLLM's own stats logger printed of the connector's stats
 
 With $READY_FILE and $GO_FILE set, it writes READY_FILE once vLLM is up and
 waits for GO_FILE before the request (the test changes the store meanwhile).
+
+The other runs (vllm_batch_run.py, vllm_events_run.py) start vLLM with this
+file's ``engine_args`` / ``start_engine``; the tests import ``BLOCK`` from here
+(this module imports vLLM only inside its functions).
 """
 
 import json
@@ -71,18 +75,29 @@ def build_model(model_dir: Path) -> None:
                             eos_token="</s>").save_pretrained(model_dir)
 
 
-def main() -> None:
-    model_dir, out, prompt = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
-    kv = json.loads(sys.argv[4]) if len(sys.argv) > 4 else None
+def engine_args(model_dir: Path) -> dict:
+    """The ``LLM(...)`` arguments every vLLM run of these tests shares (the tiny model in
+    MODEL_DIR, built when absent; greedy-reproducible; BLOCK-token blocks; 64 MiB of KV)."""
     build_model(model_dir)
+    return {"model": str(model_dir), "dtype": "float32", "max_model_len": 1024,
+            "enforce_eager": True, "seed": 0, "block_size": BLOCK,
+            "kv_cache_memory_bytes": 64 << 20}
+
+
+def start_engine(model_dir: Path, kv: dict | None):
+    """vLLM up for a run: ``(llm, params, metrics)``.
+
+    ``kv``: the KVTransferConfig's fields (None: no connector); with one, vLLM logs
+    the connector's stats, which ``metrics`` sums. ``params``: greedy, $MAX_TOKENS
+    (default 8) tokens, EOS ignored. Returns after $READY_FILE/$GO_FILE (_wait_for_go).
+    """
+    args = engine_args(model_dir)
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
-    from vllm.inputs import TokensPrompt
 
     kwargs = {"kv_transfer_config": KVTransferConfig(**kv), "disable_log_stats": False} \
         if kv else {}
-    llm = LLM(model=str(model_dir), dtype="float32", max_model_len=1024, enforce_eager=True,
-              seed=0, block_size=BLOCK, kv_cache_memory_bytes=64 << 20, **kwargs)
+    llm = LLM(**args, **kwargs)
     params = SamplingParams(temperature=0.0, max_tokens=int(os.environ.get("MAX_TOKENS", "8")),
                             ignore_eos=True)
     metrics = _TransferMetrics()
@@ -92,6 +107,15 @@ def main() -> None:
     mlog.setLevel(logging.DEBUG)
     mlog.addHandler(metrics)
     _wait_for_go()
+    return llm, params, metrics
+
+
+def main() -> None:
+    model_dir, out, prompt = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
+    kv = json.loads(sys.argv[4]) if len(sys.argv) > 4 else None
+    llm, params, metrics = start_engine(model_dir, kv)
+    from vllm.inputs import TokensPrompt
+
     t0 = time.perf_counter()
     res = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)[0]
     wall = time.perf_counter() - t0
