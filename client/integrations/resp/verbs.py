@@ -272,7 +272,8 @@ def _scan_options(args: list) -> tuple[str, int, str | None]:
     return pattern, min(count, MAX_SCAN_COUNT), kind
 
 
-@command("SCAN", -2, "readonly admin tenant", summary="SCAN cursor [MATCH p] [COUNT n] [TYPE string]"
+@command("SCAN", -2, "readonly admin tenant",
+         summary="SCAN cursor [MATCH p] [COUNT n] [TYPE string]"
          " (cursors are per connection)", group="generic")
 def scan(front, session, args):
     cursor = integer(args[1], "invalid cursor")
@@ -299,7 +300,8 @@ def scan(front, session, args):
     return [str(cursor).encode(), keys]
 
 
-@command("KEYS", 2, "readonly admin tenant", summary="every key matching a pattern (lists the whole "
+@command("KEYS", 2, "readonly admin tenant",
+         summary="every key matching a pattern (lists the whole "
          "store: prefer SCAN)", group="generic")
 def keys(front, session, args):
     pattern = text(args[1])

@@ -26,7 +26,8 @@ parent blocks, LoRA and cache salt, plus the KV group); its kvstore key is
 ``xxh3_128(namespace id || offload key)`` in a namespace of the model, its
 dtype, the chunk's size and tokens, the TP rank and size and the tenant, so
 two models or layouts never share a chunk; with a ``tenant`` the key is
-``@tenant/`` before that (the tenant's key: :mod:`kvstore.tenants`). Instances share chunks when their
+``@tenant/`` before that (the tenant's key: :mod:`kvstore.tenants`).
+Instances share chunks when their
 block hashes agree across processes (vLLM's default sha256 prefix hash; with
 a builtin-hash algorithm set PYTHONHASHSEED alike everywhere).
 
