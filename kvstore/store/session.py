@@ -24,16 +24,7 @@ Thread safety: connection threads share only the :class:`StoreNode`, which
 locks itself. Sockets block; ``recv_into``/``sendall`` release the GIL, and
 so do lmdb reads.
 
-Tenants (:mod:`kvstore.tenants`): the handshake's token gives the connection
-its scope; every op's key is checked against it. A read-side op (GET,
-SHM_ACQUIRE, PIN, UNPIN, PREFETCH) of another tenant's key answers as for a
-key this node does not hold (NOT_FOUND "not on this node"); a write (PUT,
-SHM_ALLOC, SHM_COMMIT) is refused (PERMISSION_DENIED, whether the key exists
-or not: nothing is confirmed); DROP and SHM_TOUCH of it answer OK and do
-nothing, as for a key not held. A SIGHUP reload of the token file applies to
-open connections from their next op (a token no longer in the file may touch
-no key). The shared-memory segment itself is not split by tenant: a process
-that can open it reads every value (see docs/tenants.md).
+Every op's key is checked against the token's tenants (:mod:`kvstore.store.tenancy`).
 """
 
 from __future__ import annotations
@@ -49,16 +40,16 @@ import time
 from collections.abc import Iterable
 
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.auth import AuthTable, Role, TokenFile, fingerprint, new_nonce
-from kvstore.errors import (Internal, InvalidArgument, KVStoreError, NotFound, PermissionDenied,
-                            Unauthenticated, Unavailable)
+from kvstore.auth import Role, TokenFile, new_nonce
+from kvstore.errors import (Internal, InvalidArgument, KVStoreError, NotFound, Unauthenticated,
+                            Unavailable)
 from kvstore.rpc import check_replica_num
 from kvstore.store.events import Ticket
 from kvstore.store.node import StoreNode
 from kvstore.store.objects import StoredObject
 from kvstore.store.stats import NodeCounter
 from kvstore.store.tiers.base import TierIOError
-from kvstore.tenants import ALL, Scope, tenant_of
+from kvstore.store.tenancy import ConnectionScope
 from kvstore.transfer import codec
 from kvstore.transfer.protocol import (REQUEST, RESPONSE, FrameReader, Op, StreamEnded,
                                        send_gathered)
@@ -78,25 +69,6 @@ _POLL_S = 200e-6
 _EAGER_GAP_S = 1e-3
 _OP_NAMES = {**{op.value: op.name.lower() for op in Op}, OP_RDMA_CONNECT: "rdma_connect"}
 _CODE_NAMES = {v: k for k, v in pb.Code.items()}
-
-
-#: The scope of a connection whose token a reload removed: no key.
-_NO_TENANT = Scope(frozenset())
-_scopes_lock = threading.Lock()
-_scopes_by_fp: tuple[AuthTable | None, dict[str, Scope]] = (None, {})
-
-
-def scope_of_fingerprint(table: AuthTable, fp: str) -> Scope:
-    """The scope ``table`` gives the token of :func:`~kvstore.auth.fingerprint` ``fp``
-    (no tenant when it holds no such token). One table's fingerprints are computed
-    once, for every connection."""
-    global _scopes_by_fp
-    with _scopes_lock:
-        known, scopes = _scopes_by_fp
-        if known is not table:
-            scopes = {fingerprint(t): table.scope_of_token(t) for t in table.roles}
-            _scopes_by_fp = (table, scopes)
-    return scopes.get(fp, _NO_TENANT)
 
 
 class Pollers:
@@ -176,11 +148,8 @@ class Session:
         # The caller's role once it proved a token; every role may use the data
         # ops (clients read and write, nodes copy repairs, admins everything).
         self.role: Role | None = Role.ADMIN if tokens is None else None
-        # Its tenants (kvstore.tenants), from the token's fingerprint and the table
-        # they were read from (a reload is noticed at the next op).
-        self.scope: Scope = ALL if tokens is None else _NO_TENANT
-        self.fingerprint = ""
-        self._auth_table: AuthTable | None = None
+        self.tenancy = ConnectionScope(tokens)    # its tenants (kvstore.store.tenancy)
+        self._allows, self._check_read = self.tenancy.allows, self.tenancy.check_read
         self.nonce = b""
         self.pollers = pollers or Pollers(1)
         self.conn = conn
@@ -485,26 +454,8 @@ class Session:
         """A write's frame: the lease holds, and its replica count (flags) is one a
         put may ask for, as the master would refuse that inventory."""
         check_replica_num(self.replica_num, unset_ok=True, key=key)
-        if not self._allows(key):
-            raise PermissionDenied(f"this connection's token may not write tenant "
-                                   f"{tenant_of(key)!r}'s keys", key=key)
+        self.tenancy.check_write(key)
         self._check_lease(key)
-
-    def _allows(self, key: str) -> bool:
-        """Whether this connection's token may touch ``key`` (always without --auth)."""
-        tokens = self.tokens
-        if tokens is None:
-            return True
-        table = tokens.table
-        if table is not self._auth_table:      # first op, or the file was reloaded
-            self._auth_table = table
-            self.scope = scope_of_fingerprint(table, self.fingerprint)
-        return self.scope.allows(key)
-
-    def _check_read(self, key: str) -> None:
-        """Another tenant's key is one this node does not hold (the same answer)."""
-        if not self._allows(key):
-            raise NotFound("not on this node", key=key)
 
     def _check_lease(self, key: str) -> None:
         """Reads and writes only while the node's master lease holds (see
@@ -534,10 +485,7 @@ class Session:
         obj = self.writing.pop((key, object_id), None)
         if obj is None:
             raise NotFound("no reservation for this key on this connection", key=key)
-        if not self._allows(key):                  # the token's scope changed since
-            self.node.abort_write(obj)
-            raise PermissionDenied(f"this connection's token may not write tenant "
-                                   f"{tenant_of(key)!r}'s keys", key=key)
+        self.tenancy.check_write(key, undo=lambda: self.node.abort_write(obj))   # scope changed
         # The client's bytes in the segment, hashed natively with the GIL released.
         actual = codec.value_hash(self.node.write_view(obj))
         ticket = self.node.commit_write(obj, checksum or None, actual=actual)
@@ -592,8 +540,7 @@ class Session:
         self._reply(object_id=object_id, offset=int(in_dram))
 
     def _drop(self, key: str, object_id: int, _size: int, _checksum: int) -> None:
-        # OK whether or not this node still had it: it does not now (another
-        # tenant's key: as one not held, nothing is dropped).
+        # OK whether or not this node still had it: it does not now (tenancy: as not held).
         if self._allows(key):
             self.node.drop_removed(key, object_id)
         self._reply(object_id=object_id)
@@ -622,8 +569,8 @@ class Session:
         if found is None:
             self.closing = True
             raise Unauthenticated("unknown credentials")
-        self.role, self.fingerprint, self.scope = found
-        self._auth_table = None             # the scope is read again at the first op
+        self.role = found[0]
+        self.tenancy.proved(found[1], found[2])
         self._reply()
 
     def _rdma_connect(self, _key: str, _object_id: int, size: int, _checksum: int) -> None:
