@@ -40,9 +40,13 @@ import grpc
 from kvstore.auth import Role, TokenFile, allows, bearer, client_token  # noqa: F401 (bearer: re-exported)
 from kvstore.binding import split_address
 from kvstore.errors import InvalidArgument, KVStoreError, error_detail, status_code
+from kvstore.tenants import ALL, Scope
 from kvstore.tls import TlsFiles, grpc_channel_credentials, grpc_server_credentials
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+#: The scope of a token no longer known: it may touch no key.
+NO_TENANT = Scope(frozenset())
 
 #: Keys in one Lookup, Exists or Remove call, at most. A
 #: larger call is INVALID_ARGUMENT (the limit in the message): one call of a
@@ -109,6 +113,16 @@ class ServerSecurity:
         if self.tokens is None:
             return Role.ADMIN
         return self.tokens.role_of(bearer(metadata))
+
+    def scope_of(self, metadata: Sequence[tuple[str, str | bytes]] | None) -> Scope:
+        """The tenants the caller may touch (:mod:`kvstore.tenants`): ALL when auth is
+        off and for admin and node tokens; no tenant for a token the table does not
+        know (one a reload removed after the interceptor let the call in). Read from
+        the table of now: a SIGHUP reload counts from the next call."""
+        if self.tokens is None:
+            return ALL
+        creds = self.tokens.credentials_of(bearer(metadata))
+        return creds[1] if creds is not None else NO_TENANT
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +315,14 @@ def caller_role(context, security: ServerSecurity | None) -> Role | None:
     if security is None:
         return Role.ADMIN
     return security.role_of(context.invocation_metadata())
+
+
+def caller_scope(context, security: ServerSecurity | None) -> Scope:
+    """The tenants a call a servicer handles may touch (ALL when auth is off: no
+    token is looked at, nothing is parsed)."""
+    if security is None or security.tokens is None:
+        return ALL
+    return security.scope_of(context.invocation_metadata())
 
 
 # ---- channels ----

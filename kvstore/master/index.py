@@ -400,6 +400,22 @@ class ObjectIndex:
         it = iter(found)
         return [False if e is not None else next(it) for e in errors], errors
 
+    def hidden(self, keys: Sequence[str]) -> Results:
+        """What a caller outside these keys' tenants is told (:mod:`kvstore.tenants`):
+        per key the NotFound of a key that never existed (or its WrongShard /
+        InvalidArgument, which say nothing of existence), after the same table probe
+        a miss costs, so neither the answer nor its time tells whether the key
+        exists. Nothing is changed (no access counted on the entry); counted as
+        lookup misses."""
+        out: Results = []
+        ok = self._checked(keys, out)
+        self.table.native.exists(ok, self._alive())   # a lookup's probe; the answer is a miss
+        for i, key in enumerate(keys):
+            if out[i] is None:
+                out[i] = self._not_found(key, None)
+        self.counters[C.LOOKUP_MISSES] += len(keys)
+        return out
+
     def remove(self, keys: Sequence[str], reason: RemoveReason = RemoveReason.REMOVE) -> Results:
         """Remove each visible key (drop orders to its nodes): per key the removed
         object's metadata (its version and live replicas) or the error."""

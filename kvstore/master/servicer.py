@@ -23,8 +23,8 @@ from kvstore import rpc, wire
 from kvstore._native import InventoryChunk
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.errors import (OK_STATUS, IndexIncomplete, KVStoreError, NotLeader, Unavailable,
-                            to_status)
+from kvstore.errors import (OK_STATUS, IndexIncomplete, KVStoreError, NotLeader,
+                            PermissionDenied, Unavailable, to_status)
 from kvstore.master.counters import MasterCounter as C
 from kvstore.master.event_feed import DEFAULT_CAPACITY, EventFeed, check_prefixes
 from kvstore.master.index import ObjectIndex
@@ -36,7 +36,10 @@ from kvstore.master.stall import LoopWatch
 from kvstore.master.term import Term
 from kvstore.auth import Role, fingerprint
 from kvstore.clock import SYSTEM_CLOCK, Clock
-from kvstore.rpc import MAX_KEYS_PER_CALL, ServerSecurity, bearer, caller_role, check_replica_num
+from kvstore.rpc import (MAX_KEYS_PER_CALL, ServerSecurity, bearer, caller_role, caller_scope,
+                         check_replica_num)
+from kvstore.master.scopes import hidden_positions, list_scoped, merge_hidden
+from kvstore.tenants import tenant_of
 from kvstore.types import NodeId, RemoveReason
 
 log = logging.getLogger(__name__)
@@ -45,7 +48,8 @@ log = logging.getLogger(__name__)
 _NODE = frozenset({Role.NODE})
 _CLIENT = frozenset({Role.CLIENT})
 
-#: Which roles may call which method (admin may call all; List and Stat are admin's).
+#: Which roles may call which method (admin may call all; Stat is admin's; a client's
+#: List shows its tenants' keys only).
 #: Remove with reason "evict" is admin's too (checked in the handler).
 METHOD_ROLES: dict[str, frozenset[Role]] = {
     "RegisterNode": _NODE, "SyncInventory": _NODE, "Heartbeat": _NODE, "ReportEvents": _NODE,
@@ -53,7 +57,7 @@ METHOD_ROLES: dict[str, frozenset[Role]] = {
     "GetShardMap": _CLIENT | _NODE | frozenset({Role.METRICS}),
     "GrantPlacement": _CLIENT,
     "Lookup": _CLIENT, "Exists": _CLIENT,
-    "Remove": _CLIENT, "ReportFailure": _CLIENT,
+    "Remove": _CLIENT, "ReportFailure": _CLIENT, "List": _CLIENT,
     "WatchEvents": frozenset({Role.METRICS}),      # routers, kvctl events (and admin)
 }
 
@@ -330,6 +334,10 @@ class MasterServicer(pb_grpc.MasterServicer):
         await self._gate(context)
         try:
             check_replica_num(request.replica_num, unset_ok=True)
+            if request.key and not caller_scope(context, self.security).allows(request.key):
+                # Refused whether the key exists or not: nothing is confirmed.
+                raise PermissionDenied(f"this token may not write tenant "
+                                       f"{tenant_of(request.key)!r}'s keys", key=request.key)
             grant, nodes = self.index.grant(request.replica_num or 1, request.num_ids or 1,
                                             self.clock.monotonic_ms(), request.key)
         except KVStoreError as err:
@@ -346,15 +354,25 @@ class MasterServicer(pb_grpc.MasterServicer):
     async def Lookup(self, request, context):
         await self._bounded(context, len(request.keys))      # bad input first
         await self._gate(context)
+        keys = list(request.keys)
+        hidden = hidden_positions(caller_scope(context, self.security), keys)
+        if hidden:      # other tenants' keys: answered as keys that never existed
+            results = merge_hidden(keys, hidden, lambda ks: self.index.lookup(
+                ks, self.clock.monotonic_ms()), self.index.hidden)
+        else:
+            results = self.index.lookup(keys, self.clock.monotonic_ms())
         return pb.LookupResponse(results=[
             pb.LookupResult(status=to_status(r)) if isinstance(r, KVStoreError) else
             pb.LookupResult(status=OK_STATUS, meta=self._meta_pb(r))
-            for r in self.index.lookup(list(request.keys), self.clock.monotonic_ms())])
+            for r in results])
 
     async def Exists(self, request, context):
         await self._bounded(context, len(request.keys))      # bad input first
         await self._gate(context)
-        exists, errors = self.index.exists_checked(list(request.keys))
+        keys = list(request.keys)
+        exists, errors = self.index.exists_checked(keys)    # every key: the same work
+        for i in hidden_positions(caller_scope(context, self.security), keys):
+            exists[i] = False           # another tenant's key: as one that never existed
         return pb.ExistsResponse(exists=exists, statuses=[_status(e) for e in errors])
 
     async def Remove(self, request, context):
@@ -368,14 +386,22 @@ class MasterServicer(pb_grpc.MasterServicer):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "only an admin may evict")
         await self._bounded(context, len(request.keys))
         await self._gate(context)
-        results = self.index.remove(list(request.keys), reason)
+        keys = list(request.keys)
+        hidden = hidden_positions(caller_scope(context, self.security), keys)
+        results = (merge_hidden(keys, hidden, lambda ks: self.index.remove(ks, reason),
+                                self.index.hidden) if hidden
+                   else self.index.remove(keys, reason))
         return pb.RemoveResponse(statuses=[_status(r) for r in results], removed=[
             pb.ObjectMeta() if isinstance(r, KVStoreError) else self._meta_pb(r)
             for r in results])
 
     async def List(self, request, context):
         await self._gate(context)
-        page, cursor = self.index.list(request.prefix, request.start_after, request.limit)
+        scope = caller_scope(context, self.security)
+        page, cursor = (self.index.list(request.prefix, request.start_after, request.limit)
+                        if scope.everything else
+                        list_scoped(self.index.list, scope, request.prefix, request.start_after,
+                                    request.limit))
         return pb.ListResponse(objects=[self._meta_pb(m) for m in page], next_cursor=cursor)
 
     async def Stat(self, request, context):
@@ -410,6 +436,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         seq = feed.start(request.from_seq, request.epoch, request.oldest)   # or EventsLost
         yield self._events_pb(feed, (), seq)
         async for batch in feed.follow(seq, prefixes):
+            scope = caller_scope(context, self.security)     # a reload counts at once
             if not self.leading():
                 await rpc.abort(context, self.not_leader())
             if self.stopping:
@@ -418,7 +445,9 @@ class MasterServicer(pb_grpc.MasterServicer):
                 await rpc.abort(context, Unavailable(
                     f"the event log of epoch {feed.epoch} ended with its term; the shard's "
                     f"log is now of epoch {self.feed.epoch}"))
-            yield self._events_pb(feed, batch.events, batch.next_seq)
+            events = batch.events if scope.everything else \
+                [e for e in batch.events if scope.allows(e.key)]
+            yield self._events_pb(feed, events, batch.next_seq)
 
     def end_watches(self) -> None:
         """End every WatchEvents stream now (UNAVAILABLE: watchers go to the next

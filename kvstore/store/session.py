@@ -23,6 +23,8 @@ NO_SPACE instead (the client then reads that object over TCP).
 Thread safety: connection threads share only the :class:`StoreNode`, which
 locks itself. Sockets block; ``recv_into``/``sendall`` release the GIL, and
 so do lmdb reads.
+
+Every op's key is checked against the token's tenants (:mod:`kvstore.store.tenancy`).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from kvstore.store.node import StoreNode
 from kvstore.store.objects import StoredObject
 from kvstore.store.stats import NodeCounter
 from kvstore.store.tiers.base import TierIOError
+from kvstore.store.tenancy import ConnectionScope
 from kvstore.transfer import codec
 from kvstore.transfer.protocol import (REQUEST, RESPONSE, FrameReader, Op, StreamEnded,
                                        send_gathered)
@@ -145,6 +148,8 @@ class Session:
         # The caller's role once it proved a token; every role may use the data
         # ops (clients read and write, nodes copy repairs, admins everything).
         self.role: Role | None = Role.ADMIN if tokens is None else None
+        self.tenancy = ConnectionScope(tokens)    # its tenants (kvstore.store.tenancy)
+        self._allows, self._check_read = self.tenancy.allows, self.tenancy.check_read
         self.nonce = b""
         self.pollers = pollers or Pollers(1)
         self.conn = conn
@@ -415,6 +420,7 @@ class Session:
         # An object only on SSD (or GPU) is promoted to DRAM first; when DRAM has
         # no room soon, it is served from its slower copy through a staging buffer.
         self._check_lease(key)
+        self._check_read(key)
         obj = self.node.acquire(key, object_id, require_dram=False)
         self.bytes_out += obj.size_bytes
         if obj.alloc is not None:
@@ -448,6 +454,7 @@ class Session:
         """A write's frame: the lease holds, and its replica count (flags) is one a
         put may ask for, as the master would refuse that inventory."""
         check_replica_num(self.replica_num, unset_ok=True, key=key)
+        self.tenancy.check_write(key)
         self._check_lease(key)
 
     def _check_lease(self, key: str) -> None:
@@ -478,6 +485,7 @@ class Session:
         obj = self.writing.pop((key, object_id), None)
         if obj is None:
             raise NotFound("no reservation for this key on this connection", key=key)
+        self.tenancy.check_write(key, undo=lambda: self.node.abort_write(obj))   # scope changed
         # The client's bytes in the segment, hashed natively with the GIL released.
         actual = codec.value_hash(self.node.write_view(obj))
         ticket = self.node.commit_write(obj, checksum or None, actual=actual)
@@ -492,6 +500,7 @@ class Session:
 
     def _shm_acquire(self, key: str, object_id: int, _size: int, _checksum: int) -> None:
         self._check_lease(key)
+        self._check_read(key)
         obj = self.node.acquire(key, object_id)
         self.reading.setdefault((key, obj.object_id), []).append(obj)
         self.bytes_out += obj.size_bytes
@@ -508,27 +517,32 @@ class Session:
         self._reply(object_id=object_id)
 
     def _shm_touch(self, key: str, object_id: int, _size: int, _checksum: int) -> None:
-        self.bytes_out += self.node.touch(key, object_id)
+        if self._allows(key):
+            self.bytes_out += self.node.touch(key, object_id)
         self._reply(object_id=object_id)
 
     def _ping(self, key: str, object_id: int, size: int, checksum: int) -> None:
         self._reply()
 
     def _pin(self, key: str, object_id: int, ttl_ms: int, _checksum: int) -> None:
+        self._check_read(key)
         self.node.pin(key, object_id, ttl_ms)
         self._reply(object_id=object_id)
 
     def _unpin(self, key: str, object_id: int, soft: int, _checksum: int) -> None:
+        self._check_read(key)
         self.node.unpin(key, object_id, soft=bool(soft))
         self._reply(object_id=object_id)
 
     def _prefetch(self, key: str, object_id: int, deadline_ms: int, _checksum: int) -> None:
+        self._check_read(key)
         in_dram = self.node.prefetch(key, object_id, deadline_ms)
         self._reply(object_id=object_id, offset=int(in_dram))
 
     def _drop(self, key: str, object_id: int, _size: int, _checksum: int) -> None:
-        # OK whether or not this node still had it: it does not now.
-        self.node.drop_removed(key, object_id)
+        # OK whether or not this node still had it: it does not now (tenancy: as not held).
+        if self._allows(key):
+            self.node.drop_removed(key, object_id)
         self._reply(object_id=object_id)
 
     def _stats(self, _key: str, _object_id: int, _size: int, _checksum: int) -> None:
@@ -550,12 +564,13 @@ class Session:
         if self.tokens is None:
             self._reply()
             return
-        role = self.tokens.role_of_proof(self.nonce, answer) if self.nonce else None
+        found = self.tokens.proof_credentials(self.nonce, answer) if self.nonce else None
         self.nonce = b""                    # one answer per nonce
-        if role is None:
+        if found is None:
             self.closing = True
             raise Unauthenticated("unknown credentials")
-        self.role = role
+        self.role = found[0]
+        self.tenancy.proved(found[1], found[2])
         self._reply()
 
     def _rdma_connect(self, _key: str, _object_id: int, size: int, _checksum: int) -> None:

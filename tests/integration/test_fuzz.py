@@ -36,6 +36,7 @@ def test_a_short_fuzz_run_breaks_nothing_and_is_reproducible(tmp_path):
     assert first["process_exits"] == {}
     assert first["wrong_bytes"] == 0 and first["failed_reads"] == 0 and first["reads"] > 0
     assert first["probe_failures"] == {}
+    assert first["cross_tenant_tries"] > 0 and first["cross_tenant_reads"] == 0
     assert set(first["rss"]) == {"master", "node", "conductor", "resp"}
     assert all(0 < t["ratio"] <= 1.5 for t in first["rss"].values())
     for name in SURFACES:

@@ -438,3 +438,48 @@ def test_bench_rows_beside_redis_server():
     assert cpu_of[("kvstore-resp", "redis-benchmark")] == set()
     measured = {name: value for name, _size, value, _ok in check_targets(rows)}
     assert measured["resp redis-benchmark get >= 0.5x redis-server"] is not None
+
+
+def test_acl_users_are_tenants_that_cannot_see_each_others_keys(cluster, tmp_path, prefix):
+    """``AUTH user pass`` with a token bound to tenant ``user``: the connection's keys
+    are that tenant's (``@user/<key>`` in the store), invisible to another tenant;
+    ``AUTH pass`` names keys as stored, its token's tenants only."""
+    ta, tb = f"alpha-{secrets.token_hex(16)}", f"beta-{secrets.token_hex(16)}"
+    auth = tmp_path / "tokens"
+    auth.write_text(f"client {ta} tenants=alpha\nclient {tb} tenants=beta\n")
+    with ProcessGroup(str(tmp_path)) as procs:
+        front = procs.start("resp-tenants", service_args("resp", "--master", cluster.master,
+                                                         "--auth", str(auth)))
+        p = str(front.info["port"])
+        alpha = ("-p", p, "--user", "alpha", "--pass", ta, "--no-auth-warning")
+        beta = ("-p", p, "--user", "beta", "--pass", tb, "--no-auth-warning")
+
+        def run(who, *args):
+            out = subprocess.run([need("redis-cli"), *who, *args], capture_output=True,
+                                 text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            return out.stdout.strip()
+        assert run(alpha, "SET", prefix + "k", "from-alpha") == "OK"
+        assert run(beta, "SET", prefix + "k", "from-beta") == "OK"      # another tenant's key
+        assert run(alpha, "SET", prefix + "only-alpha", "x") == "OK"
+        assert run(alpha, "GET", prefix + "k") == "from-alpha"
+        assert run(beta, "GET", prefix + "k") == "from-beta"
+        assert run(beta, "GET", prefix + "only-alpha") == ""
+        assert run(beta, "EXISTS", prefix + "only-alpha") == "0"
+        assert run(beta, "DEL", prefix + "only-alpha") == "0"
+        assert sorted(run(alpha, "KEYS", prefix + "*").split()) == [prefix + "k",
+                                                                     prefix + "only-alpha"]
+        assert run(beta, "KEYS", prefix + "*").split() == [prefix + "k"]
+        assert run(beta, "SCAN", "0", "MATCH", prefix + "*", "COUNT", "1000").split()[1:] == \
+            [prefix + "k"]
+        assert run(alpha, "GET", prefix + "only-alpha") == "x"
+        # A token used for a tenant it is not bound to: WRONGPASS.
+        assert "WRONGPASS" in run(("-p", p), "AUTH", "beta", ta)
+        assert "WRONGPASS" in run(("-p", p), "AUTH", "gamma", ta)
+        # AUTH token (one argument): keys as stored, of the token's tenants only.
+        plain = ("-p", p, "-a", ta, "--no-auth-warning")
+        assert run(plain, "GET", f"@alpha/{prefix}k") == "from-alpha"
+        assert "NOPERM" in run(plain, "GET", f"@beta/{prefix}k")
+        assert "NOPERM" in run(plain, "GET", f"@beta/{prefix}never")     # the same answer
+        assert "NOPERM" in run(plain, "GET", f"{prefix}k")                # the default tenant's
+        procs.check()

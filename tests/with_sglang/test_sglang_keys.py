@@ -11,6 +11,7 @@ import pytest
 
 from kvstore.client.integrations.sglang.keys import (StorageIdentity, leading_pages,
                                                      page_keys)
+from kvstore.tenants import tenant_of
 
 # SGLang 0.5.23's get_hash_str(list(range(1, 11)), None, page_size=4)
 # (tests/with_sglang/test_sglang_backend.py checks these against the wheel).
@@ -27,9 +28,9 @@ IDENT = StorageIdentity(model="org/tiny-mha", page_size=4, tp_rank=0, tp_size=2,
 def test_keys_are_namespaced_sglang_hashes_with_k_and_v_parts():
     keys = page_keys(IDENT, SGLANG_PAGE_HASHES_1_TO_10)
     prefix = IDENT.key_prefix()
-    assert prefix.startswith("sglang/") and len(prefix) == len("sglang/") + 32 + 1
+    assert prefix.startswith("@t1/sglang/") and len(prefix) == len("@t1/sglang/") + 32 + 1
     assert keys == [f"{prefix}{h}_{p}" for h in SGLANG_PAGE_HASHES_1_TO_10 for p in "kv"]
-    assert keys[0] == ("sglang/" + IDENT.namespace().id().hex() + "/"
+    assert keys[0] == ("@t1/sglang/" + IDENT.namespace().id().hex() + "/"
                        "cf97adeedb59e05bfd73a2b4c2a8885708c4f4f70c84c64b27120e72ab733b72_k")
 
 
@@ -38,7 +39,16 @@ def test_golden_namespace_id():
     assert IDENT.key_prefix() == GOLDEN_PREFIX
 
 
-GOLDEN_PREFIX = "sglang/4464b4c7fd82477116ff643a2c935129/"
+# With a tenant the keys are the tenant's ("@t1/", kvstore.tenants); the namespace id
+# after it is the one of before.
+GOLDEN_PREFIX = "@t1/sglang/4464b4c7fd82477116ff643a2c935129/"
+
+
+def test_keys_without_a_tenant_carry_no_tenant_prefix():
+    plain = dataclasses.replace(IDENT, tenant="")
+    assert plain.key_prefix() == f"sglang/{plain.namespace().id().hex()}/"
+    assert page_keys(plain, SGLANG_PAGE_HASHES_1_TO_10)[0].startswith("sglang/")
+    assert tenant_of(page_keys(IDENT, SGLANG_PAGE_HASHES_1_TO_10)[0]) == "t1"
 
 
 @pytest.mark.parametrize("other", [

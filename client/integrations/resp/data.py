@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from kvstore.errors import InvalidArgument, KeyConflict, KVStoreError, NotFound
 from kvstore.client.integrations.resp.protocol import OK, RespError, Status
-from kvstore.client.integrations.resp.table import command, dispatch, integer, store_error, text
+from kvstore.client.integrations.resp.table import command, dispatch, integer, key_of, store_error
 
 _NO_EXPIRY = ("kvstore has no expiry: objects live until DEL or eviction, "
               "so SET {opt} is refused (see docs/redis.md)")
@@ -136,7 +136,7 @@ def get_run(front, session, run: list[list]) -> list:
     try:
         if session.role is None:
             raise RespError("not authenticated")
-        keys = [text(args[1]) for args in run]
+        keys = [key_of(session, args[1]) for args in run]
         distinct = list(dict.fromkeys(keys))        # in order
         values = dict(zip(distinct, get_many(front, distinct, session.buffers)))
         out = [values[k] for k in keys]
@@ -161,7 +161,7 @@ def set_run(front, session, run: list[list]) -> list:
     replies: list = [None] * len(run)
     for i, args in enumerate(run):
         try:
-            key = text(args[1])
+            key = key_of(session, args[1])
         except RespError as err:
             replies[i] = err
             continue
@@ -175,11 +175,11 @@ def set_run(front, session, run: list[list]) -> list:
     for i, args in enumerate(run):
         if replies[i] is not None:
             continue
-        j = first[text(args[1])]
+        j = first[key_of(session, args[1])]
         same = len(args[2]) == len(run[j][2]) and bytes(run[j][2]) == bytes(args[2])
         if replies[j] is OK and not same:
             replies[i] = store_error(KeyConflict("key holds different bytes; objects are "
-                                                 "immutable", key=text(args[1])))
+                                                 "immutable", key=key_of(session, args[1])))
         else:
             replies[i] = replies[j]
     return replies
@@ -187,13 +187,13 @@ def set_run(front, session, run: list[list]) -> list:
 
 @command("GET", 2, "readonly fast", (1, 1, 1), "the value of a key (nil: missing)", "string")
 def get(front, session, args):
-    return get_many(front, [text(args[1])], session.buffers)[0]
+    return get_many(front, [key_of(session, args[1])], session.buffers)[0]
 
 
 @command("MGET", -2, "readonly fast", (1, -1, 1), "the values of keys (nil for each missing)",
          "string")
 def mget(front, session, args):
-    return get_many(front, [text(a) for a in args[1:]], session.buffers)
+    return get_many(front, [key_of(session, a) for a in args[1:]], session.buffers)
 
 
 def _put(front, key: str, value) -> bool:
@@ -211,7 +211,7 @@ def _put(front, key: str, value) -> bool:
          "store a value (equal bytes again: OK; other bytes: KeyConflict); NX, XX, KEEPTTL",
          "string")
 def set_(front, session, args):
-    key, value = text(args[1]), args[2]
+    key, value = key_of(session, args[1]), args[2]
     nx = xx = False
     for raw in args[3:]:
         opt = bytes(raw[:16]).upper()
@@ -244,7 +244,7 @@ def set_(front, session, args):
          "string")
 def setnx(front, session, args):
     try:
-        return int(_put(front, text(args[1]), args[2]))
+        return int(_put(front, key_of(session, args[1]), args[2]))
     except KeyConflict:
         return 0
 
@@ -254,7 +254,7 @@ def setnx(front, session, args):
 def mset(front, session, args):
     if len(args) % 2 == 0:
         raise RespError("wrong number of arguments for 'mset' command")
-    keys = [text(k) for k in args[1::2]]
+    keys = [key_of(session, k) for k in args[1::2]]
     results = front.kv.batch_put(keys, [memoryview(v) for v in args[2::2]])
     front.stats.sets += len(keys)
     for key, err in zip(keys, results):
@@ -266,11 +266,11 @@ def mset(front, session, args):
 
 @command("EXISTS", -2, "readonly fast", (1, -1, 1), "how many of the keys exist (repeats count)")
 def exists(front, session, args):
-    return sum(front.kv.batch_exists([text(a) for a in args[1:]]))
+    return sum(front.kv.batch_exists([key_of(session, a) for a in args[1:]]))
 
 
 def _remove(front, session, args):
-    results = front.kv.batch_remove([text(a) for a in args[1:]])
+    results = front.kv.batch_remove([key_of(session, a) for a in args[1:]])
     for r in results:
         if r is not None and not isinstance(r, NotFound):
             raise r
@@ -293,14 +293,14 @@ def _size(front, key: str) -> int | None:
 @command("STRLEN", 2, "readonly fast", (1, 1, 1), "a value's length in bytes (0: missing)",
          "string")
 def strlen(front, session, args):
-    return _size(front, text(args[1])) or 0
+    return _size(front, key_of(session, args[1])) or 0
 
 
 @command("GETRANGE", 4, "readonly", (1, 1, 1), "bytes start..end of a value (inclusive, "
          "negative from the end)", "string")
 def getrange(front, session, args):
     start, end = integer(args[2]), integer(args[3])
-    (value,) = get_many(front, [text(args[1])])
+    (value,) = get_many(front, [key_of(session, args[1])])
     if value is None:
         return b""
     n = len(value)
@@ -313,11 +313,11 @@ def getrange(front, session, args):
 
 @command("TYPE", 2, "readonly fast", (1, 1, 1), "string, or none for a missing key")
 def type_(front, session, args):
-    return Status("string" if front.kv.exists(text(args[1])) else "none")
+    return Status("string" if front.kv.exists(key_of(session, args[1])) else "none")
 
 
 def _ttl(front, session, args):
-    return -1 if front.kv.exists(text(args[1])) else -2
+    return -1 if front.kv.exists(key_of(session, args[1])) else -2
 
 
 command("TTL", 2, "readonly fast", (1, 1, 1), "-1 (no expiry in kvstore) or -2 (missing)")(_ttl)
@@ -330,9 +330,8 @@ def memory(front, session, args):
     sub = bytes(args[1][:16]).upper()
     if sub != b"USAGE" or len(args) not in (3, 5):
         raise RespError("only MEMORY USAGE key [SAMPLES n] is supported")
-    key = text(args[2])
-    size = _size(front, key)
-    return None if size is None else size + len(key.encode())
+    size = _size(front, key_of(session, args[2]))
+    return None if size is None else size + len(bytes(args[2]))
 
 
 @command("KVSTORE.PIN", -2, "write", (1, 1, 1), "pin a key on its nodes: no ttl_ms (or 0) "
@@ -343,7 +342,7 @@ def pin(front, session, args):
     ttl_ms = integer(args[2], "ttl_ms") if len(args) == 3 else 0
     if ttl_ms < 0:
         raise RespError("ttl_ms must be >= 0")
-    front.kv.pin(text(args[1]), ttl_ms=ttl_ms)
+    front.kv.pin(key_of(session, args[1]), ttl_ms=ttl_ms)
     return OK
 
 
@@ -353,7 +352,7 @@ def unpin(front, session, args):
     soft = len(args) == 3 and bytes(args[2][:8]).upper() == b"SOFT"
     if len(args) > 3 or (len(args) == 3 and not soft):
         raise RespError("syntax error")
-    front.kv.unpin(text(args[1]), soft=soft)
+    front.kv.unpin(key_of(session, args[1]), soft=soft)
     return OK
 
 

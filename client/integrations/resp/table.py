@@ -18,6 +18,13 @@ marked ``noauth`` runs before authentication (HELLO, AUTH, QUIT), one marked
 ``admin`` needs the admin role (flushes, listing, KVSTORE.INSPECT / EVICT),
 the rest need any role.
 
+Tenants (:mod:`kvstore.tenants`): a connection that authenticated as
+``AUTH <tenant> <token>`` acts for that tenant: every key it names is stored
+as ``@<tenant>/<key>`` (:func:`key_of`), and KEYS / SCAN (flag ``tenant``)
+list that tenant's keys, without the prefix. One that authenticated with
+``AUTH <token>`` names keys as they are, and only keys of its token's
+tenants (others: NOPERM, whatever is stored).
+
 Thread safety: the table is filled at import and only read afterwards.
 """
 
@@ -28,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kvstore.auth import Role
+from kvstore.tenants import ALL, Scope, tenant_of
 from kvstore.errors import (KeyConflict, KVStoreError, NoSpace, PermissionDenied,
                             Unauthenticated, Unavailable)
 from kvstore.client.integrations.resp.protocol import RespError
@@ -74,6 +82,8 @@ class Session:
     client_id: int
     address: str                          # the peer, host:port
     role: Role | None                     # None: not authenticated yet (--auth)
+    scope: Scope = ALL                    # the token's tenants (kvstore.tenants)
+    tenant: str = ""                      # AUTH <tenant> <token>: keys are "@tenant/<key>"
     proto: int = 2                        # RESP version in use (HELLO)
     name: str = ""                        # CLIENT SETNAME
     lib: dict[str, str] = field(default_factory=dict)   # CLIENT SETINFO
@@ -136,7 +146,8 @@ def dispatch(front, session: Session, args: list) -> object:
         return RespError(f"this user has no permissions to run the '{name.lower()}' command "
                          f"(role {session.role.value}: data commands need a client or admin "
                          f"token)", "NOPERM")
-    if "admin" in cmd.flags and session.role is not Role.ADMIN:
+    if "admin" in cmd.flags and not ("tenant" in cmd.flags and session.tenant) and (
+            session.role is not Role.ADMIN or session.tenant):
         return RespError(f"this user has no permissions to run the '{name.lower()}' command "
                          f"(it needs the admin role)", "NOPERM")
     if not _arity_ok(cmd, len(args)):
@@ -159,6 +170,22 @@ def text(arg) -> str:
         return bytes(arg).decode("utf-8")
     except UnicodeDecodeError:
         raise RespError("InvalidArgument: keys and names must be UTF-8") from None
+
+
+def key_of(session: Session, arg) -> str:
+    """The store key a connection means by the key argument ``arg``: ``@tenant/<key>``
+    for a tenant connection, else the key itself.
+
+    Raises:
+        RespError: not UTF-8; or (NOPERM) a key of a tenant the connection's token is
+            not bound to, refused by its name alone: nothing is confirmed.
+    """
+    key = text(arg)
+    if session.tenant:
+        return f"@{session.tenant}/{key}"
+    if not session.scope.allows(key):
+        raise RespError(f"this user may not touch tenant {tenant_of(key)!r}'s keys", "NOPERM")
+    return key
 
 
 def integer(arg, what: str = "value") -> int:

@@ -15,7 +15,9 @@ from __future__ import annotations
 import itertools
 import re
 
+from kvstore.auth import Role
 from kvstore.errors import NotFound
+from kvstore.tenants import TENANT_NAME
 from kvstore.client.integrations.resp.info import REDIS_VERSION, config_values, info_text
 from kvstore.client.integrations.resp.protocol import OK, RespError, Status
 from kvstore.client.integrations.resp.table import COMMANDS, command, integer, text
@@ -43,8 +45,15 @@ def quit_(front, session, args):
     return OK
 
 
+_ROLE_USERS = frozenset({"default", *(r.value for r in Role)})
+
+
 def _authenticate(front, session, user: bytes | None, password) -> None:
-    """Set the session's role from a token (the user name, if given, is the role).
+    """Set the session's role and tenants from a token. The user name, if given, is
+    the role (``default`` or none: any), or a tenant (Redis 6's ACL form ``AUTH
+    user pass``): the connection then acts for that tenant, whose keys are
+    ``@user/<key>`` (:func:`~kvstore.client.integrations.resp.table.key_of`); its
+    token must be a client token bound to the tenant, or an admin's.
 
     Raises:
         RespError: no --auth (AUTH is refused as Redis does), or WRONGPASS.
@@ -52,14 +61,25 @@ def _authenticate(front, session, user: bytes | None, password) -> None:
     if front.tokens is None:
         raise RespError("AUTH <password> called without any password configured for the "
                         "default user. Are you sure your configuration is correct?")
-    role = front.tokens.role_of(bytes(password).decode("utf-8", "replace"))
-    wanted = bytes(user).decode("utf-8", "replace").lower() if user is not None else None
-    if role is None or (wanted not in (None, "default") and wanted != role.value):
-        raise RespError("invalid username-password pair or user is disabled.", "WRONGPASS")
-    session.role = role
+    creds = front.tokens.credentials_of(bytes(password).decode("utf-8", "replace"))
+    name = bytes(user).decode("utf-8", "replace") if user is not None else None
+    wrong = RespError("invalid username-password pair or user is disabled.", "WRONGPASS")
+    if creds is None:
+        raise wrong
+    role, scope = creds
+    if name is None or name.lower() in _ROLE_USERS:
+        if name is not None and name.lower() not in ("default", role.value):
+            raise wrong
+        session.role, session.scope, session.tenant = role, scope, ""
+        return
+    if not TENANT_NAME.match(name) or role not in (Role.CLIENT, Role.ADMIN) \
+            or not scope.allows_tenant(name):
+        raise wrong
+    session.role, session.scope, session.tenant = role, scope, name
 
 
-@command("AUTH", -2, "noauth fast", summary="AUTH token | AUTH role token (--auth)",
+@command("AUTH", -2, "noauth fast", summary="AUTH token | AUTH role token | AUTH tenant token "
+         "(--auth; a tenant's keys are @tenant/<key>)",
          group="connection")
 def auth(front, session, args):
     if len(args) > 3:
@@ -252,13 +272,15 @@ def _scan_options(args: list) -> tuple[str, int, str | None]:
     return pattern, min(count, MAX_SCAN_COUNT), kind
 
 
-@command("SCAN", -2, "readonly admin", summary="SCAN cursor [MATCH p] [COUNT n] [TYPE string]"
+@command("SCAN", -2, "readonly admin tenant",
+         summary="SCAN cursor [MATCH p] [COUNT n] [TYPE string]"
          " (cursors are per connection)", group="generic")
 def scan(front, session, args):
     cursor = integer(args[1], "invalid cursor")
     pattern, count, kind = _scan_options(args[2:])
+    head = f"@{session.tenant}/" if session.tenant else ""
     if cursor == 0:
-        listing = front.kv.list(glob_prefix(pattern), page_size=max(count, 100))
+        listing = front.kv.list(head + glob_prefix(pattern), page_size=max(count, 100))
     else:
         listing = session.cursors.pop(cursor, None)
         if listing is None:
@@ -266,7 +288,8 @@ def scan(front, session, args):
                             "opened them)")
     regex = glob_regex(pattern)
     batch = list(itertools.islice(listing, count))
-    keys = [m.key for m in batch if regex.fullmatch(m.key)] if kind in (None, "string") else []
+    keys = [k for k in (m.key[len(head):] for m in batch) if regex.fullmatch(k)] \
+        if kind in (None, "string") else []
     if len(batch) < count:
         return [b"0", keys]
     while len(session.cursors) >= MAX_CURSORS:
@@ -277,12 +300,15 @@ def scan(front, session, args):
     return [str(cursor).encode(), keys]
 
 
-@command("KEYS", 2, "readonly admin", summary="every key matching a pattern (lists the whole "
+@command("KEYS", 2, "readonly admin tenant",
+         summary="every key matching a pattern (lists the whole "
          "store: prefer SCAN)", group="generic")
 def keys(front, session, args):
     pattern = text(args[1])
     regex = glob_regex(pattern)
-    return [m.key for m in front.kv.list(glob_prefix(pattern)) if regex.fullmatch(m.key)]
+    head = f"@{session.tenant}/" if session.tenant else ""     # a tenant's keys, shown without it
+    return [k for k in (m.key[len(head):] for m in front.kv.list(head + glob_prefix(pattern)))
+            if regex.fullmatch(k)]
 
 
 def _flush(front, session, args):

@@ -305,8 +305,8 @@ class KVStoreHiCacheStorage(HiCacheStorage):
 
     # ---- upkeep ----
     def clear(self) -> bool:
-        """Remove every object of this rank's namespace (needs a token allowed
-        to list: ``admin`` where the store authenticates); True when done."""
+        """Remove every object of this rank's namespace (a ``client`` token lists its
+        tenants' keys, an ``admin`` one every key); True when done."""
         prefix = self.identity.key_prefix()
         try:
             keys = [m.key for m in self._store().list(prefix)]

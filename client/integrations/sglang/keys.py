@@ -13,13 +13,16 @@ since every rank holds the same latent KV), the pipeline and context-parallel
 shard, and the deployment's tenant and salt. A page part's key is::
 
     sglang/<namespace id, 32 hex>/<SGLang page hash>_<part>
+    @<tenant>/sglang/<namespace id>/<SGLang page hash>_<part>     (with a tenant)
 
 with ``part`` ``k`` or ``v`` (an MHA page's K and V halves: two objects, each
 one contiguous range of the host pool), ``k`` alone for MLA, or ``page`` (the
 legacy, non-zero-copy interface's flat page). The namespace id leads, so two
 models (or tenants, salts, TP layouts) never share a key, and one
-deployment's keys share a prefix that ``list`` can find (``clear``). Pure
-functions: no ``hash()``, no process state.
+deployment's keys share a prefix that ``list`` can find (``clear``). With a
+``tenant`` the keys are that tenant's (:mod:`kvstore.tenants`): a store with
+``--auth`` lets only tokens bound to it read them. Pure functions: no
+``hash()``, no process state.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from kvstore.keys import Namespace
+from kvstore.tenants import tenant_key
 
 KEY_PREFIX = "sglang/"
 #: Part names of one page's objects.
@@ -89,8 +93,10 @@ class StorageIdentity:
                          tp_rank=tp_rank, tp_size=tp_size, tenant=self.tenant, salt=self.salt)
 
     def key_prefix(self) -> str:
-        """``sglang/<namespace id>/``: the prefix every key of this identity starts with."""
-        return f"{KEY_PREFIX}{self.namespace().id().hex()}/"
+        """``sglang/<namespace id>/`` (``@<tenant>/sglang/...`` with a tenant): the prefix
+        every key of this identity starts with."""
+        head = f"{KEY_PREFIX}{self.namespace().id().hex()}/"
+        return tenant_key(self.tenant, head) if self.tenant else head
 
 
 def page_keys(identity: StorageIdentity, page_hashes: Sequence[str],

@@ -25,7 +25,9 @@ a chunk by its ``OffloadKey`` (the chained block hash, which covers the
 parent blocks, LoRA and cache salt, plus the KV group); its kvstore key is
 ``xxh3_128(namespace id || offload key)`` in a namespace of the model, its
 dtype, the chunk's size and tokens, the TP rank and size and the tenant, so
-two models or layouts never share a chunk. Instances share chunks when their
+two models or layouts never share a chunk; with a ``tenant`` the key is
+``@tenant/`` before that (the tenant's key: :mod:`kvstore.tenants`).
+Instances share chunks when their
 block hashes agree across processes (vLLM's default sha256 prefix hash; with
 a builtin-hash algorithm set PYTHONHASHSEED alike everywhere).
 
@@ -58,6 +60,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 from kvstore.client.client import KVClient
 from kvstore.errors import KeyConflict
 from kvstore.keys import Namespace
+from kvstore.tenants import tenant_key
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
@@ -127,6 +130,9 @@ class KVStoreTier(SecondaryTierManager):
         self._bytes = primary_kv_view.cast("B") if primary_kv_view.format != "B" or \
             primary_kv_view.ndim != 1 else primary_kv_view
         self._ns_id = tier_namespace(offloading_spec, self.block_size_bytes, tenant).id()
+        # "@tenant/" before each chunk's key: the tenant's keys (kvstore.tenants); none
+        # without a tenant (the keys of before are unchanged).
+        self._key_head = tenant_key(tenant, "") if tenant else ""
         self._client = KVClient(master, timeout_s=timeout_s, failover_wait_s=timeout_s)
         self._pool = ThreadPoolExecutor(max_workers=max(1, threads),
                                         thread_name_prefix="kvstore-tier")
@@ -139,7 +145,7 @@ class KVStoreTier(SecondaryTierManager):
 
     def key(self, key: OffloadKey) -> str:
         """The kvstore key of chunk ``key``."""
-        return chunk_key(self._ns_id, key)
+        return self._key_head + chunk_key(self._ns_id, key)
 
     def _chunk(self, chunk_id) -> memoryview:
         start = int(chunk_id) * self.block_size_bytes

@@ -10,6 +10,10 @@
                  HTTP GET /v1/models; a surface that stopped answering shows here
                  even when its process lives
     rss          resident memory of master, node and conductor
+    cross-tenant tenant fuzz-b's token asks for tenant fuzz-a's objects: get, exists
+    reads        and lookup on the master, a raw GET on the data port (TCP and Unix
+                 socket); an answer that returns bytes or confirms the key (found,
+                 True, metadata, or a NotFound other than a missing key's) counts
 
 The reference objects (``fuzz-ref/<i>``, sizes from 0 B to 1 MiB, bytes from
 the seed) are put and hard-pinned at the start, so the node's eviction never
@@ -28,7 +32,7 @@ import random
 import urllib.request
 
 from kvstore.errors import KVStoreError
-from kvstore.tools.faults.fuzz.cluster import Target
+from kvstore.tools.faults.fuzz.cluster import TENANT_TOKENS, Target
 
 REF_PREFIX = "fuzz-ref/"
 _REF_SIZES = (0, 1, 7, 512, 4096, 65536, 1 << 20, 33_333)
@@ -180,3 +184,107 @@ def _resp_answers(address: str, token: str) -> bool:
         return got == b"+OK\r\n+PONG\r\n"
     except OSError:
         return False
+
+
+#: Tenant fuzz-a's objects, which tenant fuzz-b's token must never read or confirm.
+SECRET_PREFIX = f"@{TENANT_TOKENS['tenant_a']}/secret/"
+
+
+class TenantCheck:
+    """Tenant ``fuzz-a`` puts and pins a few objects; each :meth:`check`, tenant
+    ``fuzz-b``'s token asks for them every way it can and counts the answers that
+    return or confirm one (cross-tenant reads: the invariant is 0).
+
+    Raises:
+        KVStoreError: the objects cannot be put.
+    """
+
+    def __init__(self, target: Target, seed: int, count: int = 8):
+        from kvstore.client import KVClient
+
+        self.target = target
+        rng = random.Random(f"{seed}:tenant")
+        self.secrets = {f"{SECRET_PREFIX}{i}": rng.randbytes(rng.randint(1, 4096))
+                        for i in range(count)}
+        self.owner = KVClient(target.master, token=target.tokens["tenant_a"], timeout_s=5.0)
+        self.other = KVClient(target.master, token=target.tokens["tenant_b"],
+                              meta_cache_entries=0, timeout_s=5.0, prefer_shm=False)
+        for key, value in self.secrets.items():
+            try:
+                self.owner.put(key, value)
+            except KVStoreError:     # attached to a cluster checked before: there already
+                pass
+            self.owner.pin(key)
+
+    @staticmethod
+    def available(target: Target) -> bool:
+        return all(name in target.tokens for name in TENANT_TOKENS)
+
+    def check(self) -> tuple[int, int]:
+        """(tries, cross-tenant reads) of one round over every object."""
+        from kvstore.errors import NotFound
+
+        tries = crossed = 0
+        kv = self.other
+        never = self._miss_message(f"{SECRET_PREFIX}never-stored")
+        for key in self.secrets:
+            tries += 3
+            try:
+                kv.get(key)
+                crossed += 1
+            except NotFound as err:
+                crossed += err.message != never
+            except KVStoreError:
+                pass
+            crossed += bool(kv.exists(key))
+            crossed += not isinstance(kv.lookup([key])[0], KVStoreError)
+        for tried, hit in (self._raw(kw) for kw in self._data_ports()):
+            tries += tried
+            crossed += hit
+        return tries, crossed
+
+    def _miss_message(self, key: str) -> str:
+        from kvstore.errors import NotFound
+
+        try:
+            self.other.get(key)
+        except NotFound as err:
+            return err.message
+        except KVStoreError:
+            pass
+        return ""
+
+    def _data_ports(self) -> list[dict]:
+        ports = [{}]
+        if self.target.node_unix:
+            ports.append({"unix_address": self.target.node_unix})
+        return ports
+
+    def _raw(self, kw: dict) -> tuple[int, int]:
+        """Raw data-port GETs of every object with fuzz-b's token: (tries, answered OK)."""
+        from kvstore._proto import kvstore_pb2 as pb
+        from kvstore.transfer.protocol import Op
+        from kvstore.transfer.tcp import NodeConnection
+
+        hits = 0
+        try:
+            conn = NodeConnection(*self.target.node_tcp, timeout_s=5.0,
+                                  token=self.target.tokens["tenant_b"], **kw)
+        except KVStoreError:
+            return 0, 0              # the probe counts a data port that does not answer
+        try:
+            for key in self.secrets:
+                conn.send(Op.GET, key, 0, 0, 0, None)
+                code, _oid, size, *_ = conn.recv_header()
+                if code == pb.OK:
+                    hits += 1
+                    conn.recv_value_into(size, memoryview(bytearray(size)))
+        except KVStoreError:
+            pass
+        finally:
+            conn.close()
+        return len(self.secrets), hits
+
+    def close(self) -> None:
+        self.owner.close()
+        self.other.close()

@@ -4,9 +4,11 @@
     prefill0, decode0 (--model tiny, client token)  <-  conductor (+ HTTP front, --auth)
     resp-front (kvstore resp --auth, admin token to the store)
 
-Every process gets the same fresh token file (one token per role). The
-fuzzer sends inputs without a token, with bad tokens, and with each role's
-token; the checker reads with the client token. Services log at ERROR only:
+Every process gets the same fresh token file (one token per role, and two
+client tokens bound to the tenants ``fuzz-a`` and ``fuzz-b``). The fuzzer
+sends inputs without a token, with bad tokens, and with each role's token;
+the checker reads with the client token, and tries tenant ``fuzz-a``'s
+objects with ``fuzz-b``'s token (cross-tenant reads, :mod:`.checks`). Services log at ERROR only:
 the master logs every refused call at WARNING, which over a million inputs
 is the log, not the product, under test (tracebacks of real failures are
 logged at ERROR and stay).
@@ -23,6 +25,8 @@ from kvstore.tools.cluster.launcher import start_store_cluster
 from kvstore.tools.cluster.processes import ProcessGroup, service_args
 
 ROLES = ("admin", "client", "node")
+#: Tokens of the two tenants' clients (Target.tokens keys) and their tenants.
+TENANT_TOKENS = {"tenant_a": "fuzz-a", "tenant_b": "fuzz-b"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,12 +51,15 @@ class Target:
         """A running cluster described by a JSON file::
 
             {"master": "h:p", "node": "h:p", "node_unix": "", "http": "h:p", "resp": "h:p",
-             "tokens": {"admin": "...", "client": "...", "node": "..."},
+             "tokens": {"admin": "...", "client": "...", "node": "...",
+                        "tenant_a": "...", "tenant_b": "..."},
              "pids": {"master": 12, "node": 34, "conductor": 56}}
 
         Its servers must run with ``--auth`` (the data port's framing rules
         in :mod:`.framing` assume it) and without TLS. ``tokens`` needs the
-        client's; inputs meant for a role not given go without a token. ``node_unix`` is the node's Unix socket
+        client's; inputs meant for a role not given go without a token;
+        ``tenant_a`` / ``tenant_b`` (client tokens bound to tenants ``fuzz-a`` and
+        ``fuzz-b`` only) enable the cross-tenant check. ``node_unix`` is the node's Unix socket
         (:func:`kvstore.transfer.protocol.local_address` of its shm segment; ""
         skips that surface). Processes are polled with ``kill -0`` and their
         RSS read from ``/proc``: they must run on this machine (``pids`` may be
@@ -97,10 +104,12 @@ def start_fuzz_cluster(log_dir: str, http: bool = True, dram: str = "64MiB",
         ChildFailed: a process did not come up (everything started is stopped).
     """
     say = on_step or (lambda line: None)
-    tokens = {role: f"{role}-{secrets.token_hex(16)}" for role in ROLES}
+    tokens = {role: f"{role}-{secrets.token_hex(16)}" for role in (*ROLES, *TENANT_TOKENS)}
     auth = os.path.join(log_dir, "tokens")
     with open(os.open(auth, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-        f.write("".join(f"{role} {tok}\n" for role, tok in tokens.items()))
+        f.write("".join(f"{role} {tokens[role]}\n" for role in ROLES))
+        f.write("".join(f"client {tokens[name]} tenants={tenant}\n"
+                        for name, tenant in TENANT_TOKENS.items()))
     quiet = ("--log-level", "ERROR")
     procs = ProcessGroup(log_dir=log_dir)
     try:

@@ -18,10 +18,11 @@ Per surface (``data-tcp``, ``data-unix``, ``master``, ``http``, ``resp``)::
 
 Per run: process exits, wrong bytes and failed reads of the reference
 objects, probes per surface that got no answer, RSS of master, node,
-conductor and the RESP front (start after the warm-up batch, max after every batch). The run
-passes when no process exited, no reference read failed or returned other
-bytes, every probe was answered, and each RSS max is within
-``max_rss_ratio`` of its start.
+conductor and the RESP front (start after the warm-up batch, max after every batch),
+cross-tenant reads (one tenant's token reading or confirming another's object).
+The run passes when no process exited, no reference read failed or returned other
+bytes, every probe was answered, each RSS max is within
+``max_rss_ratio`` of its start, and no read crossed tenants.
 """
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ class FuzzReport:
     failed_reads: int = 0           # reference reads that raised
     reads: int = 0
     probe_failures: dict[str, int] = field(default_factory=dict)   # surface -> checks it failed
+    cross_tenant_tries: int = 0     # another tenant's objects asked for (0: not checked)
+    cross_tenant_reads: int = 0     # ... answers that returned or confirmed one
     rss: dict[str, RssTrack] = field(default_factory=dict)
     max_rss_ratio: float = 1.5
 
@@ -103,6 +106,8 @@ class FuzzReport:
             out.append(f"{self.wrong_bytes} reference read(s) returned wrong bytes")
         if self.failed_reads:
             out.append(f"{self.failed_reads} reference read(s) failed")
+        if self.cross_tenant_reads:
+            out.append(f"{self.cross_tenant_reads} cross-tenant read(s)")
         out += [f"{name} did not answer its probe after {n} batch(es)"
                 for name, n in self.probe_failures.items()]
         out += [f"{name} RSS grew {t.ratio:.2f}x (limit {self.max_rss_ratio}x)"
@@ -116,6 +121,8 @@ class FuzzReport:
                 "process_exits": self.process_exits, "wrong_bytes": self.wrong_bytes,
                 "failed_reads": self.failed_reads, "reads": self.reads,
                 "probe_failures": self.probe_failures,
+                "cross_tenant_tries": self.cross_tenant_tries,
+                "cross_tenant_reads": self.cross_tenant_reads,
                 "rss": {n: t.to_dict() for n, t in self.rss.items()},
                 "max_rss_ratio": self.max_rss_ratio, "passed": not self.failures(),
                 "failures": self.failures()}
@@ -158,6 +165,9 @@ def render(report: FuzzReport, console) -> None:
     row("failed reads", f"{report.failed_reads:,}", "0", not report.failed_reads)
     probes = ", ".join(f"{n} ({c})" for n, c in report.probe_failures.items()) or "0"
     row("surfaces not answering a probe", probes, "0", not report.probe_failures)
+    if report.cross_tenant_tries:
+        row("cross-tenant reads", f"{report.cross_tenant_reads:,} of "
+            f"{report.cross_tenant_tries:,}", "0", not report.cross_tenant_reads)
     for name, track in report.rss.items():
         row(f"{name} RSS MiB (start -> max)",
             f"{_mib(track.start_bytes)} -> {_mib(track.max_bytes)} ({track.ratio:.2f}x)",

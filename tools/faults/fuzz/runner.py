@@ -5,7 +5,8 @@
             surfaces asked for); every surface sends its share of the batch in
             its own thread (the servers see the surfaces at once), then the checker
             runs (:mod:`.checks`): processes alive, reference reads byte-exact,
-            one probe per surface, RSS sampled
+            one probe per surface, RSS sampled, cross-tenant reads (where the
+            target has the two tenants' tokens)
 
 Reproducible: each surface draws from its own ``random.Random(f"{seed}:{surface}")``,
 so a surface's inputs depend only on the seed and how many it sends, never on
@@ -33,7 +34,7 @@ import threading
 import time
 from typing import Callable
 
-from kvstore.tools.faults.fuzz.checks import Checker, exited, rss_bytes
+from kvstore.tools.faults.fuzz.checks import Checker, TenantCheck, exited, rss_bytes
 from kvstore.tools.faults.fuzz.cluster import Target
 from kvstore.tools.faults.fuzz.data_driver import DataDriver, tcp_connector, unix_connector
 from kvstore.tools.faults.fuzz.frames import FrameGenerator
@@ -131,6 +132,7 @@ def run_fuzz(target: Target, *, inputs: int, seed: int = 1, surfaces: list[str] 
     gens = {s: generator(s, seed) for s in surfaces}
     drivers = {s: _driver(s, target, report.surfaces[s]) for s in surfaces}
     checker = Checker(target, seed)
+    tenants = TenantCheck(target, seed) if TenantCheck.available(target) else None
     watched = {n: p for n, p in target.pids.items() if n in RSS_WATCHED}
     t0 = time.monotonic()
     done = 0
@@ -154,6 +156,10 @@ def run_fuzz(target: Target, *, inputs: int, seed: int = 1, surfaces: list[str] 
             report.reads += reads
             report.wrong_bytes += wrong
             report.failed_reads += failed
+            if tenants is not None:
+                tries, crossed = tenants.check()
+                report.cross_tenant_tries += tries
+                report.cross_tenant_reads += crossed
             for s in checker.probe():
                 report.probe_failures[s] = report.probe_failures.get(s, 0) + 1
             for name, pid in watched.items():
@@ -170,6 +176,8 @@ def run_fuzz(target: Target, *, inputs: int, seed: int = 1, surfaces: list[str] 
         for d in drivers.values():
             d.close()
         checker.close()
+        if tenants is not None:
+            tenants.close()
     report.elapsed_s = time.monotonic() - t0
     return report
 
