@@ -37,6 +37,7 @@ from kvstore.master.term import Term
 from kvstore.auth import Role, fingerprint
 from kvstore.clock import SYSTEM_CLOCK, Clock
 from kvstore.rpc import MAX_KEYS_PER_CALL, ServerSecurity, bearer, caller_role, check_replica_num
+from kvstore.tenants import ALL, DEFAULT_ONLY, Scope
 from kvstore.types import NodeId, RemoveReason
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ METHOD_ROLES: dict[str, frozenset[Role]] = {
     "Lookup": _CLIENT, "Exists": _CLIENT,
     "Remove": _CLIENT, "ReportFailure": _CLIENT,
     "WatchEvents": frozenset({Role.METRICS}),      # routers, kvctl events (and admin)
+    "TenantStats": _CLIENT | frozenset({Role.METRICS}),   # its own tenants' (admin: all)
 }
 
 
@@ -214,6 +216,14 @@ class MasterServicer(pb_grpc.MasterServicer):
         if self.security is None or self.security.tokens is None:
             return ""
         return fingerprint(bearer(context.invocation_metadata()))
+
+    def _tenant_scope(self, context) -> Scope:
+        """The tenants the caller may see (ALL without --auth, and for admin and node tokens)."""
+        tokens = self.security.tokens if self.security is not None else None
+        if tokens is None:
+            return ALL
+        creds = tokens.credentials_of(bearer(context.invocation_metadata()))
+        return creds[1] if creds is not None else DEFAULT_ONLY
 
     async def _bounded(self, context, n: int) -> None:
         """Refuse a call of more than MAX_KEYS_PER_CALL keys (INVALID_ARGUMENT)."""
@@ -394,6 +404,12 @@ class MasterServicer(pb_grpc.MasterServicer):
                                                     items_applied=n.items_applied)
                                       for n in warmup.missing())
         return reply
+
+    async def TenantStats(self, request, context):
+        await self._gate(context, client_rpc=False)
+        return pb.TenantStatsResponse(tenants=[
+            wire.tenant_status_pb(t)
+            for t in self.index.tenants.figures(self.index, self._tenant_scope(context))])
 
     async def WatchEvents(self, request, context):
         """The shard's event log from a sequence, then live (kvstore.master.event_feed):

@@ -36,12 +36,12 @@ from __future__ import annotations
 import enum
 import math
 from collections import Counter
-from dataclasses import dataclass, field
 
 from kvstore import tenants as tn
 from kvstore.errors import NoSpace
 from kvstore.master.counters import MasterCounter as C
 from kvstore.sizes import format_size
+from kvstore.types import TenantStatus
 
 
 class TenantCounter(str, enum.Enum):
@@ -52,18 +52,6 @@ class TenantCounter(str, enum.Enum):
     MISSES = "misses"              # ... not found
     EVICTIONS = "evictions"        # objects gone with their last replica's eviction
     REFUSALS = "refusals"          # puts refused NoSpace over a hard limit
-
-
-@dataclass(frozen=True, slots=True)
-class TenantFigures:
-    """One tenant's figures on one shard (``kvctl tenants``)."""
-
-    tenant: str
-    objects: int
-    bytes: int
-    max_objects: int = 0           # this shard's part of the hard limits (0: none)
-    max_bytes: int = 0
-    counters: dict[str, int] = field(default_factory=dict)
 
 
 def key_tenant(key: str) -> str:
@@ -189,8 +177,9 @@ class TenantBook:
                       key=key)
 
     # ---- figures ----
-    def figures(self, index) -> list[TenantFigures]:
-        """Every tenant of ``index``'s shard with entries, a quota or a count, by name."""
+    def figures(self, index, scope: tn.Scope = tn.ALL) -> list[TenantStatus]:
+        """The tenants of ``index``'s shard that ``scope`` allows and that have entries, a
+        quota or a count (the default tenant always), by name."""
         shard = index.counters       # all tenants': the default's are these less the named ones'
         rest = {TenantCounter.PUTS: shard[C.PUTS], TenantCounter.HITS: shard[C.LOOKUP_HITS],
                 TenantCounter.MISSES: shard[C.LOOKUP_MISSES]}
@@ -202,11 +191,13 @@ class TenantBook:
             rest[what] -= sum(self.counts[what].get(n, 0) for n in named)
         out = []
         for name in sorted(named | {tn.DEFAULT_TENANT}):
+            if not scope.allows_tenant(name):
+                continue
             default = name == tn.DEFAULT_TENANT
             objects, size = self.usage(index, name) if default else held.get(name, (0, 0))
             counts = {c.value: (max(0, rest[c]) if default and c in rest
                                 else self.counts[c].get(name, 0)) for c in TenantCounter}
             quota = self.quotas.get(name, tn.NO_QUOTA)
-            out.append(TenantFigures(name, objects, size, self._part(quota.max_objects),
+            out.append(TenantStatus(name, objects, size, self._part(quota.max_objects),
                                      self._part(quota.max_bytes), counts))
         return out
