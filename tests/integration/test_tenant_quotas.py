@@ -1,0 +1,90 @@
+"""Issue 35's quotas on real processes with ``--auth`` and two tenants, alpha and beta:
+beta's puts past its 100 MiB hard limit are NoSpace naming beta and its figures (alpha
+goes on), ``kvctl tenants`` shows each tenant's figures (a tenant's token its own only),
+a quota changed by SIGHUP is in force without a restart, and alpha's objects, within
+alpha's guaranteed share of a node, are not evicted by beta's pressure."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+
+import pytest
+from typer.testing import CliRunner
+
+from kvstore.client.client import KVClient
+from kvstore.errors import NoSpace
+from kvstore.tools.cli.kvctl import app as kvctl_app
+from kvtest import start_store_cluster, wait_for
+
+pytestmark = pytest.mark.slow
+
+MiB = 1 << 20
+TOKENS = {"admin": f"admin-{secrets.token_hex(16)}", "node": f"node-{secrets.token_hex(16)}",
+          "alpha": f"alpha-{secrets.token_hex(16)}", "beta": f"beta-{secrets.token_hex(16)}"}
+
+
+def auth_text(tenant_lines: str) -> str:
+    return (f"admin {TOKENS['admin']}\nnode {TOKENS['node']}\n"
+            f"client {TOKENS['alpha']} tenants=alpha\nclient {TOKENS['beta']} tenants=beta\n"
+            + tenant_lines)
+
+
+def start(tmp, tenant_lines: str, dram: str, policy: str = "none"):
+    auth = tmp / "tokens"
+    auth.write_text(auth_text(tenant_lines))
+    c = start_store_cluster(nodes=1, log_dir=str(tmp), dram=dram, eviction_policy=policy,
+                            master_args=("--auth", str(auth)), node_args=("--auth", str(auth)),
+                            env={"KVSTORE_TOKEN": TOKENS["node"]})
+    c.auth_file = auth
+    return c
+
+
+def kvctl_tenants(master: str, token: str) -> dict[str, dict]:
+    result = CliRunner().invoke(kvctl_app, ["--master", master, "tenants", "--json"],
+                                env={"KVSTORE_TOKEN": token}, prog_name="kvctl")
+    assert result.exit_code == 0, result.output
+    return {t["tenant"]: t for t in json.loads(result.stdout)["tenants"]}
+
+
+def hup(cluster, text: str) -> None:
+    cluster.auth_file.write_text(text)
+    for child in [*cluster.shards[0], *cluster.nodes.values()]:
+        child.proc.send_signal(signal.SIGHUP)
+
+
+def test_a_hard_limit_refuses_the_tenant_naming_it_and_sighup_changes_it(tmp_path):
+    c = start(tmp_path, "tenant beta bytes=100MiB\n", dram="192MiB")
+    try:
+        value = os.urandom(MiB)
+        with KVClient(c.master, token=TOKENS["beta"], prefer_shm=False) as beta:
+            for i in range(100):
+                assert beta.put(f"@beta/{i}", value)
+            with pytest.raises(NoSpace) as err:
+                beta.put("@beta/100", value)
+            assert "tenant beta: 100.0 MiB of 100.0 MiB used" in err.value.message
+            with KVClient(c.master, token=TOKENS["alpha"], prefer_shm=False) as alpha:
+                assert alpha.put("@alpha/0", value)         # another tenant is not limited
+            figures = kvctl_tenants(c.master, TOKENS["admin"])
+            assert figures["beta"]["objects"] == 100 and figures["beta"]["bytes"] == 100 * MiB
+            assert figures["beta"]["max_bytes"] == 100 * MiB
+            assert figures["beta"]["counters"]["refusals"] >= 1
+            assert figures["beta"]["counters"]["puts"] == 100
+            assert figures["alpha"]["objects"] == 1
+            assert set(kvctl_tenants(c.master, TOKENS["beta"])) == {"beta"}   # its own only
+
+            hup(c, auth_text("tenant beta bytes=101MiB\n"))
+
+            def raised() -> bool:
+                try:
+                    return beta.put("@beta/100", value)
+                except NoSpace:
+                    return False
+            wait_for(raised, timeout_s=10, what="the new quota in force")
+            with pytest.raises(NoSpace, match="tenant beta: 101.0 MiB of 101.0 MiB"):
+                beta.put("@beta/101", value)
+        c.procs.check()
+    finally:
+        c.stop()
