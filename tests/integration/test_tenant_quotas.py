@@ -88,3 +88,25 @@ def test_a_hard_limit_refuses_the_tenant_naming_it_and_sighup_changes_it(tmp_pat
         c.procs.check()
     finally:
         c.stop()
+
+
+def test_a_tenant_within_its_share_is_not_evicted_by_anothers_pressure(tmp_path):
+    c = start(tmp_path, "tenant alpha share=40%\ntenant beta bytes=100MiB\n", dram="48MiB",
+              policy="lru")
+    try:
+        value = os.urandom(MiB)
+        with KVClient(c.master, token=TOKENS["alpha"], prefer_shm=False) as alpha, \
+                KVClient(c.master, token=TOKENS["beta"], prefer_shm=False) as beta:
+            for i in range(16):                      # 16 MiB: within 40 % of 48 MiB
+                assert alpha.put(f"@alpha/{i}", value)
+            for i in range(150):                     # beta fills the node three times over
+                assert beta.put(f"@beta/{i}", value)
+            for i in range(16):
+                assert bytes(alpha.get(f"@alpha/{i}")) == value
+            figures = kvctl_tenants(c.master, TOKENS["admin"])
+            assert figures["beta"]["counters"]["evictions"] > 0
+            assert figures["alpha"]["counters"]["evictions"] == 0
+            assert figures["alpha"]["objects"] == 16
+        c.procs.check()
+    finally:
+        c.stop()
