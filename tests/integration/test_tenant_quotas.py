@@ -110,3 +110,41 @@ def test_a_tenant_within_its_share_is_not_evicted_by_anothers_pressure(tmp_path)
         c.procs.check()
     finally:
         c.stop()
+
+
+def test_tenant_metrics_on_the_master_and_a_scoped_token_reads_its_own(tmp_path):
+    import urllib.request
+
+    auth = tmp_path / "tokens"
+    metrics_beta = f"metrics-{secrets.token_hex(16)}"
+    auth.write_text(auth_text("tenant beta bytes=1MiB\n") + f"metrics {metrics_beta} tenants=beta\n")
+    c = start_store_cluster(nodes=1, log_dir=str(tmp_path),
+                            master_args=("--auth", str(auth), "--metrics-port", "0"),
+                            node_args=("--auth", str(auth)), env={"KVSTORE_TOKEN": TOKENS["node"]})
+    try:
+        with KVClient(c.master, token=TOKENS["beta"], prefer_shm=False) as beta, \
+                KVClient(c.master, token=TOKENS["alpha"], prefer_shm=False) as alpha:
+            assert beta.put("@beta/0", os.urandom(600 << 10))
+            with pytest.raises(NoSpace):
+                beta.put("@beta/1", os.urandom(600 << 10))
+            assert alpha.put("@alpha/0", b"x" * 100)
+            with KVClient(c.master, token=TOKENS["admin"], prefer_shm=False) as admin:
+                address = admin.stat()[0].metrics_address
+
+        def scrape(token):
+            req = urllib.request.Request(f"http://{address}/metrics",
+                                         headers={"Authorization": f"Bearer {token}"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.read().decode()
+        full = scrape(TOKENS["admin"])
+        samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                   for line in full.splitlines() if line.startswith("kvstore_tenant_")}
+        assert samples['kvstore_tenant_bytes{tenant="beta"}'] == 600 << 10
+        assert samples['kvstore_tenant_refusals_total{tenant="beta"}'] == 1
+        assert samples['kvstore_tenant_objects{tenant="alpha"}'] == 1
+        assert samples['kvstore_tenant_limit_bytes{tenant="beta"}'] == 1 << 20
+        own = scrape(metrics_beta)
+        assert 'tenant="beta"' in own and 'tenant="alpha"' not in own
+        c.procs.check()
+    finally:
+        c.stop()
