@@ -10,6 +10,7 @@ import json
 import os
 import secrets
 import signal
+import urllib.request
 
 import pytest
 from typer.testing import CliRunner
@@ -32,14 +33,25 @@ def auth_text(tenant_lines: str) -> str:
             + tenant_lines)
 
 
-def start(tmp, tenant_lines: str, dram: str, policy: str = "none"):
+def start(tmp, tenant_lines: str, dram: str, policy: str = "none", node_args=()):
     auth = tmp / "tokens"
     auth.write_text(auth_text(tenant_lines))
     c = start_store_cluster(nodes=1, log_dir=str(tmp), dram=dram, eviction_policy=policy,
-                            master_args=("--auth", str(auth)), node_args=("--auth", str(auth)),
+                            master_args=("--auth", str(auth)),
+                            node_args=("--auth", str(auth), *node_args),
                             env={"KVSTORE_TOKEN": TOKENS["node"]})
     c.auth_file = auth
     return c
+
+
+def scrape(address: str, token: str) -> dict[str, float]:
+    """The ``kvstore_*tenant*`` samples of a /metrics page: "name{labels}" -> value."""
+    req = urllib.request.Request(f"http://{address}/metrics",
+                                 headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        text = r.read().decode()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if "tenant" in line and not line.startswith("#")}
 
 
 def kvctl_tenants(master: str, token: str) -> dict[str, dict]:
@@ -47,6 +59,11 @@ def kvctl_tenants(master: str, token: str) -> dict[str, dict]:
                                 env={"KVSTORE_TOKEN": token}, prog_name="kvctl")
     assert result.exit_code == 0, result.output
     return {t["tenant"]: t for t in json.loads(result.stdout)["tenants"]}
+
+
+def admin_stat(cluster):
+    with KVClient(cluster.master, token=TOKENS["admin"], prefer_shm=False) as admin:
+        return admin.stat()
 
 
 def hup(cluster, text: str) -> None:
@@ -92,7 +109,7 @@ def test_a_hard_limit_refuses_the_tenant_naming_it_and_sighup_changes_it(tmp_pat
 
 def test_a_tenant_within_its_share_is_not_evicted_by_anothers_pressure(tmp_path):
     c = start(tmp_path, "tenant alpha share=40%\ntenant beta bytes=100MiB\n", dram="48MiB",
-              policy="lru")
+              policy="lru", node_args=("--metrics-port", "0"))
     try:
         value = os.urandom(MiB)
         with KVClient(c.master, token=TOKENS["alpha"], prefer_shm=False) as alpha, \
@@ -107,14 +124,20 @@ def test_a_tenant_within_its_share_is_not_evicted_by_anothers_pressure(tmp_path)
             assert figures["beta"]["counters"]["evictions"] > 0
             assert figures["alpha"]["counters"]["evictions"] == 0
             assert figures["alpha"]["objects"] == 16
+            (node,) = [n for st in admin_stat(c) for n in st.nodes]
+        node_figures = scrape(node.address.metrics_address, TOKENS["admin"])
+        assert node_figures['kvstore_node_tenant_bytes{tenant="alpha"}'] == 16 * MiB
+        assert node_figures['kvstore_node_tenant_share_bytes{tenant="alpha"}'] == int(0.4 * 48 * MiB)
+        hup(c, auth_text("tenant alpha share=10%\ntenant beta bytes=100MiB\n"))   # no restart
+        wait_for(lambda: scrape(node.address.metrics_address, TOKENS["admin"]).get(
+            'kvstore_node_tenant_share_bytes{tenant="alpha"}') == int(0.1 * 48 * MiB),
+            timeout_s=10, what="the node's new share")
         c.procs.check()
     finally:
         c.stop()
 
 
 def test_tenant_metrics_on_the_master_and_a_scoped_token_reads_its_own(tmp_path):
-    import urllib.request
-
     auth = tmp_path / "tokens"
     metrics_beta = f"metrics-{secrets.token_hex(16)}"
     auth.write_text(auth_text("tenant beta bytes=1MiB\n") + f"metrics {metrics_beta} tenants=beta\n")
@@ -131,19 +154,12 @@ def test_tenant_metrics_on_the_master_and_a_scoped_token_reads_its_own(tmp_path)
             with KVClient(c.master, token=TOKENS["admin"], prefer_shm=False) as admin:
                 address = admin.stat()[0].metrics_address
 
-        def scrape(token):
-            req = urllib.request.Request(f"http://{address}/metrics",
-                                         headers={"Authorization": f"Bearer {token}"})
-            with urllib.request.urlopen(req, timeout=10) as r:
-                return r.read().decode()
-        full = scrape(TOKENS["admin"])
-        samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-                   for line in full.splitlines() if line.startswith("kvstore_tenant_")}
+        samples = scrape(address, TOKENS["admin"])
         assert samples['kvstore_tenant_bytes{tenant="beta"}'] == 600 << 10
         assert samples['kvstore_tenant_refusals_total{tenant="beta"}'] == 1
         assert samples['kvstore_tenant_objects{tenant="alpha"}'] == 1
         assert samples['kvstore_tenant_limit_bytes{tenant="beta"}'] == 1 << 20
-        own = scrape(metrics_beta)
+        own = " ".join(scrape(address, metrics_beta))
         assert 'tenant="beta"' in own and 'tenant="alpha"' not in own
         c.procs.check()
     finally:
