@@ -42,7 +42,7 @@ def snapshot(node: StoreNode, server: DataServer) -> list:
     tiers = [(t.kind.name, t) for t in st.tiers]
     evicted = [({"tier": lv.tier.kind.name}, lv.evictions) for lv in node.levels]
     traffic = server.traffic
-    held = node.tenant_bytes()
+    held = node.tenants.snapshot()
     return [
         gauge("kvstore_node_tenant_bytes", "A tenant's bytes in service on the node, while "
               "some tenant has a guaranteed share (B).",

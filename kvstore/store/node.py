@@ -81,7 +81,6 @@ from kvstore.store.stats import NodeCounter, NodeStats
 from kvstore.store.table import ObjectTable
 from kvstore.store.tiering import Tiering
 from kvstore.store.tiers.base import ObjectRecord, Tier
-from kvstore.tenants import Quota
 from kvstore.types import EventKind, InventoryItem, NodeEvent, TierKind
 
 log = logging.getLogger(__name__)
@@ -136,6 +135,7 @@ class StoreNode(NodeStatsView):
         self.tier: Tier = chain[0]
         self.counters: dict[NodeCounter, int] = self._table.counters
         self.events: EventLog = self._table.events
+        self.tenants = self._table.tenants    # tenants' shares: eviction order (tenant_shares.py)
         self.events.set_on_applied(lambda event: self.confirm(event.key, event.object_id))
         self._counted: NodeStats | None = None      # the last full count (full_stats) ...
         self._recount = Recount()                    # ... and when to count again
@@ -541,20 +541,6 @@ class StoreNode(NodeStatsView):
                    for key, object_id, size_bytes, checksum, tier, pending, replica_num in rows]
 
     # ================================================================ stats
-    def set_tenant_quotas(self, quotas: dict[str, Quota]) -> None:
-        """Tenants' guaranteed shares of this node (of its DRAM capacity), from the
-        ``--auth`` file's ``tenant`` lines: eviction takes from tenants above theirs
-        first (:mod:`kvstore.store.tenant_shares`). Counts the objects in service once."""
-        with self._table.cond:
-            table = self._table
-            table.tenants.set(quotas, self.tier.capacity_bytes,
-                              ((o.key, o.size_bytes) for o in table.objects.values()))
-
-    def tenant_bytes(self) -> dict[str, tuple[int, int]]:
-        """tenant -> (bytes in service, guaranteed share) while some tenant has a share."""
-        with self._table.cond:
-            return self._table.tenants.figures()
-
     def count(self, counter: NodeCounter, n: int = 1) -> None:
         """Add ``n`` to one of the node's counters (any thread)."""
         with self._table.cond:

@@ -277,9 +277,9 @@ def run_node(cfg: NodeConfig) -> None:
         if tokens is not None:
             # Tenants' shares (eviction order): the file's now, a reload's later (off the
             # signal handler: it takes the node's lock).
-            node.set_tenant_quotas(tokens.quotas)
+            node.tenants.configure(tokens.quotas)
             tokens.on_reload.append(lambda table: threading.Thread(
-                target=node.set_tenant_quotas, args=(table.quotas,), daemon=True,
+                target=node.tenants.configure, args=(table.quotas,), daemon=True,
                 name="tenant-quotas").start())
             signal.signal(signal.SIGHUP, lambda *_: tokens.reload())
         host = advertised_host(cfg.host, cfg.advertise_host, toward=cfg.masters[0])

@@ -75,7 +75,7 @@ class ObjectTable:
         self.prefetch_queue: dict[str, StoredObject] = {}  # to promote to DRAM, FIFO
         self.counters: dict[NodeCounter, int] = dict.fromkeys(NodeCounter, 0)
         self.events = EventLog()
-        self.tenants = TenantShares()         # counts only while some tenant has a share
+        self.tenants = TenantShares(self)     # counts only while some tenant has a share
 
     def enter(self, obj: StoredObject) -> None:
         """Put ``obj`` in service under its key (the caller retired any other version).

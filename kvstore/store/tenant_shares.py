@@ -29,40 +29,53 @@ Thread safety: owned by the node's lock (:class:`~kvstore.store.table.ObjectTabl
 
 from __future__ import annotations
 
-from typing import Iterable
-
 from kvstore import tenants as tn
 
 
 class TenantShares:
     """Per-tenant bytes in service and guaranteed shares on one node.
 
+    Args:
+        table: the node's :class:`~kvstore.store.table.ObjectTable` (its lock, its
+            objects, its DRAM capacity).
+
     Attributes:
         active: some tenant has a share (bytes are counted only then).
         shares: tenant -> guaranteed bytes on this node.
         held: tenant -> bytes of its objects in service (while active).
+
+    Thread safety: :meth:`configure` and :meth:`snapshot` take the node's lock; the
+    others run with it held (the table's callers).
     """
 
-    __slots__ = ("active", "shares", "held")
+    __slots__ = ("_table", "active", "shares", "held")
 
-    def __init__(self):
+    def __init__(self, table):
+        self._table = table
         self.active = False
         self.shares: dict[str, int] = {}
         self.held: dict[str, int] = {}
 
-    def set(self, quotas: dict[str, tn.Quota], capacity_bytes: int,
-            in_service: Iterable[tuple[str, int]]) -> None:
-        """New quotas: shares of a node of ``capacity_bytes`` (its DRAM), the bytes
-        counted again from ``in_service`` (key, size) when some share is set."""
-        self.shares = {name: share for name, q in quotas.items()
-                       if (share := q.share_of(capacity_bytes)) > 0}
-        self.active = bool(self.shares)
-        held: dict[str, int] = {}
-        if self.active:
-            for key, size in in_service:
-                t = tn.tenant_of(key)
-                held[t] = held.get(t, 0) + size
-        self.held = held
+    def configure(self, quotas: dict[str, tn.Quota]) -> None:
+        """New quotas (the ``--auth`` file's, again on SIGHUP): the shares of the node's
+        DRAM capacity; the objects in service are counted once when some share is set."""
+        table = self._table
+        with table.cond:
+            capacity = table.levels[0].tier.capacity_bytes
+            self.shares = {name: share for name, q in quotas.items()
+                           if (share := q.share_of(capacity)) > 0}
+            self.active = bool(self.shares)
+            held: dict[str, int] = {}
+            if self.active:
+                for obj in table.objects.values():
+                    t = tn.tenant_of(obj.key)
+                    held[t] = held.get(t, 0) + obj.size_bytes
+            self.held = held
+
+    def snapshot(self) -> dict[str, tuple[int, int]]:
+        """tenant -> (bytes held, share) of the tenants with either, while active."""
+        with self._table.cond:
+            return self.figures()
 
     def add(self, key: str, size_bytes: int) -> None:
         t = tn.tenant_of(key)

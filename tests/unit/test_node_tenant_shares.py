@@ -37,7 +37,7 @@ def evicted(node) -> set[str]:
 
 
 def test_a_tenant_within_its_share_is_not_evicted_by_anothers_pressure(node):
-    node.set_tenant_quotas({"alpha": Quota(share_fraction=0.4)})
+    node.tenants.configure({"alpha": Quota(share_fraction=0.4)})
     alpha = [f"@alpha/{i}" for i in range(8)]                    # 64 KiB: within 40 %
     for i, key in enumerate(alpha):
         write(node, key, b"a" * (8 * KiB), i + 1)
@@ -46,7 +46,7 @@ def test_a_tenant_within_its_share_is_not_evicted_by_anothers_pressure(node):
     gone = evicted(node)
     assert gone and not any(k.startswith("@alpha/") for k in gone)
     assert all(node.acquire(k) for k in alpha)
-    assert node.tenant_bytes()["alpha"] == (64 * KiB, int(0.4 * CAPACITY))
+    assert node.tenants.snapshot()["alpha"] == (64 * KiB, int(0.4 * CAPACITY))
     node.check_invariants()
 
 
@@ -56,24 +56,24 @@ def test_without_shares_the_policy_order_holds(node):
     for i in range(100):
         write(node, f"@beta/{i}", b"b" * (8 * KiB), 100 + i)
     assert any(k.startswith("@alpha/") for k in evicted(node))   # the oldest went first
-    assert node.tenant_bytes() == {}
+    assert node.tenants.snapshot() == {}
 
 
 def test_above_its_share_a_tenant_is_evicted_and_a_reload_changes_the_share(node):
-    node.set_tenant_quotas({"alpha": Quota(share_bytes=32 * KiB)})
+    node.tenants.configure({"alpha": Quota(share_bytes=32 * KiB)})
     for i in range(8):                                            # 64 KiB: above 32 KiB
         write(node, f"@alpha/{i}", b"a" * (8 * KiB), i + 1)
     for i in range(100):
         write(node, f"@beta/{i}", b"b" * (8 * KiB), 100 + i)
     gone = evicted(node)
     assert any(k.startswith("@alpha/") for k in gone)             # down to its share ...
-    assert node.tenant_bytes()["alpha"][0] >= 32 * KiB - 8 * KiB  # ... not below it
-    node.set_tenant_quotas({})                                    # shares gone: policy order
-    assert node.tenant_bytes() == {}
+    assert node.tenants.snapshot()["alpha"][0] >= 32 * KiB - 8 * KiB  # ... not below it
+    node.tenants.configure({})                                    # shares gone: policy order
+    assert node.tenants.snapshot() == {}
 
 
 def test_only_tenants_within_their_share_left_then_they_are_evicted(node):
-    node.set_tenant_quotas({"alpha": Quota(share_fraction=1.0)})
+    node.tenants.configure({"alpha": Quota(share_fraction=1.0)})
     for i in range(60):                                           # 480 KiB: alpha only
         write(node, f"@alpha/{i}", b"a" * (8 * KiB), i + 1)
     assert evicted(node)                                          # the node still makes room
