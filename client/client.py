@@ -24,7 +24,7 @@ from typing import Any, Iterator, Sequence
 
 from kvstore.client.core import replies
 from kvstore.client.connections import Connections
-from kvstore.client.control import Control
+from kvstore.client.control import Control, sum_tenants
 from kvstore.client.deadline import call_scope
 from kvstore.client.meta_cache import MetaCache
 from kvstore.client.parts import PartsWriter
@@ -37,7 +37,7 @@ from kvstore.shardmap import ShardMap
 from kvstore.tls import TlsFiles
 from kvstore.transfer.buffers import writable_view
 from kvstore.transfer.protocol import Op
-from kvstore.types import NodeAddress, ObjectMeta, RemoveReason, ShardStatus
+from kvstore.types import NodeAddress, ObjectMeta, RemoveReason, ShardStatus, TenantStatus
 
 
 def _one_deadline(method):
@@ -445,6 +445,16 @@ class KVClient:
     def stat(self) -> list[ShardStatus]:
         """Each master shard's stats (nodes, objects, counters)."""
         return self._control.stat()
+
+    @_one_deadline
+    def tenant_stats(self) -> list[TenantStatus]:
+        """Each tenant the caller's token may see (all for admin and without --auth):
+        its objects, bytes, hard limits and counters, summed over the shards, by name.
+
+        Raises:
+            PermissionDenied: a node token. Unavailable: a shard did not answer.
+        """
+        return sum_tenants(self._control.tenant_stats())
 
     def answering_master(self, shard_id: int) -> str:
         """host:port of the master of shard ``shard_id`` that answered the latest call

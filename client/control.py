@@ -38,9 +38,28 @@ from kvstore.errors import KVStoreError, NotFound, Unavailable, from_rpc_error
 from kvstore.keys import validate_key
 from kvstore.rpc import ClientCredentials
 from kvstore.shardmap import ShardMap, ShardRange
-from kvstore.types import NodeId, ObjectMeta, RemoveReason, ShardStatus
+from kvstore.types import NodeId, ObjectMeta, RemoveReason, ShardStatus, TenantStatus
 
 log = logging.getLogger(__name__)
+
+
+def sum_tenants(per_shard: list[list[TenantStatus]]) -> list[TenantStatus]:
+    """Each tenant's figures summed over the shards (its limits: the shards' parts added
+    up), by name."""
+    out: dict[str, TenantStatus] = {}
+    for shard in per_shard:
+        for t in shard:
+            was = out.get(t.tenant)
+            if was is None:
+                out[t.tenant] = t
+                continue
+            counters = dict(was.counters)
+            for k, v in t.counters.items():
+                counters[k] = counters.get(k, 0) + v
+            out[t.tenant] = TenantStatus(t.tenant, was.objects + t.objects, was.bytes + t.bytes,
+                                         was.max_objects + t.max_objects,
+                                         was.max_bytes + t.max_bytes, counters)
+    return [out[k] for k in sorted(out)]
 
 
 class Control:
@@ -201,6 +220,12 @@ class Control:
     def stat(self) -> list[ShardStatus]:
         """Stat of every shard, in shard map order."""
         return [wire.shard_status(self.call(r.addresses, "Stat", pb.StatRequest()))
+                for r in self.shard_map.ranges]
+
+    def tenant_stats(self) -> list[list[TenantStatus]]:
+        """Per shard, in shard map order, the figures of the tenants the caller may see."""
+        return [[wire.tenant_status(t) for t in
+                 self.call(r.addresses, "TenantStats", pb.TenantStatsRequest()).tenants]
                 for r in self.shard_map.ranges]
 
     def answering(self, addresses: tuple[str, ...]) -> str:

@@ -72,9 +72,10 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from kvstore._proto import serving_pb2 as spb
 from kvstore import rpc
-from kvstore.auth import Role, allows
+from kvstore.auth import Role, allows, bearer
 from kvstore.binding import check_binding
 from kvstore.rpc import ClientCredentials, ServerSecurity
+from kvstore.tenants import DEFAULT_TENANT
 from kvstore.tls import server_context
 from kvstore._proto import serving_pb2_grpc as spb_grpc
 from kvstore.conductor.chat import ChatShape, parse_chat
@@ -202,6 +203,21 @@ class HttpFront:
 
     def _role(self, request: web.Request) -> Role | None:
         return self.security.role_of([("authorization", request.headers.get("Authorization", ""))])
+
+    def _tenant(self, request: web.Request) -> str:
+        """The tenant whose KV the caller's requests use: the one its token is bound to
+        (``tenants=NAME`` in the ``--auth`` file); "" (the default tenant) without auth,
+        for a token bound to several tenants, or to every one (admin)."""
+        tokens = self.security.tokens
+        if tokens is None:
+            return ""
+        creds = tokens.credentials_of(bearer([("authorization",
+                                                request.headers.get("Authorization", ""))]))
+        names = creds[1].tenants if creds is not None else None
+        if names is None or len(names) != 1:
+            return ""
+        (name,) = names
+        return "" if name == DEFAULT_TENANT else name
 
     @web.middleware
     async def _count(self, request: web.Request, handler):
@@ -333,7 +349,7 @@ class HttpFront:
             req = parse(body)
         except HttpError as exc:
             return exc.response()
-        run = _Completion(self, req)
+        run = _Completion(self, req, self._tenant(request))
         try:
             failure = await run.admit()
             if failure is not None:
@@ -349,7 +365,7 @@ class _Completion:
     """One completions or chat request: its prompts' streams, merged by choice index;
     generation stops after the tokenizer's stop tokens."""
 
-    def __init__(self, front: HttpFront, req: CompletionRequest):
+    def __init__(self, front: HttpFront, req: CompletionRequest, tenant: str = ""):
         self.front = front
         self.req = req
         self.shape = ChatShape() if req.chat else TextShape()
@@ -358,7 +374,7 @@ class _Completion:
         self.stops = frozenset(front.tokenizer.stop_token_ids)
         self.gens = [front.backend.generate(spb.GenerateRequest(
             request_id=f"{self.id}-{i}", prompt_tokens=p, max_tokens=req.max_tokens,
-            arrival_ms=time.time() * 1000.0, stop_token_ids=sorted(self.stops)))
+            arrival_ms=time.time() * 1000.0, stop_token_ids=sorted(self.stops), tenant=tenant))
             for i, p in enumerate(req.prompts)]
         self.firsts: list[spb.GenerateChunk] = []
         self._tasks: list[asyncio.Task] = []

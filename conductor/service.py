@@ -48,6 +48,7 @@ import grpc
 
 from kvstore.client import KVClient, KVStoreError, Namespace, NotFound, prefix_keys
 from kvstore.client.models import model_config, namespace_for_model
+from kvstore.keys import tenant_namespace, valid_tenant
 from kvstore.client.transfer_keys import is_transfer_key
 from kvstore.conductor.arrival_order import ArrivalOrder
 from kvstore.conductor.health import HealthMonitor, ProbeResult, Worker
@@ -182,9 +183,10 @@ class Conductor:
                             last_error=s.last_error, since_ms=s.since_ms)
             for s in self.monitor.snapshot()])
 
-    async def _cached_prefix(self, prompt: list[int]) -> tuple[list[str], int]:
-        """The prompt's block keys, and how many leading ones the store holds."""
-        keys = prefix_keys(prompt, self.namespace)
+    async def _cached_prefix(self, prompt: list[int], tenant: str = "") -> tuple[list[str], int]:
+        """The prompt's block keys (of ``tenant``'s KV: docs/tenants.md), and how many
+        leading ones the store holds."""
+        keys = prefix_keys(prompt, tenant_namespace(self.namespace, tenant))
         if not keys or not self.use_cache:
             return keys, 0
         try:
@@ -254,20 +256,22 @@ class Conductor:
         prompt = list(request.prompt_tokens)
         metrics = spb.RequestMetrics(prompt_tokens=len(prompt))
         m = self.metrics
-        if not prompt or request.max_tokens < 1 or len(request.stop_token_ids) > MAX_STOP_TOKENS:
+        if (not prompt or request.max_tokens < 1 or len(request.stop_token_ids) > MAX_STOP_TOKENS
+                or not valid_tenant(request.tenant)):
             if m is not None:
                 m.rejected.labels("invalid").inc()
                 m.outcomes.labels("rejected").inc()
             yield spb.GenerateChunk(done=True, rejected=True, metrics=metrics,
-                                    error=f"prompt must be non-empty, max_tokens >= 1 and "
-                                          f"stop_token_ids at most {MAX_STOP_TOKENS}",
+                                    error=f"prompt must be non-empty, max_tokens >= 1, "
+                                          f"stop_token_ids at most {MAX_STOP_TOKENS} and the "
+                                          f"tenant \"\" or a tenant name",
                                     error_code=grpc.StatusCode.INVALID_ARGUMENT.name)
             return
         produced = 0
         self._seq += 1
         ticket = self.arrivals.ticket()
         try:
-            keys, n_hit = await self._cached_prefix(prompt)
+            keys, n_hit = await self._cached_prefix(prompt, request.tenant)
             await self.arrivals.turn(ticket)     # scheduled in arrival order
         finally:
             self.arrivals.done(ticket)           # the next one resumes after our first await
@@ -352,7 +356,7 @@ class Conductor:
                 service_ms = None
                 pre = await self._prefill_stubs[inst.instance_id].Prefill(
                     spb.PrefillRequest(request_id=request.request_id, prompt_tokens=request.prompt_tokens,
-                                       use_cache=self.use_cache),
+                                       use_cache=self.use_cache, tenant=request.tenant),
                     timeout=self.deadlines.prefill_s)
                 service_ms = pre.compute_ms
                 return pre, decision.decode.instance if decision.decode else None

@@ -46,6 +46,7 @@ from kvstore.engines.server_common import (EngineConfig, abort_code, load_engine
 from kvstore._proto import serving_pb2 as spb
 from kvstore._proto import serving_pb2_grpc as spb_grpc
 from kvstore.errors import InvalidArgument, KeyConflict
+from kvstore.keys import tenant_namespace, valid_tenant
 from kvstore.metrics import ProcessMetrics
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,9 @@ class PrefillWorker:
         if not prompt:
             raise InvalidArgument("empty prompt")
         b = self.block_tokens
-        keys = prefix_keys(prompt, self.namespace)
+        if not valid_tenant(req.tenant):
+            raise InvalidArgument(f"bad tenant {req.tenant[:80]!r}: 1-64 of A-Z a-z 0-9 _ . -")
+        keys = prefix_keys(prompt, tenant_namespace(self.namespace, req.tenant))
         nonce = uuid.uuid4().hex[:8]
         seq = Sequence(req.request_id)
         self.cache.reserve(seq, len(prompt))

@@ -17,6 +17,7 @@ same bytes on every machine and after restarts; golden vectors in
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import struct
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ import numpy as np
 import xxhash
 
 from kvstore.errors import InvalidArgument
-from kvstore.tenants import DEFAULT_TENANT, tenant_key
+from kvstore.tenants import DEFAULT_TENANT, TENANT_NAME, tenant_key
 from kvstore.types import BlockHash, ObjectKey
 
 MAX_KEY_BYTES = 512
@@ -160,6 +161,25 @@ def prefix_keys(tokens: Sequence[int] | np.ndarray, namespace: Namespace,
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from None
     return [BlockHash(head + h.hex()) for h in hashes]
+
+
+def valid_tenant(tenant: str) -> bool:
+    """Whether ``tenant`` may name a request's tenant: "" (the default) or a tenant name."""
+    return not tenant or bool(TENANT_NAME.match(tenant))
+
+
+def tenant_namespace(namespace: Namespace, tenant: str) -> Namespace:
+    """``namespace`` for ``tenant``'s KV (a request's tenant: the OpenAI front's token's,
+    docs/tenants.md); ``namespace`` itself for "" and the default tenant.
+
+    Raises:
+        InvalidArgument: ``tenant`` is not a tenant name.
+    """
+    if not tenant or tenant == DEFAULT_TENANT or tenant == namespace.tenant:
+        return namespace
+    if not TENANT_NAME.match(tenant):
+        raise InvalidArgument(f"bad tenant {tenant[:80]!r}: 1-64 of A-Z a-z 0-9 _ . -")
+    return dataclasses.replace(namespace, tenant=tenant)
 
 
 # One search instead of a Python loop over the characters: every key of every

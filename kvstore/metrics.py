@@ -34,6 +34,7 @@ import inspect
 import json
 import logging
 import socket
+import re
 import threading
 from bisect import bisect_left
 import time
@@ -183,6 +184,20 @@ class ProcessMetrics:
     def text(self) -> bytes:
         """The Prometheus text exposition of everything registered."""
         return generate_latest(self.registry)
+
+
+_TENANT_LABEL = re.compile(rb'[{,]tenant="([^"]*)"')
+
+
+def only_tenants(text: bytes, scope) -> bytes:
+    """The exposition ``text`` without the samples labelled with a tenant ``scope`` does
+    not allow (what a metrics token bound to tenants reads: its tenants' figures only)."""
+    out = []
+    for line in text.splitlines(keepends=True):
+        m = _TENANT_LABEL.search(line) if not line.startswith(b"#") else None
+        if m is None or scope.allows_tenant(m.group(1).decode("utf-8", "replace")):
+            out.append(line)
+    return b"".join(out)
 
 
 def _bound(b: float) -> str:
@@ -349,9 +364,11 @@ def _handler(metrics: ProcessMetrics, health: Health, tokens):
                 return self._state(health.ready)
             if path != "/metrics":
                 return self._reply(404, b"not found\n")
+            scope = None
             if tokens is not None:
-                role = tokens.role_of(bearer([("authorization",
-                                                self.headers.get("Authorization", ""))]))
+                creds = tokens.credentials_of(bearer([("authorization",
+                                                       self.headers.get("Authorization", ""))]))
+                role, scope = creds if creds is not None else (None, None)
                 if role is None:
                     return self._reply(401, b"missing or unknown credentials "
                                             b"(Authorization: Bearer TOKEN)\n",
@@ -359,7 +376,10 @@ def _handler(metrics: ProcessMetrics, health: Health, tokens):
                 if not allows(role, METRICS_ROLES):
                     return self._reply(403, f"role {role.value!r} may not read "
                                             f"/metrics\n".encode())
-            self._reply(200, metrics.text(), CONTENT_TYPE_LATEST)
+            text = metrics.text()
+            if scope is not None and not scope.everything:
+                text = only_tenants(text, scope)
+            self._reply(200, text, CONTENT_TYPE_LATEST)
 
         def _state(self, ok: bool):
             doc = {"status": health.state.value}

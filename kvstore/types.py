@@ -140,6 +140,18 @@ class WarmupProgress:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantStatus:
+    """One tenant's figures on one master shard (``kvctl tenants``; kvstore.master.tenant_book)."""
+
+    tenant: str
+    objects: int                       # its objects on the shard, each once
+    bytes: int                         # ... and their bytes (B), each object once
+    max_objects: int = 0               # the shard's part of its hard limits (0: none)
+    max_bytes: int = 0
+    counters: dict[str, int] = field(default_factory=dict)   # puts, hits, misses, evictions, refusals
+
+
+@dataclass(frozen=True, slots=True)
 class ShardStatus:
     """One master shard's view: its nodes, objects and counters (``KVClient.stat``)."""
 

@@ -24,7 +24,8 @@ from kvstore.errors import InvalidArgument, code_name
 from kvstore.shardmap import ShardMap, ShardRange
 from kvstore.types import (CopyOrder, CopyResult, DropOrder, EventKind, InventoryItem,
                            NodeAddress, NodeEvent, NodeId, NodeStatus, ObjectId, ObjectKey,
-                           ObjectMeta, Replica, ShardStatus, TierKind, TierStats, WarmupProgress)
+                           ObjectMeta, Replica, ShardStatus, TenantStatus, TierKind, TierStats,
+                           WarmupProgress)
 
 _E = TypeVar("_E", bound=enum.IntEnum)
 _U64_MAX = 2**64 - 1
@@ -116,6 +117,17 @@ def shard_status(msg: pb.StatResponse) -> ShardStatus:
                                           if w.state in pb.WarmupState.values() else "unknown",
                                           w.items_applied) for w in msg.warmup_nodes),
                        loop_stall_max_ms=msg.loop_stall_max_ms, loop_stalls=msg.loop_stalls)
+
+
+def tenant_status(msg: pb.TenantStat) -> TenantStatus:
+    return TenantStatus(msg.tenant, msg.objects, msg.bytes, msg.max_objects, msg.max_bytes,
+                        dict(msg.counters))
+
+
+def tenant_status_pb(t: TenantStatus) -> pb.TenantStat:
+    return pb.TenantStat(tenant=t.tenant, objects=t.objects, bytes=_u64(t.bytes),
+                         max_objects=t.max_objects, max_bytes=_u64(t.max_bytes),
+                         counters={k: _u64(v) for k, v in t.counters.items()})
 
 
 def shard_status_pb(s: ShardStatus) -> pb.StatResponse:

@@ -54,7 +54,9 @@ from kvstore.master.inventory import sync_node_inventory
 from kvstore.master.limits import MASTER_BYTES_PER_OBJECT
 from kvstore.master.membership import Membership, NodeInfo
 from kvstore.master.superseded import Superseded
+from kvstore.master.tenant_book import TenantBook, TenantCounter as TC, bump
 from kvstore.shardmap import ShardMap
+from kvstore.tenants import tenant_of
 from kvstore.types import (EventKind, InventoryItem, NodeEvent, NodeId, ObjectId, ObjectKey,
                            ObjectMeta, RemoveReason, Replica, ShardStatus, NodeStatus,
                            TierKind)
@@ -103,6 +105,11 @@ class ObjectIndex:
         # The shard's event log (kvstore.master.event_feed.EventFeed.record): told of
         # each key that becomes readable or goes away. None: nobody listens.
         self.on_event: Callable[..., object] | None = None
+        # Tenants' hard limits and counters (kvstore.master.tenant_book); usage is the table's.
+        own = [r for r in shard_map.ranges if r.shard_id == shard_id]
+        self.tenants = TenantBook(fraction=min(1.0, sum(r.last_slot - r.first_slot + 1
+                                                        for r in own) / shard_map.num_slots)
+                                  if own else 1.0)
 
     def _emit(self, kind: StoreEventKind, key: str, object_id: int, size_bytes: int,
               node_id: str = "") -> None:
@@ -212,6 +219,8 @@ class ObjectIndex:
         """
         if key:
             self._check_key(key)
+            if self.tenants.quotas:
+                self.tenants.check_grant(self, key)
         n = max(1, min(num_ids, MAX_IDS_PER_GRANT))
         if self.ids_below is not None and self._next_id + n > self.ids_below:
             raise Unavailable("the shard is reserving object ids (kvstore/master/roster.py); "
@@ -260,6 +269,9 @@ class ObjectIndex:
             raise KeyConflict(f"key holds different bytes ({size_bytes} B, checksum "
                               f"{checksum:#x}); objects are immutable", key=event.key)
         self._check_room(event.key)
+        book = self.tenants
+        if book.quotas:
+            book.check_put(self, event.key, event.size_bytes)
         native.insert(event.key, event.size_bytes, event.checksum, event.object_id, now_ms,
                       grant.replica_num, node, event.tier or TierKind.DRAM)
         grant.decided_ids.add(event.object_id)
@@ -272,6 +284,8 @@ class ObjectIndex:
             self.repair_hint = True
         self.membership.account_stored(node_id, event.size_bytes)
         self.counters[C.PUTS] += 1
+        if event.key[0] == "@":              # a named tenant's (the default's: the rest)
+            bump(book.puts, event.key)
         self._emit(StoreEventKind.KEY_STORED, event.key, event.object_id, event.size_bytes,
                    node_id)
 
@@ -376,8 +390,12 @@ class ObjectIndex:
                     replicas=tuple(Replica(nodes[names[n]].address, TIERS[t]) for n, t in reps),
                     created_ms=created, access_count=count, last_access_ms=last)
                 hits += 1
+                if key[0] == "@":            # a named tenant's (the default's: the rest)
+                    bump(self.tenants.hits, key)
             else:
                 out[i] = self._not_found(key, row)
+                if key[0] == "@":
+                    bump(self.tenants.misses, key)
         self.counters[C.LOOKUP_HITS] += hits
         self.counters[C.LOOKUP_MISSES] += len(keys) - hits
         return out
@@ -497,6 +515,7 @@ class ObjectIndex:
             if not native.nodes(slot):
                 size_bytes = native.head(slot)[1]
                 self._delete(slot, [])
+                self.tenants.count(tenant_of(event.key), TC.EVICTIONS)
                 self._emit(StoreEventKind.KEY_EVICTED, event.key, event.object_id, size_bytes,
                            node_id)
         elif event.kind in (EventKind.DEMOTED, EventKind.PROMOTED) and event.tier is not None:

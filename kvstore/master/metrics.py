@@ -11,6 +11,12 @@
     kvstore_master_events_total{event}    every counter of kvstore.master.counters
     kvstore_event_loop_stall_max_seconds  the event loop's longest stall (kvstore.master.stall)
     kvstore_event_loop_stalls_total       ... and its stalls of 50 ms or more
+    kvstore_tenant_objects{tenant}, kvstore_tenant_bytes{tenant}   each tenant's objects
+                                          on the shard and their bytes (each object once)
+    kvstore_tenant_limit_bytes{tenant}, kvstore_tenant_limit_objects{tenant}  the shard's
+                                          part of its hard limits (tenants with one)
+    kvstore_tenant_{puts,hits,misses,evictions,refusals}_total{tenant}   this term's counts
+                                          (kvstore.master.tenant_book)
 
 Counters add the earlier terms' counts (a new term starts a fresh index), so
 they never go down while the process lives. The figures are read on the
@@ -70,6 +76,36 @@ def snapshot(servicer: MasterServicer) -> list:
         counter("kvstore_event_loop_stalls", "Stalls of the master's event loop of 50 ms "
                 "or more.", servicer.loop_watch.stalls),
     ]
+    if leading:
+        out.extend(tenant_families(index))
+    return out
+
+
+def tenant_families(index) -> list:
+    """The ``kvstore_tenant_*`` families of ``index``'s shard (every tenant: a metrics
+    token sees the process's figures whole)."""
+    figures = index.tenants.figures(index)
+    out = [
+        gauge("kvstore_tenant_objects", "A tenant's objects on the shard (each once).",
+              samples=[({"tenant": t.tenant}, t.objects) for t in figures]),
+        gauge("kvstore_tenant_bytes", "Bytes of a tenant's objects on the shard, each "
+              "object once (B).", samples=[({"tenant": t.tenant}, t.bytes) for t in figures]),
+        gauge("kvstore_tenant_limit_bytes", "The shard's part of a tenant's hard limit on "
+              "bytes (B).", samples=[({"tenant": t.tenant}, t.max_bytes) for t in figures
+                                     if t.max_bytes]),
+        gauge("kvstore_tenant_limit_objects", "The shard's part of a tenant's hard limit on "
+              "objects.", samples=[({"tenant": t.tenant}, t.max_objects) for t in figures
+                                   if t.max_objects]),
+    ]
+    helps = {"puts": "New keys of a tenant made visible.",
+             "hits": "A tenant's keys looked up and found.",
+             "misses": "A tenant's keys looked up and not found.",
+             "evictions": "A tenant's objects gone with their last replica's eviction.",
+             "refusals": "A tenant's puts refused NoSpace over a hard limit."}
+    for name, text in helps.items():
+        out.append(counter(f"kvstore_tenant_{name}", text + " (this term)",
+                           samples=[({"tenant": t.tenant}, t.counters.get(name, 0))
+                                    for t in figures]))
     return out
 
 

@@ -87,15 +87,23 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
         shard_map = ShardMap.single(f"{advertised_host(host, advertise_host)}:{bound}")
     index = ObjectIndex(membership, shard_map, shard_id=shard_id, put_timeout_ms=put_timeout_ms,
                         max_objects=max_objects)
+    # Tenants' quotas (the --auth file's tenant lines; kvstore.master.tenant_book): each
+    # term's index starts with the file's, and a reload (SIGHUP) replaces them.
+    tokens = security.tokens if security is not None else None
+    index.tenants.set_quotas(tokens.quotas if tokens is not None else {})
 
     def new_index() -> ObjectIndex:
-        return ObjectIndex(Membership(node_ttl_ms=node_ttl_ms,
-                                      heartbeat_interval_ms=heartbeat_interval_ms,
-                                      forget_ms=node_forget_ms),
-                           shard_map, shard_id=shard_id, put_timeout_ms=put_timeout_ms,
-                           max_objects=max_objects)
+        fresh = ObjectIndex(Membership(node_ttl_ms=node_ttl_ms,
+                                       heartbeat_interval_ms=heartbeat_interval_ms,
+                                       forget_ms=node_forget_ms),
+                            shard_map, shard_id=shard_id, put_timeout_ms=put_timeout_ms,
+                            max_objects=max_objects)
+        fresh.tenants.set_quotas(tokens.quotas if tokens is not None else {})
+        return fresh
     servicer = MasterServicer(index, election=election, new_index=new_index, roster=roster,
                               security=security, clock=clock, event_log=event_log)
+    if tokens is not None:
+        tokens.on_reload.append(lambda table: servicer.index.tenants.set_quotas(table.quotas))
     add_to_server(servicer, server)
     server.servicer = servicer      # for the maintenance loop and tests
     if health is not None:

@@ -59,6 +59,7 @@ METHOD_ROLES: dict[str, frozenset[Role]] = {
     "Lookup": _CLIENT, "Exists": _CLIENT,
     "Remove": _CLIENT, "ReportFailure": _CLIENT, "List": _CLIENT,
     "WatchEvents": frozenset({Role.METRICS}),      # routers, kvctl events (and admin)
+    "TenantStats": _CLIENT | frozenset({Role.METRICS}),   # its own tenants' (admin: all)
 }
 
 
@@ -420,6 +421,12 @@ class MasterServicer(pb_grpc.MasterServicer):
                                                     items_applied=n.items_applied)
                                       for n in warmup.missing())
         return reply
+
+    async def TenantStats(self, request, context):
+        await self._gate(context, client_rpc=False)
+        return pb.TenantStatsResponse(tenants=[
+            wire.tenant_status_pb(t)
+            for t in self.index.tenants.figures(self.index, caller_scope(context, self.security))])
 
     async def WatchEvents(self, request, context):
         """The shard's event log from a sequence, then live (kvstore.master.event_feed):

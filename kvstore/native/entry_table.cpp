@@ -166,6 +166,7 @@ Slot EntryTable::insert(const KeyRef& k, uint64_t size_bytes, uint64_t checksum,
         std::memcpy(r.key, k.packed, 16);
     } else {
         other_keys_.emplace(s, std::string(k.raw));
+        count_tenant(k.raw, size_bytes, +1);
     }
     Part& p = parts_[k.hash & (kParts - 1)];
     if ((p.count + 1) * 10 > p.buckets.size() * 7) grow(p);
@@ -179,11 +180,60 @@ void EntryTable::remove(Slot s) {
     count(s, -1);
     uint64_t h = slot_hash(s);
     bucket_erase(parts_[h & (kParts - 1)], s, h);
-    other_keys_.erase(s);
+    if (!(rec(s).flags & kHexKey)) {
+        auto it = other_keys_.find(s);
+        if (it != other_keys_.end()) {
+            count_tenant(it->second, rec(s).size_bytes, -1);
+            other_keys_.erase(it);
+        }
+    }
     overflow_.erase(s);
     rec(s).flags = 0;
     free_.push_back(s);
     --count_;
+}
+
+std::string_view EntryTable::key_tenant(std::string_view key) {
+    if (key.size() < 3 || key[0] != '@') return {};
+    size_t n = 1;
+    for (; n < key.size() && n <= 65; ++n) {
+        char c = key[n];
+        if (c == '/') break;
+        if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '.' || c == '-'))
+            return {};
+    }
+    if (n == 1 || n > 65 || n >= key.size() || key[n] != '/') return {};
+    return key.substr(1, n - 1);
+}
+
+void EntryTable::count_tenant(std::string_view key, uint64_t size_bytes, int sign) {
+    std::string_view t = key_tenant(key);
+    if (t.empty()) return;
+    if (sign > 0) {
+        Held& h = tenants_[std::string(t)];
+        h.objects += 1;
+        h.bytes += size_bytes;
+        return;
+    }
+    auto it = tenants_.find(std::string(t));
+    if (it == tenants_.end()) return;
+    it->second.objects -= 1;
+    it->second.bytes -= size_bytes;
+    if (it->second.objects == 0) tenants_.erase(it);
+}
+
+std::pair<uint64_t, uint64_t> EntryTable::tenant_usage(std::string_view name) const {
+    auto it = tenants_.find(std::string(name));
+    if (it == tenants_.end()) return {0, 0};
+    return {it->second.objects, it->second.bytes};
+}
+
+std::vector<std::pair<std::string, std::pair<uint64_t, uint64_t>>> EntryTable::tenants() const {
+    std::vector<std::pair<std::string, std::pair<uint64_t, uint64_t>>> out;
+    out.reserve(tenants_.size());
+    for (const auto& [name, h] : tenants_) out.push_back({name, {h.objects, h.bytes}});
+    return out;
 }
 
 void EntryTable::append_key(Slot s, std::string& out) const {
@@ -391,6 +441,7 @@ std::pair<uint64_t, uint64_t> EntryTable::unavailable(const uint8_t* alive,
 
 std::string EntryTable::check() const {
     std::map<std::string, Held> recount;
+    std::unordered_map<std::string, Held> by_tenant;
     size_t n = 0;
     for (size_t s = 0; s < high_; ++s) {
         if (!used(Slot(s))) continue;
@@ -398,10 +449,24 @@ std::string EntryTable::check() const {
         Held& h = recount[holders(Slot(s))];
         h.objects += 1;
         h.bytes += rec(Slot(s)).size_bytes;
+        std::string k = key(Slot(s));
+        std::string_view t = key_tenant(k);
+        if (!t.empty()) {
+            Held& th = by_tenant[std::string(t)];
+            th.objects += 1;
+            th.bytes += rec(Slot(s)).size_bytes;
+        }
         if (find(make_key(key(Slot(s)))) != Slot(s)) return "entry " + key(Slot(s)) + " not found";
     }
     if (n != count_) return "count " + std::to_string(count_) + " != " + std::to_string(n);
     if (recount.size() != held_.size()) return "holder sets differ";
+    if (by_tenant.size() != tenants_.size()) return "tenant sets differ";
+    for (const auto& [t, th] : by_tenant) {
+        auto it = tenants_.find(t);
+        if (it == tenants_.end() || it->second.objects != th.objects ||
+            it->second.bytes != th.bytes)
+            return "counts by tenant differ";
+    }
     for (const auto& [h, held] : recount) {
         auto it = held_.find(h);
         if (it == held_.end() || it->second.objects != held.objects ||

@@ -32,6 +32,11 @@
 // them, kept with every replica change, so "objects with no live replica" is
 // O(sets of holders), not O(entries) (Stat, every few seconds).
 //
+// Tenants: objects and bytes are also counted by tenant for the keys that name one
+// ("@NAME/...", kvstore/tenants.py; never a packed hex key), kept at insert and
+// remove (every path that adds or deletes an entry goes through them), so a
+// tenant's usage is one map lookup; the default tenant's is the rest of the table.
+//
 // Nodes are small integers (uint16, interned by the caller); tiers are the wire
 // enum's values 0-3 (2 bits each). Times are int64 ms of the caller's clock.
 //
@@ -170,6 +175,14 @@ public:
 
     size_t memory_bytes() const;
 
+    // (objects, bytes) of the entries of tenant `name` (keys "@name/..."); (0, 0) for
+    // "default" and unknown names (the default tenant's are the rest of the table).
+    std::pair<uint64_t, uint64_t> tenant_usage(std::string_view name) const;
+    // Every named tenant with entries: name -> (objects, bytes).
+    std::vector<std::pair<std::string, std::pair<uint64_t, uint64_t>>> tenants() const;
+    // The tenant a key names ("@NAME/..." with NAME 1-64 of A-Z a-z 0-9 _ . -), or "".
+    static std::string_view key_tenant(std::string_view key);
+
     static constexpr uint8_t kUsed = 1, kHexKey = 2, kOverflow = 4;
 
 private:
@@ -213,6 +226,8 @@ private:
     std::unordered_map<Slot, std::string> other_keys_;
     std::unordered_map<Slot, Overflow> overflow_;
     std::map<std::string, Held> held_;   // sorted holders (uint16 each) -> counts
+    std::unordered_map<std::string, Held> tenants_;   // named tenant -> counts (no zeros)
+    void count_tenant(std::string_view key, uint64_t size_bytes, int sign);
 };
 
 }  // namespace kvstore_native

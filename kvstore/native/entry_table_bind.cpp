@@ -258,6 +258,18 @@ last_access_ms, ((node, tier), ...) live only), counting the access at `now_ms`.
             auto [objects, bytes] = t.unavailable(a.data, a.size);
             return py::make_tuple(objects, bytes);
         }, "(objects, bytes) no live node holds: O(sets of holders).")
+        .def("tenant_usage", [](const EntryTable& t, py::handle name) {
+            auto [objects, bytes] = t.tenant_usage(text(name));
+            return py::make_tuple(objects, bytes);
+        }, "(objects, bytes) of tenant `name`'s entries (keys \"@name/...\"); (0, 0) for "
+           "\"default\" (the rest of the table) and unknown names: O(1).")
+        .def("tenants", [](const EntryTable& t) {
+            py::dict out;
+            for (const auto& [name, ob] : t.tenants())
+                out[py::str(name)] = py::make_tuple(ob.first, ob.second);
+            return out;
+        }, "Every named tenant with entries: {name: (objects, bytes)} (the default tenant's "
+           "are the rest of the table).")
         .def("check", [](const EntryTable& t) {
             std::string err = t.check();
             if (!err.empty()) throw std::logic_error("entry table: " + err);

@@ -18,6 +18,10 @@
                                           (a value's bytes stopped coming), read (the reader
                                           took no byte of its replies in time)
     kvstore_node_events_total{event}      every counter of kvstore.store.stats
+    kvstore_node_tenant_bytes{tenant}, kvstore_node_tenant_share_bytes{tenant}
+                                          while some tenant has a guaranteed share: each
+                                          tenant's bytes in service and its share (B;
+                                          kvstore.store.tenant_shares)
 
 Tier figures are counted at scrape time under the node's lock, the same way
 ``kvctl stats`` counts them, so the two agree.
@@ -38,7 +42,13 @@ def snapshot(node: StoreNode, server: DataServer) -> list:
     tiers = [(t.kind.name, t) for t in st.tiers]
     evicted = [({"tier": lv.tier.kind.name}, lv.evictions) for lv in node.levels]
     traffic = server.traffic
+    held = node.tenants.snapshot()
     return [
+        gauge("kvstore_node_tenant_bytes", "A tenant's bytes in service on the node, while "
+              "some tenant has a guaranteed share (B).",
+              samples=[({"tenant": t}, b) for t, (b, _) in held.items()]),
+        gauge("kvstore_node_tenant_share_bytes", "A tenant's guaranteed share of the node (B).",
+              samples=[({"tenant": t}, s) for t, (_, s) in held.items() if s]),
         gauge("kvstore_tier_capacity_bytes", "Tier capacity (B).",
               samples=[({"tier": k}, t.capacity_bytes) for k, t in tiers]),
         gauge("kvstore_tier_used_bytes", "Tier bytes in use (B).",

@@ -135,6 +135,7 @@ class StoreNode(NodeStatsView):
         self.tier: Tier = chain[0]
         self.counters: dict[NodeCounter, int] = self._table.counters
         self.events: EventLog = self._table.events
+        self.tenants = self._table.tenants    # tenants' shares: eviction order (tenant_shares.py)
         self.events.set_on_applied(lambda event: self.confirm(event.key, event.object_id))
         self._counted: NodeStats | None = None      # the last full count (full_stats) ...
         self._recount = Recount()                    # ... and when to count again

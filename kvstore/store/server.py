@@ -275,6 +275,12 @@ def run_node(cfg: NodeConfig) -> None:
                             send_timeout_s=cfg.send_timeout_s or cfg.write_timeout_s,
                             max_connections=cfg.max_connections, lease=lease).start()
         if tokens is not None:
+            # Tenants' shares (eviction order): the file's now, a reload's later (off the
+            # signal handler: it takes the node's lock).
+            node.tenants.configure(tokens.quotas)
+            tokens.on_reload.append(lambda table: threading.Thread(
+                target=node.tenants.configure, args=(table.quotas,), daemon=True,
+                name="tenant-quotas").start())
             signal.signal(signal.SIGHUP, lambda *_: tokens.reload())
         host = advertised_host(cfg.host, cfg.advertise_host, toward=cfg.masters[0])
         maddress = ""

@@ -18,6 +18,7 @@ The table is the state the node's parts share: its operations
     prefetch_queue   key -> object the mover is to promote to DRAM, FIFO
     levels           the tier chain, fastest first          (levels.py)
     counters         NodeCounter -> count since start        (stats.py)
+    tenants          bytes in service per tenant, and their guaranteed shares (tenant_shares.py)
     events           every change to what the node holds, for the master (events.py)
     lock, cond       one lock over all of it; writers and promotions waiting for room wait on cond
 
@@ -48,6 +49,7 @@ from kvstore.store.events import EventLog, Ticket
 from kvstore.store.levels import TierLevel
 from kvstore.store.objects import ObjectState, StoredObject
 from kvstore.store.stats import NodeCounter
+from kvstore.store.tenant_shares import TenantShares
 from kvstore.types import EventKind, NodeEvent, TierKind
 
 
@@ -73,6 +75,7 @@ class ObjectTable:
         self.prefetch_queue: dict[str, StoredObject] = {}  # to promote to DRAM, FIFO
         self.counters: dict[NodeCounter, int] = dict.fromkeys(NodeCounter, 0)
         self.events = EventLog()
+        self.tenants = TenantShares(self)     # counts only while some tenant has a share
 
     def enter(self, obj: StoredObject) -> None:
         """Put ``obj`` in service under its key (the caller retired any other version).
@@ -82,6 +85,8 @@ class ObjectTable:
         object, nothing since) is delivered after the inventory.
         """
         self.objects[obj.key] = obj
+        if self.tenants.active:
+            self.tenants.add(obj.key, obj.size_bytes)
         if obj.parent is not None:
             # The parent's own key string, when it is here: one string per key, not
             # two (a chained block's parent key costs 81 bytes otherwise).
@@ -105,6 +110,8 @@ class ObjectTable:
 
     def _leave(self, obj: StoredObject) -> None:
         del self.objects[obj.key]
+        if self.tenants.active:
+            self.tenants.sub(obj.key, obj.size_bytes)
         self.slots[obj.slot] = None
         self._free_slots.append(obj.slot)
         obj.slot = -1

@@ -365,27 +365,33 @@ class Tiering:
 
     # ================================================================ internals (lock held)
     def _victims(self, level: int, now: float) -> Generator[StoredObject, None, None]:
-        """Candidate objects at ``level`` in eviction order: unpinned first, then soft-pinned.
+        """Candidate objects at ``level`` in eviction order: unpinned first, then soft-pinned;
+        while tenants have guaranteed shares, all of that for the objects of tenants above
+        their share first (:mod:`kvstore.store.tenant_shares`).
 
         Lazy: the caller drops each yielded copy (or plans its move) before
         asking for the next, as the policy's contract wants.
         """
         slots = self._table.slots
         policy = self._levels[level].policy
+        shares = self._table.tenants
 
-        def can_evict(slot: int, soft_ok: bool) -> bool:
+        def can_evict(slot: int, soft_ok: bool, over_only: bool) -> bool:
             obj = slots[slot]
-            return obj is not None and obj.can_give_up(level, soft_ok, now)
+            return (obj is not None and obj.can_give_up(level, soft_ok, now)
+                    and (not over_only or shares.above(obj.key)))
 
-        for soft_ok in (False, True):
-            gen = policy.victims(None, can_evict=lambda k, s=soft_ok: can_evict(k, s))
-            try:
-                for slot in gen:
-                    yield slots[slot]
-            finally:
-                close = getattr(gen, "close", None)   # a policy may return a plain iterator
-                if close is not None:
-                    close()
+        for over_only in ((True, False) if shares.active else (False,)):
+            for soft_ok in (False, True):
+                gen = policy.victims(None, can_evict=lambda k, s=soft_ok, o=over_only:
+                                     can_evict(k, s, o))
+                try:
+                    for slot in gen:
+                        yield slots[slot]
+                finally:
+                    close = getattr(gen, "close", None)   # a policy may return a plain iterator
+                    if close is not None:
+                        close()
 
     @staticmethod
     def _has_other_copy(obj: StoredObject, level: int) -> bool:

@@ -82,6 +82,11 @@ class _Tokens:
     def role_of(self, token):
         return self.table.get(token)
 
+    def credentials_of(self, token):
+        from kvstore.tenants import ALL
+        role = self.table.get(token)
+        return (role, ALL) if role is not None else None
+
 
 def _get(url: str, token: str | None = None, context=None) -> tuple[int, bytes]:
     req = urllib.request.Request(url)

@@ -8,6 +8,10 @@ them (a grant, then one STORED event per key through ``node_event``); then
 call kind, µs per key (wall time of the whole pass over the keys, divided by
 the keys) and the process's RSS growth per key. Keys are 32 hex characters
 (xxh3-128 of the key's number), like a scale run's.
+
+``--tenant NAME`` makes them tenant NAME's keys (``@NAME/<hex>``: counted by tenant,
+docs/tenants.md); ``--quota`` gives the keys' tenant a hard limit no put reaches, so
+every STORED also runs the limit check.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import xxhash
 from kvstore.master.index import ObjectIndex
 from kvstore.master.membership import Membership, NodeRegistration
 from kvstore.shardmap import ShardMap
+from kvstore.tenants import Quota
 from kvstore.types import EventKind, NodeAddress, NodeEvent, TierKind
 
 
@@ -36,13 +41,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keys", type=int, default=1_000_000)
     ap.add_argument("--batch", type=int, default=100)
+    ap.add_argument("--tenant", default="", help="keys of this tenant (@NAME/...)")
+    ap.add_argument("--quota", action="store_true", help="a hard limit on the keys' tenant")
     args = ap.parse_args()
     n, batch = args.keys, args.batch
     membership = Membership(node_ttl_ms=3_600_000)
     membership.register(NodeRegistration(NodeAddress("n0", "127.0.0.1", 1000), 1 << 40,
                                          1 << 40), 0)
     index = ObjectIndex(membership, ShardMap.single("127.0.0.1:1"))
-    keys = [xxhash.xxh3_128_hexdigest(i.to_bytes(8, "little")) for i in range(n)]
+    head = f"@{args.tenant}/" if args.tenant else ""
+    keys = [head + xxhash.xxh3_128_hexdigest(i.to_bytes(8, "little")) for i in range(n)]
+    if args.quota:
+        index.tenants.set_quotas({args.tenant or "default": Quota(max_bytes=1 << 62)})
     gc.collect()
     rss0 = _rss_bytes()
     grant, _ = index.grant(1, 65_536, 1)

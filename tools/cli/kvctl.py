@@ -36,7 +36,7 @@ from kvstore.errors import KVStoreError, NotFound
 from kvstore.keys import key_slot, validate_key
 from kvstore.sizes import format_size
 from kvstore.tools.cli import top as top_view
-from kvstore.types import NodeStatus, ObjectMeta, TierKind, TierStats
+from kvstore.types import NodeStatus, ObjectMeta, TenantStatus, TierKind, TierStats
 
 EXIT_ERROR = 1
 EXIT_NOT_FOUND = 2
@@ -425,6 +425,40 @@ def stats(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         node_counters.add_row(name, str(sum(n.counters.get(name, 0) for n in live)))
     if node_counters.row_count:
         console.print(node_counters)
+
+
+def tenant_json(t: TenantStatus) -> dict:
+    return {"tenant": t.tenant, "objects": t.objects, "bytes": t.bytes,
+            "max_objects": t.max_objects, "max_bytes": t.max_bytes,
+            "counters": dict(sorted(t.counters.items()))}
+
+
+@app.command()
+def tenants(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Each tenant's objects, bytes, hard limits and counters (puts, lookup hits and
+    misses, evictions, puts refused over a limit), over every shard.
+
+    An admin token sees every tenant; a client or metrics token its own tenants only
+    (docs/tenants.md).
+    """
+    with _client(ctx) as kv:
+        rows = [tenant_json(t) for t in kv.tenant_stats()]
+    if as_json:
+        _emit_json({"tenants": rows})
+        return
+    table = _table(title="tenants")
+    cols = ("tenant", "objects", "bytes", "max objects", "max bytes", "puts", "hits", "misses",
+            "evictions", "refusals")
+    for col in cols:
+        table.add_column(col, justify="left" if col == "tenant" else "right")
+    for r in rows:
+        c = r["counters"]
+        table.add_row(escape(r["tenant"]), str(r["objects"]), format_size(r["bytes"]),
+                      str(r["max_objects"] or "-"),
+                      format_size(r["max_bytes"]) if r["max_bytes"] else "-",
+                      *(str(c.get(k, 0)) for k in ("puts", "hits", "misses", "evictions",
+                                                   "refusals")))
+    _console().print(table)
 
 
 @app.command()

@@ -1,0 +1,166 @@
+"""Issue 35's quotas on real processes with ``--auth`` and two tenants, alpha and beta:
+beta's puts past its 100 MiB hard limit are NoSpace naming beta and its figures (alpha
+goes on), ``kvctl tenants`` shows each tenant's figures (a tenant's token its own only),
+a quota changed by SIGHUP is in force without a restart, and alpha's objects, within
+alpha's guaranteed share of a node, are not evicted by beta's pressure."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import urllib.request
+
+import pytest
+from typer.testing import CliRunner
+
+from kvstore.client.client import KVClient
+from kvstore.errors import NoSpace
+from kvstore.tools.cli.kvctl import app as kvctl_app
+from kvtest import start_store_cluster, wait_for
+
+pytestmark = pytest.mark.slow
+
+MiB = 1 << 20
+TOKENS = {"admin": f"admin-{secrets.token_hex(16)}", "node": f"node-{secrets.token_hex(16)}",
+          "alpha": f"alpha-{secrets.token_hex(16)}", "beta": f"beta-{secrets.token_hex(16)}"}
+
+
+def auth_text(tenant_lines: str) -> str:
+    return (f"admin {TOKENS['admin']}\nnode {TOKENS['node']}\n"
+            f"client {TOKENS['alpha']} tenants=alpha\nclient {TOKENS['beta']} tenants=beta\n"
+            + tenant_lines)
+
+
+def start(tmp, tenant_lines: str, dram: str, policy: str = "none", node_args=()):
+    auth = tmp / "tokens"
+    auth.write_text(auth_text(tenant_lines))
+    c = start_store_cluster(nodes=1, log_dir=str(tmp), dram=dram, eviction_policy=policy,
+                            master_args=("--auth", str(auth)),
+                            node_args=("--auth", str(auth), *node_args),
+                            env={"KVSTORE_TOKEN": TOKENS["node"]})
+    c.auth_file = auth
+    return c
+
+
+def scrape(address: str, token: str) -> dict[str, float]:
+    """The ``kvstore_*tenant*`` samples of a /metrics page: "name{labels}" -> value."""
+    req = urllib.request.Request(f"http://{address}/metrics",
+                                 headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        text = r.read().decode()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if "tenant" in line and not line.startswith("#")}
+
+
+def kvctl_tenants(master: str, token: str) -> dict[str, dict]:
+    result = CliRunner().invoke(kvctl_app, ["--master", master, "tenants", "--json"],
+                                env={"KVSTORE_TOKEN": token}, prog_name="kvctl")
+    assert result.exit_code == 0, result.output
+    return {t["tenant"]: t for t in json.loads(result.stdout)["tenants"]}
+
+
+def admin_stat(cluster):
+    with KVClient(cluster.master, token=TOKENS["admin"], prefer_shm=False) as admin:
+        return admin.stat()
+
+
+def hup(cluster, text: str) -> None:
+    cluster.auth_file.write_text(text)
+    for child in [*cluster.shards[0], *cluster.nodes.values()]:
+        child.proc.send_signal(signal.SIGHUP)
+
+
+def test_a_hard_limit_refuses_the_tenant_naming_it_and_sighup_changes_it(tmp_path):
+    c = start(tmp_path, "tenant beta bytes=100MiB\n", dram="192MiB")
+    try:
+        value = os.urandom(MiB)
+        with KVClient(c.master, token=TOKENS["beta"], prefer_shm=False) as beta:
+            for i in range(100):
+                assert beta.put(f"@beta/{i}", value)
+            with pytest.raises(NoSpace) as err:
+                beta.put("@beta/100", value)
+            assert "tenant beta: 100.0 MiB of 100.0 MiB used" in err.value.message
+            with KVClient(c.master, token=TOKENS["alpha"], prefer_shm=False) as alpha:
+                assert alpha.put("@alpha/0", value)         # another tenant is not limited
+            figures = kvctl_tenants(c.master, TOKENS["admin"])
+            assert figures["beta"]["objects"] == 100 and figures["beta"]["bytes"] == 100 * MiB
+            assert figures["beta"]["max_bytes"] == 100 * MiB
+            assert figures["beta"]["counters"]["refusals"] >= 1
+            assert figures["beta"]["counters"]["puts"] == 100
+            assert figures["alpha"]["objects"] == 1
+            assert set(kvctl_tenants(c.master, TOKENS["beta"])) == {"beta"}   # its own only
+
+            hup(c, auth_text("tenant beta bytes=101MiB\n"))
+
+            def raised() -> bool:
+                try:
+                    return beta.put("@beta/100", value)
+                except NoSpace:
+                    return False
+            wait_for(raised, timeout_s=10, what="the new quota in force")
+            with pytest.raises(NoSpace, match="tenant beta: 101.0 MiB of 101.0 MiB"):
+                beta.put("@beta/101", value)
+        c.procs.check()
+    finally:
+        c.stop()
+
+
+def test_a_tenant_within_its_share_is_not_evicted_by_anothers_pressure(tmp_path):
+    c = start(tmp_path, "tenant alpha share=40%\ntenant beta bytes=100MiB\n", dram="48MiB",
+              policy="lru", node_args=("--metrics-port", "0"))
+    try:
+        value = os.urandom(MiB)
+        with KVClient(c.master, token=TOKENS["alpha"], prefer_shm=False) as alpha, \
+                KVClient(c.master, token=TOKENS["beta"], prefer_shm=False) as beta:
+            for i in range(16):                      # 16 MiB: within 40 % of 48 MiB
+                assert alpha.put(f"@alpha/{i}", value)
+            for i in range(150):                     # beta fills the node three times over
+                assert beta.put(f"@beta/{i}", value)
+            for i in range(16):
+                assert bytes(alpha.get(f"@alpha/{i}")) == value
+            figures = kvctl_tenants(c.master, TOKENS["admin"])
+            assert figures["beta"]["counters"]["evictions"] > 0
+            assert figures["alpha"]["counters"]["evictions"] == 0
+            assert figures["alpha"]["objects"] == 16
+            (node,) = [n for st in admin_stat(c) for n in st.nodes]
+        node_figures = scrape(node.address.metrics_address, TOKENS["admin"])
+        assert node_figures['kvstore_node_tenant_bytes{tenant="alpha"}'] == 16 * MiB
+        assert node_figures['kvstore_node_tenant_share_bytes{tenant="alpha"}'] == int(0.4 * 48 * MiB)
+        hup(c, auth_text("tenant alpha share=10%\ntenant beta bytes=100MiB\n"))   # no restart
+        wait_for(lambda: scrape(node.address.metrics_address, TOKENS["admin"]).get(
+            'kvstore_node_tenant_share_bytes{tenant="alpha"}') == int(0.1 * 48 * MiB),
+            timeout_s=10, what="the node's new share")
+        c.procs.check()
+    finally:
+        c.stop()
+
+
+def test_tenant_metrics_on_the_master_and_a_scoped_token_reads_its_own(tmp_path):
+    auth = tmp_path / "tokens"
+    metrics_beta = f"metrics-{secrets.token_hex(16)}"
+    auth.write_text(auth_text("tenant beta bytes=1MiB\n") + f"metrics {metrics_beta} tenants=beta\n")
+    c = start_store_cluster(nodes=1, log_dir=str(tmp_path),
+                            master_args=("--auth", str(auth), "--metrics-port", "0"),
+                            node_args=("--auth", str(auth)), env={"KVSTORE_TOKEN": TOKENS["node"]})
+    try:
+        with KVClient(c.master, token=TOKENS["beta"], prefer_shm=False) as beta, \
+                KVClient(c.master, token=TOKENS["alpha"], prefer_shm=False) as alpha:
+            assert beta.put("@beta/0", os.urandom(600 << 10))
+            with pytest.raises(NoSpace):
+                beta.put("@beta/1", os.urandom(600 << 10))
+            assert alpha.put("@alpha/0", b"x" * 100)
+            with KVClient(c.master, token=TOKENS["admin"], prefer_shm=False) as admin:
+                address = admin.stat()[0].metrics_address
+
+        samples = scrape(address, TOKENS["admin"])
+        assert samples['kvstore_tenant_bytes{tenant="beta"}'] == 600 << 10
+        assert samples['kvstore_tenant_refusals_total{tenant="beta"}'] == 1
+        assert samples['kvstore_tenant_objects{tenant="alpha"}'] == 1
+        assert samples['kvstore_tenant_limit_bytes{tenant="beta"}'] == 1 << 20
+        own = " ".join(scrape(address, metrics_beta))
+        assert 'tenant="beta"' in own and 'tenant="alpha"' not in own
+        c.procs.check()
+    finally:
+        c.stop()
