@@ -52,7 +52,9 @@ MAX_TENANTS = 1000
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10 ** 6,
           "mib": 1 << 20, "g": 1 << 30, "gb": 10 ** 9, "gib": 1 << 30, "t": 1 << 40,
           "tb": 10 ** 12, "tib": 1 << 40}
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([A-Za-z]*)\Z")
+_SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\Z")
+_COUNT = re.compile(r"[0-9]+\Z")
+_PERCENT = re.compile(r"([0-9]+(?:\.[0-9]+)?)%\Z")
 
 
 def tenant_of(key: str) -> str:
@@ -160,16 +162,21 @@ def parse_quota(fields: list[str], where: str) -> tuple[str, Quota]:
     try:
         name = check_name(fields[0])
         values: dict[str, int | float] = {}
+        seen: set[str] = set()
         for field in fields[1:]:
             k, sep, v = field.partition("=")
-            if not sep or k in values:
+            if not sep or k in seen:
                 raise ValueError(f"bad or repeated field {field!r}")
+            seen.add(k)
             if k == "bytes":
                 values["max_bytes"] = parse_size(v)
             elif k == "objects":
+                if not _COUNT.match(v):
+                    raise ValueError(f"objects={v!r} is not a count (digits 0-9)")
                 values["max_objects"] = int(v)
             elif k == "share" and v.endswith("%"):
-                frac = float(v[:-1]) / 100
+                m = _PERCENT.match(v)
+                frac = float(m.group(1)) / 100 if m else -1.0
                 if not 0 <= frac <= 1:
                     raise ValueError(f"share {v} is not within 0-100%")
                 values["share_fraction"] = frac

@@ -13,6 +13,7 @@ import json
 import os
 import queue
 import secrets
+import shlex
 import signal
 import subprocess
 import sys
@@ -237,3 +238,16 @@ def test_a_stopping_master_ends_its_watches_at_once(cluster):
     shard1.proc.wait()
     cluster.restart_master(1)
     print(f"watch ended {ended_s:.2f} s after SIGTERM")
+
+
+def test_a_reader_that_goes_away_ends_kvctl_quietly(cluster):
+    """`kvctl events | head -1`: a closed pipe ends the stream with exit 0, no error
+    (it was reported as an unreadable token file)."""
+    with KVClient(cluster.master, token=TOKENS["client"]) as kv:
+        for i in range(3):
+            kv.put(f"pipe/{i}", b"x" * 100)
+    out = subprocess.run(" ".join(shlex.quote(a) for a in kvctl(cluster.master, "metrics",
+                                                                "--from", "oldest", "--idle", "5"))
+                         + " | head -1", shell=True, env=env_of("metrics"), capture_output=True,
+                         text=True, timeout=60)
+    assert len(out.stdout.splitlines()) == 1 and "error" not in out.stderr, out.stderr

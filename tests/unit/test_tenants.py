@@ -66,6 +66,13 @@ def test_auth_file_scopes_and_quotas():
     (f"client {A}\ntenant acme color=red", "unknown field"),
     (f"client {A}\ntenant acme\ntenant acme", "listed twice"),
     (f"client {A}\ntenant acme share=150%", "within 0-100%"),
+    (f"client {A}\ntenant acme bytes=1KiB bytes=2KiB", "repeated field"),
+    (f"client {A}\ntenant acme share=10% share=1GiB", "repeated field"),
+    (f"client {A}\ntenant acme objects=\u0663", "not a count"),
+    (f"client {A}\ntenant acme objects=+5", "not a count"),
+    (f"client {A}\ntenant acme objects=1_000", "not a count"),
+    (f"client {A}\ntenant acme bytes=\u0663MiB", "bad size"),
+    (f"client {A}\ntenant acme share=nan%", "within 0-100%"),
 ])
 def test_bad_tenant_lines_say_why(text, message):
     with pytest.raises(AuthFileError, match=message):

@@ -18,6 +18,7 @@ Needs a ``metrics`` or ``admin`` token on a cluster started with ``--auth``.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import Annotated, Optional
@@ -106,9 +107,13 @@ def events(
         typer.echo("kvctl: error: no master address: pass --master HOST:PORT or set "
                    "KVSTORE_MASTER", err=True)
         raise typer.Exit(EXIT_ERROR)
-    watcher = None
     try:
         creds = ClientCredentials.resolve(token_file=settings.token_file or None)
+    except OSError as err:
+        typer.echo(f"kvctl: error: cannot read the token file: {err}", err=True)
+        raise typer.Exit(EXIT_ERROR) from None
+    watcher = None
+    try:
         watcher = EventWatcher(settings.master, creds=creds, start=cursors,
                                from_seq=every or 0, oldest=oldest,
                                key_prefixes=namespace or (), resume_after_loss=resume_after_loss,
@@ -126,9 +131,9 @@ def events(
     except KVStoreError as err:
         typer.echo(f"kvctl: error: {type(err).__name__}: {err}", err=True)
         raise typer.Exit(EXIT_ERROR) from None
-    except OSError as err:
-        typer.echo(f"kvctl: error: cannot read the token file: {err}", err=True)
-        raise typer.Exit(EXIT_ERROR) from None
+    except BrokenPipeError:
+        # The reader went away (`kvctl events | head -1`): done, as any filter.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except KeyboardInterrupt:
         pass
     finally:
