@@ -14,6 +14,7 @@ import asyncio
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from redis.backoff import NoBackoff  # noqa: E402
 from redis.retry import Retry  # noqa: E402
 
 from kvstore.tools.cluster.processes import ProcessGroup, service_args  # noqa: E402
+from kvtest import wait_for  # noqa: E402
 
 SIZES = (0, 1, 64 * 1024, 4 * 1024 * 1024)
 TOKENS = {role: f"{role}-{secrets.token_hex(16)}" for role in ("admin", "client", "node",
@@ -482,4 +484,29 @@ def test_acl_users_are_tenants_that_cannot_see_each_others_keys(cluster, tmp_pat
         assert "NOPERM" in run(plain, "GET", f"@beta/{prefix}k")
         assert "NOPERM" in run(plain, "GET", f"@beta/{prefix}never")     # the same answer
         assert "NOPERM" in run(plain, "GET", f"{prefix}k")                # the default tenant's
+        # Store-wide figures are an admin's: a tenant's DBSIZE counts its keys, its
+        # INFO hides the others' memory, counters and keyspace.
+        assert run(beta, "DBSIZE") == "1"
+        info = run(beta, "INFO")
+        assert "store_stats:hidden" in info and "db0:keys" not in info
+        assert "master_puts" not in info and "used_memory:" not in info
+        # A token taken out of the file by a reload: an open connection is not
+        # authenticated any more at its next command (as Redis drops a deleted user).
+        held = redis.Redis(port=int(p), username="beta", password=tb,
+                           retry=Retry(NoBackoff(), 0))
+        assert held.get(prefix + "k") == b"from-beta"
+        auth.write_text(f"client {ta} tenants=alpha\n")
+        front.proc.send_signal(signal.SIGHUP)
+
+        def revoked() -> bool:
+            try:
+                held.get(prefix + "k")
+            except redis.AuthenticationError:
+                return True
+            except redis.ResponseError as err:
+                return "NOAUTH" in str(err) or "Authentication" in str(err)
+            return False
+        wait_for(revoked, timeout_s=10)
+        assert run(alpha, "GET", prefix + "k") == "from-alpha"       # alpha's still holds
+        held.close()
         procs.check()

@@ -58,8 +58,10 @@ def _store_facts(front) -> dict:
             "objects": sum(st.num_objects for st in shards)}
 
 
-def info_text(front, sections: list[str]) -> str:
-    """The INFO reply for ``sections`` (empty, "all", "default", "everything": all).
+def info_text(front, sections: list[str], store_wide: bool = True) -> str:
+    """The INFO reply for ``sections`` (empty, "all", "default", "everything": all);
+    without ``store_wide`` (a connection of some tenants only) the sections of
+    store-wide figures say they are hidden.
 
     Raises:
         KVStoreError: the store cannot be asked (Unavailable, PermissionDenied).
@@ -67,7 +69,9 @@ def info_text(front, sections: list[str]) -> str:
     wanted = [s for s in SECTIONS if not sections or s in sections
               or {"all", "default", "everything"} & set(sections)]
     facts: dict | None = {}
-    if _NEEDS_STORE & set(wanted):
+    if not store_wide:
+        facts = None
+    elif _NEEDS_STORE & set(wanted):
         try:
             facts = _store_facts(front)
         except PermissionDenied:
@@ -76,7 +80,9 @@ def info_text(front, sections: list[str]) -> str:
     for name in wanted:
         lines.append(f"# {name.capitalize() if name != 'kvstore' else 'kvstore'}")
         if facts is None and name in _NEEDS_STORE:
-            lines.append("store_stats:unavailable (the front's store token is not an admin "
+            lines.append("store_stats:hidden (store-wide figures are an admin's; this "
+                         "connection acts for some tenants only)" if not store_wide else
+                         "store_stats:unavailable (the front's store token is not an admin "
                          "one; the shards' Stat needs admin)")
         else:
             lines += [f"{k}:{v}" for k, v in _SECTION[name](front, facts).items()]

@@ -187,6 +187,10 @@ class RespFront:
     def stop(self) -> None:
         self._stop.set()
 
+    def recheck(self, session: Session) -> None:
+        """A session's AUTH against the reloaded ``--auth`` file (:func:`verbs.recheck`)."""
+        verbs.recheck(self, session)
+
     def _connection(self, conn: socket.socket, peer) -> None:
         conn.setblocking(True)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

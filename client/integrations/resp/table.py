@@ -84,6 +84,11 @@ class Session:
     role: Role | None                     # None: not authenticated yet (--auth)
     scope: Scope = ALL                    # the token's tenants (kvstore.tenants)
     tenant: str = ""                      # AUTH <tenant> <token>: keys are "@tenant/<key>"
+    # What AUTH was given, and the --auth table it was checked against: a reload
+    # (SIGHUP) checks it again at the next command (verbs.recheck).
+    auth_user: bytes | None = field(default=None, repr=False)
+    auth_token: bytes = field(default=b"", repr=False)
+    auth_table: object = field(default=None, repr=False)
     proto: int = 2                        # RESP version in use (HELLO)
     name: str = ""                        # CLIENT SETNAME
     lib: dict[str, str] = field(default_factory=dict)   # CLIENT SETINFO
@@ -139,6 +144,9 @@ def dispatch(front, session: Session, args: list) -> object:
         return RespError(f"unknown command '{shown}', with args beginning with: "
                          + " ".join(f"'{bytes(a[:32]).decode('utf-8', 'backslashreplace')}'"
                                     for a in args[1:4]))
+    if session.role is not None and front.tokens is not None \
+            and session.auth_table is not front.tokens.table:
+        front.recheck(session)            # the file was reloaded: the token may be gone
     if session.role is None and "noauth" not in cmd.flags:
         return RespError("Authentication required.", "NOAUTH")
     if cmd.flags & _DATA_FLAGS and session.role not in _DATA_ROLES:

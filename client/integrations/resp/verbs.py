@@ -13,14 +13,17 @@ Thread safety: verbs run on their connection's thread; the SDK client is shared.
 from __future__ import annotations
 
 import itertools
+import logging
 import re
 
 from kvstore.auth import Role
 from kvstore.errors import NotFound
-from kvstore.tenants import TENANT_NAME
+from kvstore.tenants import TENANT_NAME, Scope
 from kvstore.client.integrations.resp.info import REDIS_VERSION, config_values, info_text
 from kvstore.client.integrations.resp.protocol import OK, RespError, Status
 from kvstore.client.integrations.resp.table import COMMANDS, command, integer, text
+
+log = logging.getLogger(__name__)
 
 MAX_CURSORS = 16
 MAX_SCAN_COUNT = 10_000
@@ -61,6 +64,7 @@ def _authenticate(front, session, user: bytes | None, password) -> None:
     if front.tokens is None:
         raise RespError("AUTH <password> called without any password configured for the "
                         "default user. Are you sure your configuration is correct?")
+    table = front.tokens.table
     creds = front.tokens.credentials_of(bytes(password).decode("utf-8", "replace"))
     name = bytes(user).decode("utf-8", "replace") if user is not None else None
     wrong = RespError("invalid username-password pair or user is disabled.", "WRONGPASS")
@@ -70,12 +74,30 @@ def _authenticate(front, session, user: bytes | None, password) -> None:
     if name is None or name.lower() in _ROLE_USERS:
         if name is not None and name.lower() not in ("default", role.value):
             raise wrong
-        session.role, session.scope, session.tenant = role, scope, ""
-        return
-    if not TENANT_NAME.match(name) or role not in (Role.CLIENT, Role.ADMIN) \
+        tenant = ""
+    elif not TENANT_NAME.match(name) or role not in (Role.CLIENT, Role.ADMIN) \
             or not scope.allows_tenant(name):
         raise wrong
-    session.role, session.scope, session.tenant = role, scope, name
+    else:
+        tenant = name
+    session.role, session.scope, session.tenant = role, scope, tenant
+    session.auth_user = None if user is None else bytes(user)
+    session.auth_token, session.auth_table = bytes(password), table
+
+
+def recheck(front, session) -> None:
+    """The session's AUTH checked again against the reloaded ``--auth`` file: the
+    same identity when it still holds, else the connection is not authenticated any
+    more (its next command gets NOAUTH, as Redis drops a deleted ACL user's clients),
+    and the SCAN cursors it opened are closed."""
+    try:
+        _authenticate(front, session, session.auth_user, session.auth_token)
+    except RespError:
+        session.role, session.scope, session.tenant = None, Scope(frozenset()), ""
+        session.auth_user, session.auth_token, session.auth_table = None, b"", None
+        session.cursors.clear()
+        log.info("resp: connection %s: its token is no longer valid after a reload",
+                 session.client_id)
 
 
 @command("AUTH", -2, "noauth fast", summary="AUTH token | AUTH role token | AUTH tenant token "
@@ -184,7 +206,14 @@ def command_(front, session, args):
 @command("INFO", -1, "", summary="server, clients, memory, stats, keyspace, kvstore sections",
          group="server")
 def info(front, session, args):
-    return info_text(front, [text(a).lower() for a in args[1:]])
+    return info_text(front, [text(a).lower() for a in args[1:]], store_wide=_sees_store(session))
+
+
+def _sees_store(session) -> bool:
+    """Whether a connection may see store-wide figures (every tenant's objects, memory,
+    counters): only one whose token sees every tenant (admin, or no --auth); a
+    tenant's would learn the others' activity from them."""
+    return session.scope.everything and not session.tenant
 
 
 @command("CONFIG", -2, "", summary="CONFIG GET pattern... (read-only)", group="server")
@@ -202,7 +231,13 @@ def config(front, session, args):
          "every shard",
          group="server")
 def dbsize(front, session, args):
-    return sum(st.num_objects for st in front.kv.stat())
+    if _sees_store(session):
+        return sum(st.num_objects for st in front.kv.stat())
+    # A tenant's connection counts its own keys (listed: O(its keys), or O(the
+    # store's) for a token of several tenants or of the default one).
+    head = f"@{session.tenant}/" if session.tenant else ""
+    allows = session.scope.allows
+    return sum(1 for m in front.kv.list(head) if allows(m.key))
 
 
 def glob_prefix(pattern: str) -> str:
