@@ -169,16 +169,9 @@ class StoreNode(NodeStatsView):
             present = self._present_locked(key, object_id, checksum)
             if present is not None:
                 return present, True
-            self._check_count_locked(key)
-            alloc = self._tiering.allocate_locked(0, record)
-            if alloc is None and not self._tiering.could_fit_locked(0, size_bytes):
-                self.counters[NodeCounter.NO_FIT] += 1
-                raise NoSpace(self._tiering.no_space_message_locked(0, size_bytes)
-                              + "; nothing was evicted for it", key=key)
-            if alloc is None:
-                alloc = self._tiering.wait_for_room_locked(0, record, self._tiering.room_wait_s)
-            if alloc is None:
-                raise NoSpace(self._tiering.no_space_message_locked(0, size_bytes), key=key)
+            self.tenants.check_limit(key, size_bytes)   # over its tenant's quota alone: NoSpace
+            self._check_count_locked(record)
+            alloc = self._tiering.room_for_put_locked(record)   # NoSpace: no room for it
             try:
                 # The lock may have been released while waiting: look again.
                 present = self._present_locked(key, object_id, checksum)
@@ -200,11 +193,12 @@ class StoreNode(NodeStatsView):
                 self._table.enter(obj)
             return obj, False
 
-    def _check_count_locked(self, key: str) -> None:
-        """Make room for one more object under ``max_objects`` (evicting one where a
-        policy evicts); raises NoSpace when none may go."""
+    def _check_count_locked(self, record: ObjectRecord) -> None:
+        """Make room for one more object under ``max_objects`` (evicting one that may go
+        for this put, where a policy evicts); raises NoSpace when none may go."""
+        key = record.key
         held = len(self._table.objects) + len(self._table.staged)
-        if held < self.max_objects or self._tiering.evict_one_locked():
+        if held < self.max_objects or self._tiering.evict_one_locked(record):
             return
         self.counters[NodeCounter.OVER_OBJECT_LIMIT] += 1
         raise NoSpace(f"this node holds {held} objects, its limit (--max-objects "

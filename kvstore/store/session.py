@@ -145,8 +145,7 @@ class Session:
         self.bytes_out = 0               # ... read from it (GET, SHM_ACQUIRE, SHM_TOUCH)
         self.ack_timeout_s = ack_timeout_s
         self.tokens = tokens
-        # The caller's role once it proved a token; every role may use the data
-        # ops (clients read and write, nodes copy repairs, admins everything).
+        # The caller's role once it proved a token (the ops it may use: tenancy.py).
         self.role: Role | None = Role.ADMIN if tokens is None else None
         self.tenancy = ConnectionScope(tokens)    # its tenants (kvstore.store.tenancy)
         self._allows, self._check_read = self.tenancy.allows, self.tenancy.check_read
@@ -546,6 +545,7 @@ class Session:
         self._reply(object_id=object_id)
 
     def _stats(self, _key: str, _object_id: int, _size: int, _checksum: int) -> None:
+        self.tenancy.check_stats()          # store-wide figures: admin and node tokens only
         payload = json.dumps(self.node.stats().to_dict()).encode()
         self._reply(size=len(payload), payload=memoryview(payload))
 
@@ -569,8 +569,7 @@ class Session:
         if found is None:
             self.closing = True
             raise Unauthenticated("unknown credentials")
-        self.role = found[0]
-        self.tenancy.proved(found[1], found[2])
+        self.role = self.tenancy.proved(*found)
         self._reply()
 
     def _rdma_connect(self, _key: str, _object_id: int, size: int, _checksum: int) -> None:
@@ -578,6 +577,7 @@ class Session:
             self.closing = True     # not a frame of ours: its payload cannot be skipped safely
             raise InvalidArgument(f"RDMA_CONNECT of {size} B")
         request = bytes(self.reader.read(size))
+        self.tenancy.check_role()           # remote access to the segment: object roles only
         if self.rdma is None:
             raise Unavailable("this node serves no RDMA (start it with --rdma-device)")
         peer, reply = self.rdma.accept(request)

@@ -7,12 +7,20 @@ whether the key exists or not: nothing is confirmed); DROP and SHM_TOUCH of
 it answer OK and do nothing, as for a key not held. The shared-memory
 segment itself is not split by tenant (see docs/tenants.md).
 
-The data port's handshake proves a token; the token's scope in the node's
-``--auth`` file decides which keys the connection's frames may name. A
-SIGHUP reload of the file replaces its table: a connection notices at its
+The data port's handshake proves a token; the token's role decides which
+ops the connection may use, its scope in the node's ``--auth`` file which
+keys its frames may name:
+
+    client, admin, node   the object ops (their keys checked by the scope)
+    metrics               none: every object op is PermissionDenied (a role
+                          check, the same for every key); PING only
+    STATS                 admin and node only (the node's store-wide figures:
+                          ALL scope); every other token PermissionDenied
+
+A SIGHUP reload of the file replaces its table: a connection notices at its
 next op (the table it read from is not the file's any more) and reads its
-token's scope again, by the token's fingerprint (the session never keeps
-the token). A token the new file no longer holds may touch no key.
+token's role and scope again, by the token's fingerprint (the session never
+keeps the token). A token the new file no longer holds may touch no key.
 
 Thread safety: one :class:`ConnectionScope` per connection thread; the
 fingerprint table shared by every connection is built under a lock.
@@ -22,55 +30,91 @@ from __future__ import annotations
 
 import threading
 
-from kvstore.auth import AuthTable, TokenFile, fingerprint
+from kvstore.auth import AuthTable, Role, TokenFile, fingerprint
 from kvstore.errors import NotFound, PermissionDenied
 from kvstore.tenants import ALL, Scope, tenant_of
 
 #: The scope of a connection not authenticated yet, or whose token a reload removed.
 NO_TENANT = Scope(frozenset())
+#: The roles that may read and write objects on the data port.
+DATA_ROLES = frozenset({Role.CLIENT, Role.ADMIN, Role.NODE})
+#: The roles that may read the node's store-wide STATS (an unscoped token's).
+STATS_ROLES = frozenset({Role.ADMIN, Role.NODE})
 _lock = threading.Lock()
-_by_fingerprint: tuple[AuthTable | None, dict[str, Scope]] = (None, {})
+_by_fingerprint: tuple[AuthTable | None, dict[str, tuple[Role, Scope]]] = (None, {})
 
 
-def scope_of_fingerprint(table: AuthTable, fp: str) -> Scope:
-    """The scope ``table`` gives the token of :func:`~kvstore.auth.fingerprint` ``fp``
-    (no tenant when it holds no such token). One table's fingerprints are computed
-    once, for every connection."""
+def credentials_of_fingerprint(table: AuthTable, fp: str) -> tuple[Role | None, Scope]:
+    """The role and scope ``table`` gives the token of :func:`~kvstore.auth.fingerprint`
+    ``fp`` (no role and no tenant when it holds no such token). One table's
+    fingerprints are computed once, for every connection."""
     global _by_fingerprint
     with _lock:
-        known, scopes = _by_fingerprint
+        known, found = _by_fingerprint
         if known is not table:
-            scopes = {fingerprint(t): table.scope_of_token(t) for t in table.roles}
-            _by_fingerprint = (table, scopes)
-    return scopes.get(fp, NO_TENANT)
+            found = {fingerprint(t): (role, table.scope_of_token(t))
+                     for t, role in table.roles.items()}
+            _by_fingerprint = (table, found)
+    return found.get(fp, (None, NO_TENANT))
 
 
 class ConnectionScope:
-    """One connection's tenants: every key without ``--auth`` (``tokens`` None),
-    none until :meth:`proved`, then its token's, following reloads."""
+    """One connection's role and tenants: admin and every key without ``--auth``
+    (``tokens`` None), none until :meth:`proved`, then its token's, following reloads."""
 
-    __slots__ = ("tokens", "scope", "fingerprint", "_table")
+    __slots__ = ("tokens", "role", "scope", "fingerprint", "_table")
 
     def __init__(self, tokens: TokenFile | None):
         self.tokens = tokens
+        self.role: Role | None = Role.ADMIN if tokens is None else None
         self.scope: Scope = ALL if tokens is None else NO_TENANT
         self.fingerprint = ""
         self._table: AuthTable | None = None
 
-    def proved(self, fp: str, scope: Scope) -> None:
-        """The handshake matched the token of fingerprint ``fp``, of ``scope``."""
-        self.fingerprint, self.scope = fp, scope
+    def proved(self, role: Role, fp: str, scope: Scope) -> Role:
+        """The handshake matched the token of fingerprint ``fp``, of ``role`` and
+        ``scope``; returns ``role``."""
+        self.role, self.fingerprint, self.scope = role, fp, scope
         self._table = None               # read again from the file's table at the first op
+        return role
 
-    def allows(self, key: str) -> bool:
-        """Whether the connection may touch ``key`` (always without --auth)."""
-        tokens = self.tokens
-        if tokens is None:
-            return True
-        table = tokens.table
+    def _refresh(self) -> None:
+        table = self.tokens.table
         if table is not self._table:     # the first op, or the file was reloaded
             self._table = table
-            self.scope = scope_of_fingerprint(table, self.fingerprint)
+            role, self.scope = credentials_of_fingerprint(table, self.fingerprint)
+            if role is not None:         # a token removed keeps its role and sees no key
+                self.role = role
+
+    def check_role(self) -> None:
+        """Raises PermissionDenied unless the connection's role may use the object ops
+        (client, admin, node): the same answer for every key."""
+        if self.tokens is not None:
+            self._refresh()
+            if self.role not in DATA_ROLES:
+                raise PermissionDenied(f"a {self.role.value if self.role else 'unknown'} "
+                                       f"token may not read or write objects on a node's "
+                                       f"data port (client, node or admin tokens may)")
+
+    def check_stats(self) -> None:
+        """Raises PermissionDenied unless the connection may read the node's store-wide
+        figures (STATS): an admin or node token, or no ``--auth``."""
+        if self.tokens is not None:
+            self._refresh()
+            if self.role not in STATS_ROLES:
+                raise PermissionDenied("a node's STATS are an admin's or a node's (its "
+                                       "store-wide figures); this token's role or scope "
+                                       "does not see every tenant")
+
+    def allows(self, key: str) -> bool:
+        """Whether the connection may touch ``key`` (always without --auth).
+
+        Raises:
+            PermissionDenied: the connection's role may not use object ops at all.
+        """
+        if self.tokens is None:
+            return True
+        self.check_role()
         return self.scope.allows(key)
 
     def check_read(self, key: str) -> None:

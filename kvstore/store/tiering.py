@@ -166,8 +166,34 @@ class Tiering:
             tier.flush()
 
     # ================================================================ node side (lock held)
-    def allocate_locked(self, level: int, record: ObjectRecord) -> Extent | None:
-        """Allocate at ``level``, giving up victims inline while that needs no copy.
+    def room_for_put_locked(self, record: ObjectRecord) -> Extent:
+        """DRAM for a new object: allocated, giving up what may go for it (room for a
+        put of its tenant, :mod:`kvstore.store.tenant_shares`), waiting (bounded by
+        ``room_wait_s``) for the mover while that may free enough.
+
+        Raises:
+            NoSpace: no room, even after giving up every object that may go for
+                it; the message says what holds the rest (and names the tenant
+                when only its own objects and those of tenants above their share
+                could go).
+        """
+        alloc = self.allocate_locked(0, record, for_put=True)
+        if alloc is None and not self.could_fit_locked(0, record.size_bytes, record):
+            self._table.counters[NodeCounter.NO_FIT] += 1
+            raise NoSpace(self._put_no_space_locked(record) + "; nothing was evicted for it",
+                          key=record.key)
+        if alloc is None:
+            alloc = self.wait_for_room_locked(0, record, self.room_wait_s, for_put=True)
+        if alloc is None:
+            raise NoSpace(self._put_no_space_locked(record), key=record.key)
+        return alloc
+
+    def allocate_locked(self, level: int, record: ObjectRecord,
+                        for_put: bool = False) -> Extent | None:
+        """Allocate at ``level``, giving up victims inline while that needs no copy;
+        ``for_put``: ``record`` is a new object's, the victims those that may go for
+        a put of its tenant (:meth:`TenantShares.victims_for
+        <kvstore.store.tenant_shares.TenantShares.victims_for>`).
 
         The slowest tier (or a node's only tier) evicts until the extent fits.
         A faster tier drops copies that have a duplicate in another tier, in
@@ -181,10 +207,11 @@ class Tiering:
         extent = tier.allocate(record)
         if extent is not None:
             return extent
-        if not self.could_fit_locked(level, record.size_bytes):
+        put = record if for_put else None
+        if not self.could_fit_locked(level, record.size_bytes, put):
             return None        # evicting everything evictable would not do: evict nothing
         bottom = self._is_bottom(level)
-        gen = self._victims(level, time.monotonic())
+        gen = self._victims(level, time.monotonic(), put)
         try:
             for obj in gen:
                 if self._has_other_copy(obj, level):
@@ -200,15 +227,16 @@ class Tiering:
             gen.close()
         return None
 
-    def evict_one_locked(self) -> bool:
+    def evict_one_locked(self, put: ObjectRecord | None = None) -> bool:
         """Evict one object, the first victim of the slowest tier whose policy evicts
-        (the node's object limit: :mod:`kvstore.store.limits`). Returns False when
-        no object may go."""
+        (the node's object limit: :mod:`kvstore.store.limits`), one that may go for
+        ``put`` when given (see :meth:`allocate_locked`). Returns False when no
+        object may go."""
         now = time.monotonic()
         for level in reversed(range(len(self._levels))):
             if not self._levels[level].policy.evicts:
                 continue
-            gen = self._victims(level, now)
+            gen = self._victims(level, now, put)
             try:
                 for obj in gen:
                     self._evict_locked(obj, level)
@@ -222,15 +250,19 @@ class Tiering:
     #: a few victims make room for them, and the count is O(objects).
     FIT_CHECK_FRACTION = 1 / 64
 
-    def could_fit_locked(self, level: int, size_bytes: int) -> bool:
+    def could_fit_locked(self, level: int, size_bytes: int,
+                         put: ObjectRecord | None = None) -> bool:
         """Whether ``size_bytes`` could fit at ``level`` once every copy that may go
-        now is given up (free + evictable >= size). False means: refuse at once,
-        evicting nothing (a 30 MiB put must not empty a 64 MiB tier and then fail).
-        Small objects are assumed to fit (see FIT_CHECK_FRACTION)."""
+        now is given up (free + evictable >= size); with ``put`` (a new object's
+        record), every copy that may go for it (:meth:`allocate_locked`). False
+        means: refuse at once, evicting nothing (a 30 MiB put must not empty a 64 MiB
+        tier and then fail). Small objects are assumed to fit (see FIT_CHECK_FRACTION)."""
         tier = self._levels[level].tier
         if size_bytes <= tier.free_bytes or size_bytes < tier.capacity_bytes * self.FIT_CHECK_FRACTION:
             return True
         now = time.monotonic()
+        if put is not None and self._table.tenants.restricted(put.key, put.size_bytes):
+            return tier.free_bytes + self._table.tenants.room_for(level, put.key, now) >= size_bytes
         room = tier.free_bytes
         for o in self._table.objects.values():
             copy = o.copy(level)
@@ -240,9 +272,11 @@ class Tiering:
                     return True
         return False
 
-    def wait_for_room_locked(self, level: int, record: ObjectRecord,
-                             timeout_s: float) -> Extent | None:
+    def wait_for_room_locked(self, level: int, record: ObjectRecord, timeout_s: float,
+                             for_put: bool = False) -> Extent | None:
         """Wait for the mover to make room at ``level``; releases the lock while waiting.
+        (The mover's rounds give up victims in the background order; what this
+        thread gives up inline is as :meth:`allocate_locked`'s ``for_put``.)
 
         Returns:
             The extent, or None when the mover is not running, found nothing
@@ -258,7 +292,7 @@ class Tiering:
             while True:
                 self.mover.wake()
                 self._table.cond.wait(0.05)
-                extent = self.allocate_locked(level, record)
+                extent = self.allocate_locked(level, record, for_put)
                 if extent is not None:
                     return extent
                 if lv.rounds > start_round + 1 and lv.blocked:
@@ -364,10 +398,18 @@ class Tiering:
                 f"largest {tier.largest_free_bytes()} B) and {why}")
 
     # ================================================================ internals (lock held)
-    def _victims(self, level: int, now: float) -> Generator[StoredObject, None, None]:
+    def _put_no_space_locked(self, record: ObjectRecord) -> str:
+        """:meth:`no_space_message_locked` for a put, naming its tenant when only its
+        own objects and those of tenants above their share may go for it."""
+        return (self._table.tenants.over_share_message(record.key, record.size_bytes)
+                + self.no_space_message_locked(0, record.size_bytes))
+
+    def _victims(self, level: int, now: float,
+                 put: ObjectRecord | None = None) -> Generator[StoredObject, None, None]:
         """Candidate objects at ``level`` in eviction order: unpinned first, then soft-pinned;
         while tenants have guaranteed shares, all of that for the objects of tenants above
-        their share first (:mod:`kvstore.store.tenant_shares`).
+        their share first, then for all; for ``put`` (room for a new object), the
+        passes that may go for its tenant (:mod:`kvstore.store.tenant_shares`).
 
         Lazy: the caller drops each yielded copy (or plans its move) before
         asking for the next, as the policy's contract wants.
@@ -376,15 +418,18 @@ class Tiering:
         policy = self._levels[level].policy
         shares = self._table.tenants
 
-        def can_evict(slot: int, soft_ok: bool, over_only: bool) -> bool:
+        passes = (shares.victims_for() if put is None
+                  else shares.victims_for(put.key, put.size_bytes))
+
+        def can_evict(slot: int, soft_ok: bool, allowed) -> bool:
             obj = slots[slot]
             return (obj is not None and obj.can_give_up(level, soft_ok, now)
-                    and (not over_only or shares.above(obj.key)))
+                    and (allowed is None or allowed(obj.key)))
 
-        for over_only in ((True, False) if shares.active else (False,)):
+        for allowed in passes:
             for soft_ok in (False, True):
-                gen = policy.victims(None, can_evict=lambda k, s=soft_ok, o=over_only:
-                                     can_evict(k, s, o))
+                gen = policy.victims(None, can_evict=lambda k, s=soft_ok, a=allowed:
+                                     can_evict(k, s, a))
                 try:
                     for slot in gen:
                         yield slots[slot]

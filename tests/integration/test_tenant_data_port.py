@@ -4,10 +4,14 @@ connection's token (kvstore.store.session): a raw frame cannot cross tenants.
 One node (no master: writes resolve at once) serves a DataServer with a token
 file binding tenant A's and B's client tokens; B's connection asks for A's
 keys with every op. Reads answer as for a key the node does not hold, writes
-are refused, and a reload of the file applies to open connections.
+are refused, and a reload of the file applies to open connections. A metrics
+token reads and writes no object, and STATS (the node's store-wide figures)
+answers admin and node tokens only.
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -21,12 +25,12 @@ from kvstore.transfer.protocol import Op
 from kvstore.transfer.tcp import NodeConnection
 
 MiB = 1 << 20
-TOK_A, TOK_B, TOK_N = "a" * 32, "b" * 32, "n" * 32
+TOK_A, TOK_B, TOK_N, TOK_M, TOK_X = "a" * 32, "b" * 32, "n" * 32, "m" * 32, "x" * 32
 
 
-def auth_text(b_tenants: str = "beta") -> str:
-    return (f"client {TOK_A} tenants=alpha\nclient {TOK_B} tenants={b_tenants}\n"
-            f"node {TOK_N}\n")
+def auth_text(b_tenants: str = "beta", b_role: str = "client") -> str:
+    return (f"client {TOK_A} tenants=alpha\n{b_role} {TOK_B} tenants={b_tenants}\n"
+            f"node {TOK_N}\nmetrics {TOK_M} tenants=alpha\nadmin {TOK_X}\n")
 
 
 @pytest.fixture
@@ -119,4 +123,62 @@ def test_a_reload_applies_to_open_connections(node):
             put(b, "@beta/x", 5, b"x")
     finally:
         a.close()
+        b.close()
+
+
+def stats(conn: NodeConnection) -> dict:
+    size = conn.call(Op.STATS, "")[1]
+    buf = bytearray(size)
+    conn.recv_value_into(size, memoryview(buf))
+    return json.loads(buf)
+
+
+def test_a_metrics_token_reads_and_writes_no_object(node):
+    a, m = connect(node, TOK_A), connect(node, TOK_M)
+    try:
+        put(a, "@alpha/k", 1, b"A" * 100)
+        denied = set()
+        for key in ("@alpha/k", "@alpha/never"):     # its own tenant's keys, existing or not
+            for op, size in ((Op.GET, 0), (Op.SHM_ACQUIRE, 0), (Op.PIN, 0), (Op.UNPIN, 0),
+                             (Op.PREFETCH, 1000), (Op.SHM_ALLOC, 100), (Op.DROP, 0),
+                             (Op.SHM_TOUCH, 0)):
+                with pytest.raises(PermissionDenied) as err:
+                    m.call(op, key, 1, size)
+                denied.add(err.value.message)
+            with pytest.raises(PermissionDenied) as err:
+                put(m, key, 7, b"M" * 5000)             # its bytes are skipped
+            denied.add(err.value.message)
+        assert len(denied) == 1 and "metrics token" in denied.pop()   # says nothing of keys
+        with pytest.raises(PermissionDenied):
+            stats(m)
+        m.call(Op.PING, "")                            # the connection still works
+        assert get(a, "@alpha/k") == 100               # nothing happened to the object
+    finally:
+        a.close()
+        m.close()
+
+
+def test_stats_answer_admin_and_node_tokens_only(node):
+    a, n, x = connect(node, TOK_A), connect(node, TOK_N), connect(node, TOK_X)
+    try:
+        put(a, "@alpha/k", 1, b"A" * 100)
+        with pytest.raises(PermissionDenied):
+            stats(a)                                   # a scoped client token
+        assert get(a, "@alpha/k") == 100               # ... whose connection goes on
+        assert stats(n)["num_objects"] == 1 == stats(x)["num_objects"]
+    finally:
+        a.close()
+        n.close()
+        x.close()
+
+
+def test_a_reload_that_makes_a_client_token_a_metrics_one_ends_its_object_ops(node):
+    b = connect(node, TOK_B)
+    try:
+        put(b, "@beta/k", 1, b"B" * 10)
+        node.auth_path.write_text(auth_text(b_role="metrics"))
+        assert node.token_file.reload()
+        with pytest.raises(PermissionDenied):
+            get(b, "@beta/k")
+    finally:
         b.close()

@@ -2,7 +2,8 @@
 beta's puts past its 100 MiB hard limit are NoSpace naming beta and its figures (alpha
 goes on), ``kvctl tenants`` shows each tenant's figures (a tenant's token its own only),
 a quota changed by SIGHUP is in force without a restart, and alpha's objects, within
-alpha's guaranteed share of a node, are not evicted by beta's pressure."""
+alpha's guaranteed share of a node, are not evicted by beta's pressure, nor by a put of
+beta's that is refused."""
 
 from __future__ import annotations
 
@@ -132,6 +133,39 @@ def test_a_tenant_within_its_share_is_not_evicted_by_anothers_pressure(tmp_path)
         wait_for(lambda: scrape(node.address.metrics_address, TOKENS["admin"]).get(
             'kvstore_node_tenant_share_bytes{tenant="alpha"}') == int(0.1 * 48 * MiB),
             timeout_s=10, what="the node's new share")
+        c.procs.check()
+    finally:
+        c.stop()
+
+
+def test_a_refused_put_evicts_no_other_tenants_objects(tmp_path):
+    """Issue 35 F1: beta's put over its hard limit (refused by the master only at
+    STORED) or over its share with alpha within alpha's made room first by evicting
+    alpha's objects. Now the node refuses it before evicting anything."""
+    c = start(tmp_path, "tenant alpha share=10%\ntenant beta bytes=1MiB\n", dram="64MiB",
+              policy="lru")
+    try:
+        value = os.urandom(MiB)
+        with KVClient(c.master, token=TOKENS["alpha"], prefer_shm=False) as alpha, \
+                KVClient(c.master, token=TOKENS["beta"], prefer_shm=False) as beta:
+            for i in range(40):                      # 40 MiB: above alpha's 10 %
+                assert alpha.put(f"@alpha/{i}", value)
+            big = os.urandom(50 * MiB)
+            with pytest.raises(NoSpace, match="tenant beta: put of 50.0 MiB refused"):
+                beta.put("@beta/big", big)           # larger than beta's 1 MiB quota
+            hup(c, auth_text("tenant alpha share=75%\n"))   # alpha within; beta no limit
+
+            def refused_for_alphas_share() -> bool:      # (the old limit until reloaded)
+                try:
+                    beta.put("@beta/big", big)
+                except NoSpace as exc:
+                    return "tenant beta: 0 B on this node, its guaranteed share 0 B" in exc.message
+                return False
+            wait_for(refused_for_alphas_share, timeout_s=10, what="the node's new shares")
+            figures = kvctl_tenants(c.master, TOKENS["admin"])
+            assert figures["alpha"]["objects"] == 40
+            assert figures["alpha"]["counters"]["evictions"] == 0
+            assert all(bytes(alpha.get(f"@alpha/{i}")) == value for i in range(40))
         c.procs.check()
     finally:
         c.stop()

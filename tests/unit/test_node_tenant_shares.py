@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvstore.errors import NoSpace
 from kvstore.keys import value_checksum
 from kvstore.store.node import StoreNode
 from kvstore.store.tiers.dram import DramTier
@@ -77,3 +78,82 @@ def test_only_tenants_within_their_share_left_then_they_are_evicted(node):
     for i in range(60):                                           # 480 KiB: alpha only
         write(node, f"@alpha/{i}", b"a" * (8 * KiB), i + 1)
     assert evicted(node)                                          # the node still makes room
+
+
+# ---- room made for a put (issue 35 F1): a tenant within its share keeps its objects
+# unless the put's own tenant is within its share too.
+
+def fill_alpha(node, count=40, size=4 * KiB):
+    keys = [f"@alpha/{i}" for i in range(count)]
+    for i, key in enumerate(keys):
+        write(node, key, b"a" * size, i + 1)
+    assert not evicted(node)
+    return keys
+
+
+def all_held(node, keys) -> bool:
+    for key in keys:
+        node.release(node.acquire(key))       # NotFound when gone; no reference kept
+    return True
+
+
+def put_refused(node, key, size, object_id=999):
+    with pytest.raises(NoSpace) as err:
+        node.begin_write(key, object_id, size, 1, None)
+    return err.value.message
+
+
+def test_a_put_over_its_tenants_share_evicts_nobody_within_theirs(node):
+    node.tenants.configure({"alpha": Quota(share_fraction=0.75)})
+    alpha = fill_alpha(node)                                      # 160 KiB: within 192 KiB
+    message = put_refused(node, "@beta/big", 200 * KiB)           # 96 KiB free: needs alpha's
+    assert message.startswith("tenant beta: ") and "nothing was evicted" in message
+    assert not evicted(node)
+    assert all_held(node, alpha)
+    put_refused(node, "plain-key", 200 * KiB)                     # the default tenant: the same
+    assert not evicted(node)
+    node.check_invariants()
+
+
+def test_a_put_within_its_tenants_share_may_still_evict_as_before(node):
+    node.tenants.configure({"alpha": Quota(share_fraction=0.75), "beta": Quota(share_fraction=0.9)})
+    fill_alpha(node)
+    write(node, "@beta/big", b"b" * (200 * KiB), 999)             # beta within its 90 %
+    assert evicted(node)
+
+
+def test_a_put_over_its_share_takes_tenants_above_theirs_down_to_their_share(node):
+    node.tenants.configure({"alpha": Quota(share_fraction=0.1)})  # 25.6 KiB: alpha is above
+    fill_alpha(node)
+    write(node, "@beta/big", b"b" * (120 * KiB), 999)             # 96 KiB free: alpha's too
+    gone = evicted(node)
+    assert gone and all(k.startswith("@alpha/") for k in gone)
+    held, share = node.tenants.snapshot()["alpha"]
+    assert share - 4 * KiB < held                                 # not below its share
+    node.check_invariants()
+
+
+def test_a_value_over_its_tenants_hard_limit_is_refused_before_any_eviction(node):
+    # The issue's reproduction: alpha above its share, beta's quota far under its put.
+    node.tenants.configure({"alpha": Quota(share_fraction=0.1), "beta": Quota(max_bytes=16 * KiB)})
+    alpha = fill_alpha(node)
+    message = put_refused(node, "@beta/big", 200 * KiB)
+    assert message.startswith("tenant beta: put of 200.0 KiB refused") and "16.0 KiB" in message
+    assert not evicted(node)
+    assert all_held(node, alpha)
+    write(node, "@beta/small", b"b" * (8 * KiB), 1000)            # within the limit: as usual
+
+
+def test_the_object_limit_evicts_nobody_within_their_share_for_a_put_over_its_share():
+    tier = DramTier(CAPACITY)
+    try:
+        node = StoreNode(tier, policy="lru", max_objects=8)
+        node.tenants.configure({"alpha": Quota(share_fraction=0.5)})
+        alpha = fill_alpha(node, count=8)
+        message = put_refused(node, "@beta/0", 4 * KiB)
+        assert "none may be evicted" in message
+        assert not evicted(node) and all_held(node, alpha)
+        write(node, "@alpha/8", b"a" * (4 * KiB), 100)            # alpha within: its own order
+        assert evicted(node) == {"@alpha/0"}
+    finally:
+        tier.close()
