@@ -49,7 +49,7 @@ from kvstore.store.node import StoreNode
 from kvstore.store.objects import StoredObject
 from kvstore.store.stats import NodeCounter
 from kvstore.store.tiers.base import TierIOError
-from kvstore.store.tenancy import ConnectionScope
+from kvstore.store.tenancy import ConnectionScope, own_parent
 from kvstore.transfer import codec
 from kvstore.transfer.protocol import (REQUEST, RESPONSE, FrameReader, Op, StreamEnded,
                                        send_gathered)
@@ -209,7 +209,7 @@ class Session:
                 return
             names = bytes(self.reader.read(key_len + parent_len))
             key = names[:key_len].decode("utf-8", errors="replace")
-            self.parent = names[key_len:].decode("utf-8", errors="replace") or None
+            self.parent = own_parent(key, names[key_len:].decode("utf-8", errors="replace"))
             handler = handlers.get(op)
             if handler is None:
                 # Unknown op: the stream cannot be trusted any more.

@@ -130,3 +130,13 @@ class ConnectionScope:
                 undo()
             raise PermissionDenied(f"this connection's token may not write tenant "
                                    f"{tenant_of(key)!r}'s keys", key=key)
+
+
+def own_parent(key: str, parent: str) -> str | None:
+    """The parent key a PUT names (None for ""), if it is of the key's own tenant: a
+    prefix chain never crosses tenants (a namespace has one), and a parent of another
+    tenant would let a writer reach into that tenant's eviction order. Else None."""
+    if not parent or parent[:1] == "@" or key[:1] == "@":
+        if not parent or tenant_of(parent) != tenant_of(key):
+            return None
+    return parent

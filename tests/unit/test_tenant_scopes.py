@@ -89,3 +89,14 @@ def test_list_shows_only_the_scopes_keys(scope, prefix, want):
 def test_the_scope_of_a_call_is_all_without_auth():
     assert caller_scope(None, None) is ALL
     assert caller_scope(None, ServerSecurity()) is ALL
+
+
+def test_a_put_names_a_parent_of_its_own_tenant_only():
+    from kvstore.store.tenancy import own_parent
+
+    assert own_parent("@alpha/c", "@alpha/p") == "@alpha/p"
+    assert own_parent("c", "p") == "p"
+    assert own_parent("c", "") is None
+    # Another tenant's parent is dropped: a chain never crosses tenants.
+    assert own_parent("@beta/c", "@alpha/p") is None
+    assert own_parent("@beta/c", "p") is None and own_parent("c", "@alpha/p") is None
