@@ -29,6 +29,7 @@ from kvstore.master.event_feed import DEFAULT_CAPACITY
 from kvstore.master.index import ObjectIndex
 from kvstore.master.limits import default_max_objects
 from kvstore.master.membership import Membership
+from kvstore.master.quota_source import QuotaSources
 from kvstore.master.roster import EtcdRoster, FileRoster, Roster
 from kvstore.master.report_port import ReportPort
 from kvstore.master.servicer import METHOD_ROLES, MasterServicer, add_to_server
@@ -90,7 +91,9 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
     # Tenants' quotas (the --auth file's tenant lines; kvstore.master.tenant_book): each
     # term's index starts with the file's, and a reload (SIGHUP) replaces them.
     tokens = security.tokens if security is not None else None
-    index.tenants.set_quotas(tokens.quotas if tokens is not None else {})
+    sources = QuotaSources(tokens.quotas if tokens is not None else {},
+                           lambda quotas: servicer.index.tenants.set_quotas(quotas))
+    index.tenants.set_quotas(sources.effective())
 
     def new_index() -> ObjectIndex:
         fresh = ObjectIndex(Membership(node_ttl_ms=node_ttl_ms,
@@ -98,12 +101,13 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
                                        forget_ms=node_forget_ms),
                             shard_map, shard_id=shard_id, put_timeout_ms=put_timeout_ms,
                             max_objects=max_objects)
-        fresh.tenants.set_quotas(tokens.quotas if tokens is not None else {})
+        fresh.tenants.set_quotas(sources.effective())
         return fresh
     servicer = MasterServicer(index, election=election, new_index=new_index, roster=roster,
                               security=security, clock=clock, event_log=event_log)
     if tokens is not None:
-        tokens.on_reload.append(lambda table: servicer.index.tenants.set_quotas(table.quotas))
+        tokens.on_reload.append(lambda table: sources.file_reloaded(table.quotas))
+    servicer.quota_sources = sources     # etcd's quotas join in serve() (with --etcd)
     add_to_server(servicer, server)
     server.servicer = servicer      # for the maintenance loop and tests
     if health is not None:
@@ -259,6 +263,8 @@ async def serve(cfg: MasterConfig) -> None:
         election.address = address
         election.start()
     task = asyncio.create_task(_maintenance(server.servicer, 0.2, health))
+    quotas = (asyncio.create_task(server.servicer.quota_sources.follow_etcd(
+        election.etcd, cfg.cluster_name)) if election is not None else None)
     watch = asyncio.create_task(server.servicer.loop_watch.run())
     if cfg.security.tokens is not None:
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, cfg.security.tokens.reload)
@@ -276,6 +282,8 @@ async def serve(cfg: MasterConfig) -> None:
     server.report_port.close()
     task.cancel()
     watch.cancel()
+    if quotas is not None:
+        quotas.cancel()
     if election is not None:
         election.stop()
     if mserver is not None:

@@ -11,6 +11,7 @@ import json
 import os
 import secrets
 import signal
+import time
 import urllib.request
 
 import pytest
@@ -196,5 +197,42 @@ def test_tenant_metrics_on_the_master_and_a_scoped_token_reads_its_own(tmp_path)
         own = " ".join(scrape(address, metrics_beta))
         assert 'tenant="beta"' in own and 'tenant="alpha"' not in own
         c.procs.check()
+    finally:
+        c.stop()
+
+
+def test_quotas_from_etcd_are_in_force_without_a_signal_and_go_with_the_key(tmp_path):
+    """With --etcd, /kvstore/CLUSTER/tenants holds tenant lines that every shard
+    reads (kvstore.master.quota_source): set, they limit beta; deleted, the file's
+    quotas (none) are back; a value that does not parse keeps the last good one."""
+    from kvstore.master.election import Etcd
+    from kvstore.master.quota_source import etcd_key
+
+    auth = tmp_path / "tokens"
+    auth.write_text(auth_text(""))
+    c = start_store_cluster(nodes=1, log_dir=str(tmp_path), dram="64MiB", etcd="local",
+                            master_args=("--auth", str(auth)), node_args=("--auth", str(auth)),
+                            env={"KVSTORE_TOKEN": TOKENS["node"]})
+    try:
+        args = c.master_args
+        etcd = Etcd(args[args.index("--etcd") + 1])
+        key = etcd_key(args[args.index("--cluster-name") + 1])
+
+        def beta_limit(kv) -> int:
+            return next((t.max_objects for t in kv.tenant_stats() if t.tenant == "beta"), 0)
+
+        with KVClient(c.master, token=TOKENS["beta"], prefer_shm=False) as beta:
+            etcd.put(key, "# from etcd\ntenant beta objects=3\n")
+            wait_for(lambda: beta_limit(beta) == 3, timeout_s=15)
+            for i in range(3):
+                beta.put(f"@beta/e{i}", b"x" * 1000)
+            with pytest.raises(NoSpace, match="beta"):
+                beta.put("@beta/e3", b"x" * 1000)
+            etcd.put(key, "tenant beta objects=lots\n")       # refused: 3 stays in force
+            time.sleep(2.5)
+            assert beta_limit(beta) == 3
+            etcd.delete(key)
+            wait_for(lambda: beta_limit(beta) == 0, timeout_s=15)
+            beta.put("@beta/e3", b"x" * 1000)
     finally:
         c.stop()
