@@ -8,11 +8,19 @@ start their own small cluster with ``kvtest.start_cluster``.
 
 from __future__ import annotations
 
+import signal
 import uuid
 
 import pytest
 
 from kvtest import RunningCluster, cluster_running
+
+# Tests send SIGINT to the processes they start, as a Ctrl-C. A shell started in the
+# background (`.ci/run &`, nohup) ignores SIGINT, and an ignored signal stays ignored
+# in every process it starts: Python would then never raise KeyboardInterrupt. A
+# handler here is reset to the default in each child (exec), so they see Ctrl-C.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # pytester: tests/unit/test_fast_lane.py runs the fast lane's rule on a made-up suite.
 pytest_plugins = ["pytester"]
