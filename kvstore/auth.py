@@ -94,21 +94,12 @@ def parse_auth(text: str, source: str = "<tokens>") -> AuthTable:
     table: dict[str, Role] = {}
     scopes: dict[str, tn.Scope] = {}
     quotas: dict[str, tn.Quota] = {}
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        parts = line.split()
-        where = f"{source}:{n}"
+    for where, parts in tn.config_lines(text, source):
         if parts[0].lower() == "tenant":
             try:
-                name, quota = tn.parse_quota(parts[1:], where)
+                tn.add_quota(quotas, parts[1:], where)
             except ValueError as exc:
                 raise AuthFileError(str(exc)) from None
-            if name in quotas or len(quotas) >= tn.MAX_TENANTS:
-                raise AuthFileError(f"{where}: tenant {name!r} listed twice, or over "
-                                    f"{tn.MAX_TENANTS} tenant lines")
-            quotas[name] = quota
             continue
         if len(parts) not in (2, 3):
             raise AuthFileError(f"{where}: expected 'ROLE TOKEN' or 'ROLE TOKEN tenants=NAME,...'")

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Iterator
 
 #: The tenant of every key that names none, and of tokens bound to none.
 DEFAULT_TENANT = "default"
@@ -189,6 +190,29 @@ def parse_quota(fields: list[str], where: str) -> tuple[str, Quota]:
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
     return name, Quota(**values)
+
+
+def config_lines(text: str, source: str) -> Iterator[tuple[str, list[str]]]:
+    """The words of each line of an ``--auth`` file or etcd value that says something
+    (``#`` starts a comment), with where it stands (``source:line``)."""
+    for n, raw in enumerate(text.splitlines(), 1):
+        words = raw.split("#", 1)[0].split()
+        if words:
+            yield f"{source}:{n}", words
+
+
+def add_quota(quotas: dict[str, Quota], fields: list[str], where: str) -> None:
+    """Parse a ``tenant`` line's fields (after ``tenant``) into ``quotas``.
+
+    Raises:
+        ValueError: as :func:`parse_quota`, or a tenant already in ``quotas``, or
+            MAX_TENANTS of them already.
+    """
+    name, quota = parse_quota(fields, where)
+    if name in quotas or len(quotas) >= MAX_TENANTS:
+        raise ValueError(f"{where}: tenant {name!r} listed twice, or over "
+                         f"{MAX_TENANTS} tenant lines")
+    quotas[name] = quota
 
 
 def parse_scope(field: str, where: str) -> Scope:

@@ -50,20 +50,11 @@ def parse_tenant_lines(text: str, source: str) -> dict[str, tn.Quota]:
     if len(text.encode()) > MAX_VALUE_BYTES:
         raise ValueError(f"{source}: {len(text.encode())} bytes, at most {MAX_VALUE_BYTES}")
     out: dict[str, tn.Quota] = {}
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        parts = line.split()
-        where = f"{source}:{n}"
+    for where, parts in tn.config_lines(text, source):
         if parts[0].lower() != "tenant":
             raise ValueError(f"{where}: expected 'tenant NAME [bytes=SIZE] [objects=N] "
                              f"[share=SIZE|PCT%]'")
-        name, quota = tn.parse_quota(parts[1:], where)
-        if name in out or len(out) >= tn.MAX_TENANTS:
-            raise ValueError(f"{where}: tenant {name!r} listed twice, or over "
-                             f"{tn.MAX_TENANTS} tenants")
-        out[name] = quota
+        tn.add_quota(out, parts[1:], where)
     return out
 
 
