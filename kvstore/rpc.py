@@ -40,13 +40,10 @@ import grpc
 from kvstore.auth import Role, TokenFile, allows, bearer, client_token  # noqa: F401 (bearer: re-exported)
 from kvstore.binding import split_address
 from kvstore.errors import InvalidArgument, KVStoreError, error_detail, status_code
-from kvstore.tenants import ALL, Scope
+from kvstore.tenants import ALL, NO_TENANT, Scope
 from kvstore.tls import TlsFiles, grpc_channel_credentials, grpc_server_credentials
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-
-#: The scope of a token no longer known: it may touch no key.
-NO_TENANT = Scope(frozenset())
 
 #: Keys in one Lookup, Exists or Remove call, at most. A
 #: larger call is INVALID_ARGUMENT (the limit in the message): one call of a

@@ -121,6 +121,9 @@ class Scope:
 
 #: The scope of admin and node tokens, and of every caller when auth is off.
 ALL = Scope(None)
+#: The scope of a caller that may touch no key: not authenticated yet, or its token
+#: gone from the file after a reload.
+NO_TENANT = Scope(frozenset())
 #: The scope of a client or metrics token bound to no tenant.
 DEFAULT_ONLY = Scope(frozenset({DEFAULT_TENANT}))
 

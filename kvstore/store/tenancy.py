@@ -32,10 +32,8 @@ import threading
 
 from kvstore.auth import AuthTable, Role, TokenFile, fingerprint
 from kvstore.errors import NotFound, PermissionDenied
-from kvstore.tenants import ALL, Scope, tenant_of
+from kvstore.tenants import ALL, NO_TENANT, Scope, tenant_of
 
-#: The scope of a connection not authenticated yet, or whose token a reload removed.
-NO_TENANT = Scope(frozenset())
 #: The roles that may read and write objects on the data port.
 DATA_ROLES = frozenset({Role.CLIENT, Role.ADMIN, Role.NODE})
 #: The roles that may read the node's store-wide STATS (an unscoped token's).

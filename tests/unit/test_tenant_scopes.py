@@ -7,8 +7,8 @@ import pytest
 
 from kvstore.errors import InvalidArgument, NotFound
 from kvstore.master.scopes import hidden_positions, list_scoped, merge_hidden
-from kvstore.rpc import NO_TENANT, ServerSecurity, caller_scope
-from kvstore.tenants import ALL, DEFAULT_ONLY, Scope
+from kvstore.rpc import ServerSecurity, caller_scope
+from kvstore.tenants import ALL, DEFAULT_ONLY, NO_TENANT, Scope
 from test_master_index import T0, index, put  # noqa: F401 (index: the fixture)
 
 A = Scope(frozenset({"a"}))

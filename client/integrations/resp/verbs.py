@@ -18,7 +18,7 @@ import re
 
 from kvstore.auth import Role
 from kvstore.errors import NotFound
-from kvstore.tenants import TENANT_NAME, Scope
+from kvstore.tenants import NO_TENANT, TENANT_NAME
 from kvstore.client.integrations.resp.info import REDIS_VERSION, config_values, info_text
 from kvstore.client.integrations.resp.protocol import OK, RespError, Status
 from kvstore.client.integrations.resp.table import COMMANDS, command, integer, text
@@ -93,7 +93,7 @@ def recheck(front, session) -> None:
     try:
         _authenticate(front, session, session.auth_user, session.auth_token)
     except RespError:
-        session.role, session.scope, session.tenant = None, Scope(frozenset()), ""
+        session.role, session.scope, session.tenant = None, NO_TENANT, ""
         session.auth_user, session.auth_token, session.auth_table = None, b"", None
         session.cursors.clear()
         log.info("resp: connection %s: its token is no longer valid after a reload",
