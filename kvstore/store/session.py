@@ -22,9 +22,8 @@ NO_SPACE instead (the client then reads that object over TCP).
 
 Thread safety: connection threads share only the :class:`StoreNode`, which
 locks itself. Sockets block; ``recv_into``/``sendall`` release the GIL, and
-so do lmdb reads.
-
-Every op's key is checked against the token's tenants (:mod:`kvstore.store.tenancy`).
+so do lmdb reads. Every op's key is checked against the token's tenants
+(:mod:`kvstore.store.tenancy`).
 """
 
 from __future__ import annotations
@@ -62,11 +61,10 @@ _MAX_GATHER_PARTS = 512
 #: A PUT value at least this large is hashed piece by piece as it arrives
 #: (FrameReader.read_into_hashed).
 _HASH_WHILE_RECEIVING_BYTES = 256 * 1024
-# After answering a client that keeps coming back within _EAGER_GAP_S, poll its
-# socket for _POLL_S before blocking: a blocking recv's sleep and wake-up cost
-# tens of microseconds here, as much as a shared-memory get's own work.
+# After answering a client whose last request came within _POLL_S of its answer,
+# poll its socket for _POLL_S before blocking (a blocking recv's sleep and wake-up
+# cost tens of µs here); a slower client, whose request the poll would miss, is not.
 _POLL_S = 200e-6
-_EAGER_GAP_S = 1e-3
 _OP_NAMES = {**{op.value: op.name.lower() for op in Op}, OP_RDMA_CONNECT: "rdma_connect"}
 _CODE_NAMES = {v: k for k, v in pb.Code.items()}
 
@@ -179,9 +177,11 @@ class Session:
                     Op.DROP: self._drop, Op.SHM_TOUCH: self._shm_touch,
                     OP_RDMA_CONNECT: self._rdma_connect}
         while True:
+            answered_at = 0.0
             if (self.out or self.parts) and self.reader.buffered() < REQUEST.size and not (
                     self.acks and self._more_requests()):
                 self._flush()   # no further request at hand: answer before blocking
+                answered_at = time.perf_counter()
                 if self.eager and self.pollers.take():
                     try:
                         self.reader.poll(REQUEST.size, _POLL_S)
@@ -199,9 +199,9 @@ class Session:
             op, self.replica_num, key_len, parent_len, object_id, size, checksum = \
                 REQUEST.unpack(header)
             if blocked_at:
-                # A client that comes back this soon runs a tight loop (a get
-                # per copy): poll for its next request instead of sleeping.
-                self.eager = time.perf_counter() - blocked_at < _EAGER_GAP_S
+                # A client back within _POLL_S of its answer runs a tight loop (a
+                # get per copy): poll for its next request instead of sleeping.
+                self.eager = time.perf_counter() - (answered_at or blocked_at) < _POLL_S
             if key_len + parent_len > _MAX_NAMES_BYTES:
                 # Not a frame of ours: the stream cannot be trusted any more.
                 self._reply_error(InvalidArgument(f"key and parent of {key_len + parent_len} B"))
