@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -35,7 +36,7 @@ import grpc
 from kvstore import rpc, wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.errors import (EventsLost, InvalidArgument, KVStoreError, NotLeader,
+from kvstore.errors import (EventsLost, Internal, InvalidArgument, KVStoreError, NotLeader,
                             PermissionDenied, Unauthenticated, Unavailable, from_rpc_error)
 from kvstore.rpc import ClientCredentials
 from kvstore.shardmap import ShardRange
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 
 #: The names of the wire's StoreEventKind, as a watcher reports them.
 KINDS = {pb.KEY_STORED: "STORED", pb.KEY_EVICTED: "EVICTED", pb.KEY_REMOVED: "REMOVED"}
+_U64_MAX = 2**64 - 1
 #: Errors after which a shard's stream is not opened again.
 _FINAL = (Unauthenticated, PermissionDenied, InvalidArgument)
 
@@ -82,6 +84,22 @@ class Cursor:
     next_seq: int = 0
 
 
+def _check_start(start: dict[int, Cursor], from_seq: int,
+                 key_prefixes: Sequence[str]) -> None:
+    """Refuse, before any call, what the wire cannot carry (see :class:`EventWatcher`)."""
+    for value, what in [(from_seq, "from_seq"), *[
+            (v, f"shard {shard}'s {name}") for shard, c in start.items()
+            for v, name in ((c.epoch, "epoch"), (c.next_seq, "next_seq"))]]:
+        if not 0 <= value <= _U64_MAX:
+            raise InvalidArgument(f"{what} {value} is not in [0, 2**64)")
+    for p in key_prefixes:
+        try:
+            p.encode("utf-8")
+        except (AttributeError, UnicodeEncodeError):
+            raise InvalidArgument(f"key prefix {p!r} is not text (a str of UTF-8 "
+                                  f"characters)") from None
+
+
 class EventWatcher:
     """Follows the event logs of every shard of a cluster.
 
@@ -99,6 +117,8 @@ class EventWatcher:
 
     Raises:
         Unavailable: no master answers for the shard map.
+        InvalidArgument: a sequence or epoch outside [0, 2**64), a prefix that is
+            not text (UTF-8), a shard id in ``start`` that the cluster has not.
     """
 
     def __init__(self, master: str, *, creds: ClientCredentials | None = None,
@@ -106,6 +126,7 @@ class EventWatcher:
                  oldest: bool = False,
                  key_prefixes: Sequence[str] = (), resume_after_loss: bool = False,
                  timeout_s: float = 5.0):
+        _check_start(start or {}, from_seq, key_prefixes)
         self.creds = creds or ClientCredentials.resolve()
         self.key_prefixes = tuple(key_prefixes)
         self.resume_after_loss = resume_after_loss
@@ -116,6 +137,11 @@ class EventWatcher:
         self._channels: dict[str, grpc.Channel] = {}
         self._lock = threading.Lock()
         shard_map = wire.shard_map(self._shard_map(tuple(master.split("|"))))
+        unknown = sorted(set(start or {}) - {r.shard_id for r in shard_map.ranges})
+        if unknown:
+            self._close_channels()
+            raise InvalidArgument(f"no shard {', '.join(map(str, unknown))} in this cluster "
+                                  f"(its shards: {', '.join(str(r.shard_id) for r in shard_map.ranges)})")
         self.cursors: dict[int, Cursor] = {}
         self._opened: set[int] = set()        # shards whose stream sent its header
         self._opened_cv = threading.Condition()
@@ -206,6 +232,9 @@ class EventWatcher:
                     at += 1
                 log.info("event stream of shard %d broke (%s); reopening from seq %d",
                          shard.shard_id, err, cursor.next_seq)
+            except Exception as exc:      # a bug: the reader hears of it, never waits for ever
+                self._put(Internal(f"shard {shard.shard_id}'s event stream failed: {exc!r}"))
+                return
             self._closed.wait(pause)
             pause = min(2.0, pause * 2)
 
@@ -230,27 +259,37 @@ class EventWatcher:
             EventsLost: a shard lost events (without ``resume_after_loss``).
             Unauthenticated, PermissionDenied: the token may not watch.
         """
+        if timeout_s is not None and not timeout_s >= 0:
+            raise InvalidArgument(f"timeout_s must be >= 0 or None, got {timeout_s}")
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while not self._closed.is_set():
+            wait = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
             try:
-                item = self._queue.get(timeout=timeout_s if timeout_s is not None else 0.5)
+                item = self._queue.get(timeout=max(0.0, wait))
             except queue.Empty:
-                if timeout_s is not None:
+                if deadline is not None and time.monotonic() >= deadline:
                     return
                 continue
             if isinstance(item, KVStoreError):
                 raise item
             yield item
+            if timeout_s is not None:
+                deadline = time.monotonic() + timeout_s
 
     def close(self) -> None:
         """End every stream; iteration stops."""
         self._closed.set()
         with self._lock:
             calls, self._calls = list(self._calls.values()), {}
-            channels, self._channels = list(self._channels.values()), {}
         for call in calls:
             call.cancel()
         for t in self._threads:
             t.join(timeout=5)
+        self._close_channels()
+
+    def _close_channels(self) -> None:
+        with self._lock:
+            channels, self._channels = list(self._channels.values()), {}
         for ch in channels:
             ch.close()
 

@@ -34,6 +34,7 @@ assignment), so lookups from any thread see the old or the new table.
 from __future__ import annotations
 
 import enum
+import errno
 import hashlib
 import hmac
 import logging
@@ -279,9 +280,13 @@ def client_token(token: str | None = None, token_file: str | None = None) -> str
 
 
 def _read_token(path: str) -> str | None:
-    with open(path, encoding="utf-8") as f:
-        for raw in f:
-            line = raw.split("#", 1)[0].strip()
-            if line:
-                return line.split()[-1]      # "TOKEN" or "ROLE TOKEN"
+    """The token of a token file (OSError also when it is not UTF-8 text)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            for raw in f:
+                line = raw.split("#", 1)[0].strip()
+                if line:
+                    return line.split()[-1]      # "TOKEN" or "ROLE TOKEN"
+    except UnicodeDecodeError as exc:
+        raise OSError(errno.EILSEQ, f"not UTF-8 text (byte {exc.start})", path) from None
     return None

@@ -140,7 +140,7 @@ class EventFeed:
         if epoch and epoch != self.epoch:
             raise EventsLost(f"the event log is of epoch {self.epoch}, not {epoch} (the shard's "
                              f"master restarted or changed): events may have been missed; "
-                             f"it holds seq {self.first_seq}..{self.next_seq - 1}")
+                             f"it holds {self._held()}")
         if oldest and not from_seq:
             return self.first_seq
         if not from_seq:
@@ -148,10 +148,16 @@ class EventFeed:
         self._check(from_seq)
         return from_seq
 
+    def _held(self) -> str:
+        """The sequences the ring holds, in words."""
+        if self.next_seq <= self.first_seq:
+            return f"no event yet (the next is seq {self.next_seq})"
+        return f"seq {self.first_seq}..{self.next_seq - 1}"
+
     def _check(self, seq: int) -> None:
         if seq < self.first_seq:
             raise EventsLost(f"seq {seq} is no longer in the event log of epoch {self.epoch}: "
-                             f"it holds seq {self.first_seq}..{self.next_seq - 1} (the last "
+                             f"it holds {self._held()} (the last "
                              f"{self.capacity}; kvstore master --event-log)")
         if seq > self.next_seq:
             raise EventsLost(f"seq {seq} is past the end of the event log of epoch {self.epoch} "

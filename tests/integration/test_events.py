@@ -251,3 +251,24 @@ def test_a_reader_that_goes_away_ends_kvctl_quietly(cluster):
                          + " | head -1", shell=True, env=env_of("metrics"), capture_output=True,
                          text=True, timeout=60)
     assert len(out.stdout.splitlines()) == 1 and "error" not in out.stderr, out.stderr
+
+
+def test_what_the_wire_cannot_carry_is_refused_at_once(cluster):
+    """A shard the cluster has not, a sequence or epoch of 2**64, a prefix that is
+    not text: InvalidArgument before any stream (they hung kvctl after a thread's
+    traceback, or were ignored), and kvctl says so in one line."""
+    from kvstore.client.events import Cursor
+    from kvstore.errors import InvalidArgument
+
+    for kwargs, why in ((dict(start={5: Cursor(0, 1)}), "no shard 5"),
+                        (dict(start={0: Cursor(2**64, 1)}), "epoch"),
+                        (dict(from_seq=2**64), "from_seq"),
+                        (dict(key_prefixes=["ns/\udcff"]), "not text")):
+        with pytest.raises(InvalidArgument, match=why):
+            EventWatcher(cluster.master, creds=creds("metrics"), **kwargs)
+    for args, why in ((("--from", "5:1"), "no shard 5"), (("--namespace", "\udcff"), "not text")):
+        out = subprocess.run(kvctl(cluster.master, "metrics", *args, "--idle", "1"),
+                             env=env_of("metrics"), capture_output=True, text=True, timeout=60,
+                             errors="replace")
+        assert out.returncode == 1 and why in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr and len(out.stderr.splitlines()) == 1, out.stderr

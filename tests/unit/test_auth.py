@@ -86,6 +86,13 @@ def test_client_token_sources(tmp_path, monkeypatch):
     assert client_token("explicit-token-000") == "explicit-token-000"
 
 
+def test_a_client_token_file_that_is_not_text_is_an_os_error(tmp_path):
+    path = tmp_path / "bin.tok"
+    path.write_bytes(b"\xe5\x00\xff" * 20)
+    with pytest.raises(OSError, match="not UTF-8"):       # what every command reports
+        client_token(token_file=str(path))
+
+
 def test_credentials_never_print_the_token():
     creds = ClientCredentials(token=ADMIN)
     assert ADMIN not in repr(creds) and ADMIN not in str(creds)

@@ -46,6 +46,11 @@ def test_another_epoch_or_a_seq_past_the_end_is_refused():
         feed.start(from_seq=9)
 
 
+def test_an_empty_log_says_it_holds_nothing_yet():
+    with pytest.raises(EventsLost, match=r"holds no event yet \(the next is seq 1\)"):
+        feed_of(0).start(from_seq=1, epoch=6)
+
+
 def test_a_filter_skips_events_but_the_resume_point_moves_past_them():
     feed = EventFeed(epoch=1, capacity=16)
     for key in ("a/1", "b/1", "a/2", "c/1"):

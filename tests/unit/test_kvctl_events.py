@@ -17,7 +17,8 @@ def test_from_values():
     assert parse_from(["0:5", "1:99:7"]) == ({0: Cursor(0, 5), 1: Cursor(99, 7)}, None, False)
 
 
-@pytest.mark.parametrize("bad", ["x", "1:2:3:4", "0", "0:0", "a:1"])
+@pytest.mark.parametrize("bad", ["x", "1:2:3:4", "0", "0:0", "a:1", str(2**64), "0:-1:1",
+                                 f"0:1:{2**64}", f"0:{2**64}:1"])
 def test_bad_from_values_are_refused(bad):
     with pytest.raises(typer.BadParameter):
         parse_from([bad])

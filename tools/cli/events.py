@@ -35,7 +35,8 @@ def parse_from(values: list[str]) -> tuple[dict, bool, bool]:
     """``--from`` values -> (per-shard cursors, a seq for every shard or None, oldest).
 
     Raises:
-        typer.BadParameter: not now, oldest, SEQ, SHARD:SEQ or SHARD:EPOCH:SEQ.
+        typer.BadParameter: not now, oldest, SEQ, SHARD:SEQ or SHARD:EPOCH:SEQ, or a
+            number past what the wire carries (2**64).
     """
     from kvstore.client.events import Cursor
 
@@ -60,6 +61,9 @@ def parse_from(values: list[str]) -> tuple[dict, bool, bool]:
                                      f"SHARD:EPOCH:SEQ") from None
         if any(c.next_seq < 1 for c in cursors.values()) or (every is not None and every < 1):
             raise typer.BadParameter(f"{v!r}: sequences start at 1")
+        if any(not 0 <= n < 2**64 for c in cursors.values() for n in (c.epoch, c.next_seq)) or (
+                every is not None and every >= 2**64):
+            raise typer.BadParameter(f"{v!r}: epochs and sequences are in [0, 2**64)")
     return cursors, every, oldest
 
 
