@@ -37,7 +37,18 @@ class KVStoreError(Exception):
         self.redirect = redirect
 
     def __str__(self) -> str:
-        return f"{self.message} (key={self.key})" if self.key is not None else self.message
+        if self.key is None:
+            return self.message
+        return f"{self.message} (key={_shown(self.key)})"
+
+
+def _shown(key: str, limit: int = 128) -> str:
+    """A key as a message shows it: on one line (quoted and escaped when not all
+    printable) and at most ``limit`` characters of it."""
+    key = str(key)
+    more = f"... ({len(key)} characters)" if len(key) > limit else ""
+    key = key[:limit]
+    return (key if key.isprintable() else repr(key)) + more
 
 
 class NotFound(KVStoreError):
