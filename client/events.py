@@ -140,8 +140,9 @@ class EventWatcher:
         unknown = sorted(set(start or {}) - {r.shard_id for r in shard_map.ranges})
         if unknown:
             self._close_channels()
+            have = ", ".join(str(r.shard_id) for r in shard_map.ranges)
             raise InvalidArgument(f"no shard {', '.join(map(str, unknown))} in this cluster "
-                                  f"(its shards: {', '.join(str(r.shard_id) for r in shard_map.ranges)})")
+                                  f"(its shards: {have})")
         self.cursors: dict[int, Cursor] = {}
         self._opened: set[int] = set()        # shards whose stream sent its header
         self._opened_cv = threading.Condition()
@@ -258,6 +259,7 @@ class EventWatcher:
         Raises:
             EventsLost: a shard lost events (without ``resume_after_loss``).
             Unauthenticated, PermissionDenied: the token may not watch.
+            InvalidArgument: ``timeout_s`` below 0 (or NaN).
         """
         if timeout_s is not None and not timeout_s >= 0:
             raise InvalidArgument(f"timeout_s must be >= 0 or None, got {timeout_s}")
