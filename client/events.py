@@ -45,7 +45,6 @@ log = logging.getLogger(__name__)
 
 #: The names of the wire's StoreEventKind, as a watcher reports them.
 KINDS = {pb.KEY_STORED: "STORED", pb.KEY_EVICTED: "EVICTED", pb.KEY_REMOVED: "REMOVED"}
-_U64_MAX = 2**64 - 1
 #: Errors after which a shard's stream is not opened again.
 _FINAL = (Unauthenticated, PermissionDenied, InvalidArgument)
 
@@ -84,13 +83,18 @@ class Cursor:
     next_seq: int = 0
 
 
-def _check_start(start: dict[int, Cursor], from_seq: int,
-                 key_prefixes: Sequence[str]) -> None:
-    """Refuse, before any call, what the wire cannot carry (see :class:`EventWatcher`)."""
-    for value, what in [(from_seq, "from_seq"), *[
-            (v, f"shard {shard}'s {name}") for shard, c in start.items()
-            for v, name in ((c.epoch, "epoch"), (c.next_seq, "next_seq"))]]:
-        if not 0 <= value <= _U64_MAX:
+def check_start(start: dict[int, Cursor], from_seq: int, key_prefixes: Sequence[str]) -> None:
+    """Refuse what the wire cannot carry: an epoch or sequence outside [0, 2**64), a
+    key prefix that is not UTF-8 text (what :class:`EventWatcher` checks before any call).
+
+    Raises:
+        InvalidArgument: naming the value.
+    """
+    values = [(from_seq, "from_seq")]
+    for shard, c in start.items():
+        values += [(c.epoch, f"shard {shard}'s epoch"), (c.next_seq, f"shard {shard}'s next_seq")]
+    for value, what in values:
+        if not 0 <= value <= wire.U64_MAX:
             raise InvalidArgument(f"{what} {value} is not in [0, 2**64)")
     for p in key_prefixes:
         try:
@@ -126,7 +130,7 @@ class EventWatcher:
                  oldest: bool = False,
                  key_prefixes: Sequence[str] = (), resume_after_loss: bool = False,
                  timeout_s: float = 5.0):
-        _check_start(start or {}, from_seq, key_prefixes)
+        check_start(start or {}, from_seq, key_prefixes)
         self.creds = creds or ClientCredentials.resolve()
         self.key_prefixes = tuple(key_prefixes)
         self.resume_after_loss = resume_after_loss

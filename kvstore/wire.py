@@ -28,12 +28,13 @@ from kvstore.types import (CopyOrder, CopyResult, DropOrder, EventKind, Inventor
                            WarmupProgress)
 
 _E = TypeVar("_E", bound=enum.IntEnum)
-_U64_MAX = 2**64 - 1
+#: The largest value of a uint64 field.
+U64_MAX = 2**64 - 1
 
 
 def _u64(n: int) -> int:
     """``n`` clamped to a uint64 field's range."""
-    return min(max(n, 0), _U64_MAX)
+    return min(max(n, 0), U64_MAX)
 
 
 def _kind(cls: type[_E], value: int, what: str) -> _E:

@@ -38,7 +38,8 @@ def parse_from(values: list[str]) -> tuple[dict, bool, bool]:
         typer.BadParameter: not now, oldest, SEQ, SHARD:SEQ or SHARD:EPOCH:SEQ, or a
             number past what the wire carries (2**64).
     """
-    from kvstore.client.events import Cursor
+    from kvstore.client.events import Cursor, check_start
+    from kvstore.errors import InvalidArgument
 
     cursors: dict[int, Cursor] = {}
     every: int | None = None
@@ -61,9 +62,10 @@ def parse_from(values: list[str]) -> tuple[dict, bool, bool]:
                                      f"SHARD:EPOCH:SEQ") from None
         if any(c.next_seq < 1 for c in cursors.values()) or (every is not None and every < 1):
             raise typer.BadParameter(f"{v!r}: sequences start at 1")
-        if any(not 0 <= n < 2**64 for c in cursors.values() for n in (c.epoch, c.next_seq)) or (
-                every is not None and every >= 2**64):
-            raise typer.BadParameter(f"{v!r}: epochs and sequences are in [0, 2**64)")
+        try:
+            check_start(cursors, every or 0, ())
+        except InvalidArgument as err:
+            raise typer.BadParameter(f"{v!r}: {err}") from None
     return cursors, every, oldest
 
 
