@@ -1,9 +1,10 @@
 """The master's end of the report link: store nodes' event reports on a plain socket.
 
 The frames, the handshake and why the link exists are in
-:mod:`kvstore.transfer.report_link`. This side is an asyncio server on the
-master's event loop, on the host of its gRPC port and a port chosen at start
-(announced to nodes in RegisterNode answers). Each report is applied by
+:mod:`kvstore.transfer.report_link`. This side is an asyncio server (a
+protocol: one callback per report) on the master's event loop, on the host
+of its gRPC port and a port chosen at start (announced to nodes in
+RegisterNode answers). Each report is applied by
 :meth:`MasterServicer.apply_report`, the code behind ReportEvents and
 StreamEvents, with the same rules: only the shard's leader applies reports
 (a standby answers UNAVAILABLE with the leader's address, as its gRPC
@@ -46,14 +47,82 @@ class _Refused(Exception):
         self.message = message
 
 
-async def _read(reader: asyncio.StreamReader, expect: Frame, limit: int) -> bytes:
-    kind, length = HEADER.unpack(await reader.readexactly(HEADER.size))
-    if kind != expect:
-        raise _Refused(pb.INVALID_ARGUMENT, f"expected a {expect.name} frame, got type {kind}")
-    if length > limit:
-        raise _Refused(pb.INVALID_ARGUMENT, f"a {expect.name} frame of {length} B "
-                                            f"(at most {limit})")
-    return await reader.readexactly(length)
+class _Link(asyncio.Protocol):
+    """One node's connection: frames parsed as they arrive, each report answered at once.
+
+    A protocol rather than a stream reader: a report costs the loop one callback
+    (its bytes) instead of two awaited reads and their futures; the answer is
+    written from that callback. Reading pauses while the node does not take
+    its answers (the transport's write buffer above its high-water mark), so a
+    node that sends reports without reading makes the master hold at most that.
+    """
+
+    def __init__(self, port: "ReportPort"):
+        self.port = port
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.owner: str | None = None      # the proven token's fingerprint ("" without --auth)
+        self.nonce = b""
+        self.timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self.port._links.add(self)
+        if self.port.security.tokens is None:
+            self.owner = ""
+        else:
+            self.nonce = new_nonce()
+            # Not proven within HANDSHAKE_TIMEOUT_S: closed (without an ERROR).
+            self.timer = asyncio.get_running_loop().call_later(HANDSHAKE_TIMEOUT_S,
+                                                               transport.close)
+        transport.write(frame(Frame.HELLO, self.nonce))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.port._links.discard(self)
+        if self.timer is not None:
+            self.timer.cancel()
+
+    def pause_writing(self) -> None:
+        self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        try:
+            start = 0
+            while len(buf) - start >= HEADER.size and not self.transport.is_closing():
+                kind, length = HEADER.unpack_from(buf, start)
+                expect, limit = ((Frame.REPORT, MAX_MESSAGE_BYTES) if self.owner is not None
+                                 else (Frame.PROVE, MAX_PROOF_BYTES))
+                if kind != expect:
+                    raise _Refused(pb.INVALID_ARGUMENT,
+                                   f"expected a {expect.name} frame, got type {kind}")
+                if length > limit:
+                    raise _Refused(pb.INVALID_ARGUMENT, f"a {expect.name} frame of {length} B "
+                                                        f"(at most {limit})")
+                end = start + HEADER.size + length
+                if len(buf) < end:
+                    break
+                body = bytes(buf[start + HEADER.size:end])
+                start = end
+                if self.owner is None:
+                    self.owner = self.port._prove(self.nonce, body)
+                    self.timer.cancel()
+                else:
+                    self.transport.write(self.port._answer(body, self.owner))
+            del buf[:start]
+        except _Refused as refused:
+            self.port.servicer.index.counters[C.LINKS_REFUSED] += 1
+            log.warning("report link from %s refused: %s",
+                        self.transport.get_extra_info("peername"), refused.message)
+            self.transport.write(error_frame(refused.code, refused.message))
+            self.transport.close()
+        except Exception:             # a bug: this link ends, the master goes on
+            log.exception("report link failed")
+            self.transport.close()
 
 
 class ReportPort:
@@ -69,7 +138,7 @@ class ReportPort:
         self.security = security or ServerSecurity()
         self.server: asyncio.base_events.Server | None = None
         self.port = 0
-        self._writers: set[asyncio.StreamWriter] = set()
+        self._links: set[_Link] = set()
 
     async def start(self, host: str, port: int = 0) -> int:
         """Listen on ``host``:``port`` (0: a free port); returns the port.
@@ -78,8 +147,9 @@ class ReportPort:
             OSError: the address cannot be bound.
         """
         ssl_ctx = tlsmod.server_context(self.security.tls) if self.security.tls else None
-        self.server = await asyncio.start_server(self._serve, host.strip("[]"), port,
-                                                 ssl=ssl_ctx, reuse_address=True)
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(lambda: _Link(self), host.strip("[]"), port,
+                                               ssl=ssl_ctx, reuse_address=True)
         self.port = self.server.sockets[0].getsockname()[1]
         return self.port
 
@@ -87,19 +157,16 @@ class ReportPort:
         """Stop listening and end every link (its node reports on gRPC or to another master)."""
         if self.server is not None:
             self.server.close()
-        for writer in list(self._writers):
-            writer.close()
+        for link in list(self._links):
+            link.transport.close()
 
-    async def _handshake(self, reader, writer) -> str:
-        """Authenticate the node; returns its token's fingerprint ("" without --auth)."""
-        tokens = self.security.tokens
-        nonce = new_nonce() if tokens is not None else b""
-        writer.write(frame(Frame.HELLO, nonce))
-        if tokens is None:
-            return ""
-        answer = await asyncio.wait_for(_read(reader, Frame.PROVE, MAX_PROOF_BYTES),
-                                        HANDSHAKE_TIMEOUT_S)
-        found = tokens.match_proof(nonce, answer)
+    def _prove(self, nonce: bytes, answer: bytes) -> str:
+        """The fingerprint of the token whose proof ``answer`` is (a node's or an admin's).
+
+        Raises:
+            _Refused: unknown credentials, or a role that may not report.
+        """
+        found = self.security.tokens.match_proof(nonce, answer)
         if found is None:
             raise _Refused(pb.UNAUTHENTICATED, "unknown credentials")
         role, owner = found
@@ -122,28 +189,3 @@ class ReportPort:
         except KVStoreError as err:
             log.warning("report refused: %s", err.message)
             return error_frame(to_status(err).code, err.message)
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._writers.add(writer)
-        try:
-            owner = await self._handshake(reader, writer)
-            while True:
-                body = await _read(reader, Frame.REPORT, MAX_MESSAGE_BYTES)
-                writer.write(self._answer(body, owner))
-                await writer.drain()
-        except _Refused as refused:
-            self.servicer.index.counters[C.LINKS_REFUSED] += 1
-            log.warning("report link from %s refused: %s",
-                        writer.get_extra_info("peername"), refused.message)
-            writer.write(error_frame(refused.code, refused.message))
-        except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError, OSError,
-                asyncio.CancelledError):
-            pass                      # the node went away (or never proved itself), or we stop
-        except Exception:             # a bug: this link ends, the master goes on
-            log.exception("report link failed")
-        finally:
-            self._writers.discard(writer)
-            try:
-                writer.close()
-            except Exception:
-                pass

@@ -32,8 +32,6 @@ import contextlib
 import json
 import logging
 import socket
-import ssl
-import struct
 import threading
 import time
 from collections.abc import Iterable
@@ -51,7 +49,7 @@ from kvstore.store.tiers.base import TierIOError
 from kvstore.store.tenancy import ConnectionScope, own_parent
 from kvstore.transfer import codec
 from kvstore.transfer.protocol import (REQUEST, RESPONSE, FrameReader, Op, StreamEnded,
-                                       send_gathered)
+                                       kernel_timeout, send_gathered)
 from kvstore.transfer.rdma_wire import MAX_CONNECT_BYTES, OP_RDMA_CONNECT
 
 log = logging.getLogger(__name__)
@@ -104,24 +102,6 @@ class _Ack:
         self.reply = b""
 
 
-def _kernel_timeout(conn: socket.socket, option: str, timeout_s: float) -> bool:
-    """Give a plain (not TLS) blocking socket a timeout of ``timeout_s`` in the kernel:
-    ``SO_RCVTIMEO`` (a read that waits longer fails with EAGAIN) or ``SO_SNDTIMEO``
-    (a send that moves no byte for that long fails with EAGAIN; one that moved
-    some returns what it moved). False where that is not possible. Python's own
-    socket timeout would poll() before every recv and send."""
-    if isinstance(conn, ssl.SSLSocket) or not hasattr(socket, option) \
-            or conn.gettimeout() is not None:
-        return False
-    sec = int(timeout_s)
-    try:
-        conn.setsockopt(socket.SOL_SOCKET, getattr(socket, option),
-                        struct.pack("@ll", sec, int((timeout_s - sec) * 1e6)))
-    except OSError:
-        return False
-    return True
-
-
 class Session:
     """One client connection: its frame loop and what it holds."""
 
@@ -134,10 +114,10 @@ class Session:
         self.write_timeout_s = write_timeout_s
         self.send_timeout_s = send_timeout_s or write_timeout_s
         self._py_timeout_s: float | None = None   # the (TLS) socket's Python timeout now
-        self._kernel_timeout = _kernel_timeout(conn, "SO_RCVTIMEO", write_timeout_s)
+        self._kernel_timeout = kernel_timeout(conn, "SO_RCVTIMEO", write_timeout_s)
         # Sends: a reader that takes no byte of its replies for send_timeout_s is
         # dropped (_flush), so it never pins the objects being sent, or this thread.
-        self._kernel_send_timeout = _kernel_timeout(conn, "SO_SNDTIMEO", self.send_timeout_s)
+        self._kernel_send_timeout = kernel_timeout(conn, "SO_SNDTIMEO", self.send_timeout_s)
         self.tally = tally               # a kvstore.metrics.RequestTally, or None
         self.bytes_in = 0                # value bytes written to the node (PUT, SHM_COMMIT)
         self.bytes_out = 0               # ... read from it (GET, SHM_ACQUIRE, SHM_TOUCH)

@@ -392,3 +392,21 @@ def tune_socket(sock: socket.socket) -> None:
             sock.setsockopt(socket.SOL_SOCKET, opt, 4 * 1024 * 1024)
         except OSError:
             pass
+
+
+def kernel_timeout(conn: socket.socket, option: str, timeout_s: float) -> bool:
+    """Give a plain (not TLS) blocking socket a timeout of ``timeout_s`` in the kernel:
+    ``SO_RCVTIMEO`` (a read that waits longer fails with EAGAIN) or ``SO_SNDTIMEO``
+    (a send that moves no byte for that long fails with EAGAIN; one that moved
+    some returns what it moved). False where that is not possible. Python's own
+    socket timeout would poll() before every recv and send."""
+    if isinstance(conn, ssl.SSLSocket) or not hasattr(socket, option) \
+            or conn.gettimeout() is not None:
+        return False
+    sec = int(timeout_s)
+    try:
+        conn.setsockopt(socket.SOL_SOCKET, getattr(socket, option),
+                        struct.pack("@ll", sec, int((timeout_s - sec) * 1e6)))
+    except OSError:
+        return False
+    return True

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import enum
 import socket
+import ssl
 import struct
 
 from kvstore import tls as tlsmod
@@ -52,11 +53,13 @@ from kvstore._proto import kvstore_pb2 as pb
 from kvstore.auth import proof
 from kvstore.errors import ProtocolError, Unauthenticated, Unavailable, error_for_code
 from kvstore.rpc import MAX_MESSAGE_BYTES, ClientCredentials
+from kvstore.transfer.protocol import kernel_timeout
 
 HEADER = struct.Struct("!BI")
 MAX_PROOF_BYTES = 64
 MAX_NONCE_BYTES = 64
 MAX_ERROR_BYTES = 4096
+_RECV_BYTES = 65536             # what one recv of an answer asks for
 
 
 class Frame(enum.IntEnum):
@@ -83,18 +86,6 @@ class LinkBroken(Unavailable):
     master's refusal of a report is raised as its own class: NotLeader, IdTaken...)"""
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if not k:
-            raise ConnectionError("the master closed the report link")
-        got += k
-    return bytes(buf)
-
-
 class ReportLink:
     """One node's link to one master (opened at the first report, again after a failure).
 
@@ -109,14 +100,49 @@ class ReportLink:
         self.port = port
         self.creds = creds or ClientCredentials()
         self._sock: socket.socket | None = None
+        self._inbox = bytearray()       # received, not read yet
+        self._kernel = False            # the socket's timeouts are the kernel's
+        self._timeout_s: float | None = None
 
     def _read(self, limit: int) -> tuple[int, bytes]:
-        kind, length = HEADER.unpack(_recv_exact(self._sock, HEADER.size))
+        """The next frame: (type, body). An answer usually arrives whole and is taken
+        in one recv; the read-ahead keeps what came beyond the frame."""
+        buf = self._inbox
+        while len(buf) < HEADER.size:
+            self._fill()
+        kind, length = HEADER.unpack_from(buf)
         if length > limit:
             raise ConnectionError(f"a report-link frame of {length} B (at most {limit})")
-        return kind, _recv_exact(self._sock, length)
+        end = HEADER.size + length
+        while len(buf) < end:
+            self._fill()
+        body = bytes(buf[HEADER.size:end])
+        del buf[:end]
+        return kind, body
+
+    def _fill(self) -> None:
+        data = self._sock.recv(_RECV_BYTES)
+        if not data:
+            raise ConnectionError("the master closed the report link")
+        self._inbox += data
+
+    def _timeout(self, timeout_s: float) -> None:
+        """Sends and receives wait at most ``timeout_s``: in the kernel on a plain
+        socket (SO_RCVTIMEO, SO_SNDTIMEO: one syscall a recv), else Python's timeout
+        (a poll before each). The kernel's is set again only when it is shorter than
+        ``timeout_s`` or over 10 % (and 10 ms) longer: a setsockopt per report costs
+        more than the whole recv (each report asks for what is left of its deadline)."""
+        now = self._timeout_s
+        if now is not None and timeout_s <= now <= timeout_s * 1.1 + 0.01:
+            return
+        if not (self._kernel and kernel_timeout(self._sock, "SO_RCVTIMEO", timeout_s)
+                and kernel_timeout(self._sock, "SO_SNDTIMEO", timeout_s)):
+            self._kernel = False
+            self._sock.settimeout(timeout_s)
+        self._timeout_s = timeout_s
 
     def _open(self, timeout_s: float) -> None:
+        self._kernel, self._timeout_s = False, None
         sock = socket.create_connection((self.host, self.port), timeout=min(timeout_s, 1.0))
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -124,6 +150,7 @@ class ReportLink:
                 sock = tlsmod.client_context(self.creds.tls).wrap_socket(
                     sock, server_hostname=self.host)
             self._sock = sock
+            self._inbox.clear()
             kind, nonce = self._read(MAX_NONCE_BYTES)
             if kind != Frame.HELLO:
                 raise ConnectionError(f"the master's first frame is {kind}, not HELLO")
@@ -131,6 +158,9 @@ class ReportLink:
                 if not self.creds.token:
                     raise Unauthenticated("the master's report link needs a token")
                 sock.sendall(frame(Frame.PROVE, proof(self.creds.token, nonce)))
+            if not isinstance(sock, ssl.SSLSocket):
+                sock.settimeout(None)      # blocking: the kernel's timeouts from now on
+                self._kernel, self._timeout_s = True, None
         except BaseException:
             self.close()
             sock.close()
@@ -148,12 +178,12 @@ class ReportLink:
         try:
             if self._sock is None:
                 self._open(timeout_s)
-            self._sock.settimeout(timeout_s)
+            self._timeout(timeout_s)
             self._sock.sendall(frame(Frame.REPORT, request.SerializeToString()))
             kind, body = self._read(MAX_MESSAGE_BYTES)
         except Unauthenticated:
             raise
-        except socket.timeout:
+        except (socket.timeout, BlockingIOError):     # Python's timeout, or the kernel's
             self.close()
             raise LinkBroken(f"no answer on the report link within {timeout_s:.1f} s") from None
         except (OSError, ConnectionError) as exc:
