@@ -11,10 +11,12 @@
 #     every process the fuzz run starts: a report anywhere fails the check.
 #     (It compiles on one core while 2. runs on the other.)
 #  2. libFuzzer: kvstore/native/fuzz/frames_fuzz.cpp (the header parser on
-#     arbitrary streams; XXH3 streamed over any split == one-shot == copy_hashed)
-#     and kvstore/native/fuzz/inventory_fuzz.cpp (a SyncInventory chunk decoded,
-#     re-encoded and applied to an entry table), built with clang
-#     -fsanitize=fuzzer,address,undefined, for $FUZZ_SECONDS together, half each
+#     arbitrary streams; XXH3 streamed over any split == one-shot == copy_hashed),
+#     kvstore/native/fuzz/inventory_fuzz.cpp (a SyncInventory chunk decoded,
+#     re-encoded and applied to an entry table) and
+#     kvstore/native/fuzz/serving_fuzz.cpp (the native GET service on a client's
+#     arbitrary bytes), built with clang -fsanitize=fuzzer,address,undefined,
+#     for $FUZZ_SECONDS together, a third each
 #     (KVSTORE_FUZZ_SECONDS, default 60; 0 builds them only).
 #
 # Exit status: 0 when all pass, 1 otherwise. Needs clang and its runtimes
@@ -67,7 +69,10 @@ fuzz_build() {
     clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
         -Ikvstore/native kvstore/native/fuzz/inventory_fuzz.cpp kvstore/native/inventory_wire.cpp \
         kvstore/native/entry_inventory.cpp kvstore/native/entry_table.cpp \
-        kvstore/native/xxh3.cpp -o "$WORK/inventory_fuzz"
+        kvstore/native/xxh3.cpp -o "$WORK/inventory_fuzz" &&
+    clang++ -std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+        -Ikvstore/native kvstore/native/fuzz/serving_fuzz.cpp kvstore/native/serving.cpp \
+        kvstore/native/frames.cpp -o "$WORK/serving_fuzz"
 }
 if ! fuzz_build 2>"$WORK/fuzz_build.log"; then
     major="$(clang++ -dumpversion | cut -d. -f1)"
@@ -100,7 +105,16 @@ open(f"{sys.argv[1]}/chunk", "wb").write(encode_inventory("n0", "i", 5, 1, True,
 open(f"{sys.argv[1]}/odd", "wb").write(
     encode_inventory("", "", 0, 0, False, [("\u00e9-key", 2**63, 0, 0, 0, False, 0)]))
 EOF
-HALF=$(( (FUZZ_SECONDS + 1) / 2 ))
+# Seeds of the GET service's target: pipelined GETs of served and unknown keys.
+mkdir -p "$WORK/serving_corpus"
+"$PY" - "$WORK/serving_corpus" <<'EOF'
+import struct, sys
+req = struct.Struct("<BBHIQQQ")
+get = lambda key, oid=0: req.pack(2, 0, len(key), 0, oid, 0, 0) + key
+open(f"{sys.argv[1]}/gets", "wb").write(get(b"a") + get(b"bb", 8) + get(b"k" * 512) + get(b"zz"))
+open(f"{sys.argv[1]}/mixed", "wb").write(get(b"a") + req.pack(8, 0, 0, 0, 0, 0, 0) + get(b"a", 6))
+EOF
+HALF=$(( (FUZZ_SECONDS + 2) / 3 ))      # a third each
 run_fuzz() {    # target corpus: a crash or a sanitizer report fails CI
     say "fuzzing $1 for ${HALF} s"
     if ! "$WORK/$1" -max_total_time="$HALF" -max_len=8192 -rss_limit_mb=2048 \
@@ -114,6 +128,7 @@ run_fuzz() {    # target corpus: a crash or a sanitizer report fails CI
 if [ "$FUZZ_SECONDS" -gt 0 ]; then
     run_fuzz frames_fuzz corpus
     run_fuzz inventory_fuzz inv_corpus
+    run_fuzz serving_fuzz serving_corpus
 fi
 
 # ---- 3. the native unit tests and a fuzz run against the sanitizer build ----
@@ -136,7 +151,9 @@ say "native unit tests against the sanitizer build"
     tests/unit/test_native_codec.py tests/unit/test_shm_copy.py \
     tests/unit/test_native_allocator.py tests/unit/test_allocator.py \
     tests/unit/test_native_eviction.py tests/unit/test_entry_table.py \
-    tests/unit/test_master_index.py tests/unit/test_native_inventory.py tests/integration/test_tcp_put_checksum.py ) >&2 || failed=1
+    tests/unit/test_master_index.py tests/unit/test_native_inventory.py \
+    tests/unit/test_native_serving.py tests/integration/test_tcp_put_checksum.py \
+    tests/integration/test_native_gets.py ) >&2 || failed=1
 say "a short kvstore fuzz against the sanitizer build"
 ( cd "$WORK/src" && san_env "$PY" -m kvstore.tools.cli.cli fuzz --inputs 600 --seed 1 --json \
     --log-dir "$WORK/fuzz-logs" >"$WORK/kvfuzz.out" 2>"$WORK/kvfuzz.err" ) \

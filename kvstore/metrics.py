@@ -98,6 +98,22 @@ class RequestTally:
         h[bisect_left(REQUEST_BUCKETS, seconds)] += 1
         h[-1] += seconds
 
+    def observe_many(self, op: str, code: str, buckets: list[int], seconds: float) -> None:
+        """Requests ``op`` that ended with ``code``, already counted per bucket of
+        :data:`REQUEST_BUCKETS` (then +Inf) and summed (``seconds``): the native GET
+        service's."""
+        n = sum(buckets)
+        if not n:
+            return
+        key = (op, code)
+        self.counts[key] = self.counts.get(key, 0) + n
+        h = self.hist.get(op)
+        if h is None:
+            h = self.hist[op] = [0] * (len(REQUEST_BUCKETS) + 1) + [0.0]
+        for i, count in enumerate(buckets):
+            h[i] += count
+        h[-1] += seconds
+
     def add(self, other: "RequestTally") -> None:
         for key, n in _items(other.counts):
             self.counts[key] = self.counts.get(key, 0) + n

@@ -18,6 +18,7 @@
 #include "frames.hpp"
 #include "io.hpp"
 #include "module.hpp"
+#include "pybuffer.hpp"
 #include "xxh3.hpp"
 
 namespace py = pybind11;
@@ -28,24 +29,6 @@ namespace {
 // Below this many bytes the GIL is kept: releasing and taking it back costs
 // more than the work (and wakes another thread for nothing).
 constexpr size_t kReleaseGilBytes = 16 * 1024;
-
-// A C-contiguous buffer export, released on scope exit.
-class Buffer {
-public:
-    Buffer(py::handle obj, bool writable) {
-        int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
-        if (PyObject_GetBuffer(obj.ptr(), &view_, flags) != 0) throw py::error_already_set();
-    }
-    ~Buffer() { PyBuffer_Release(&view_); }
-    Buffer(const Buffer&) = delete;
-    Buffer& operator=(const Buffer&) = delete;
-
-    uint8_t* data() const { return static_cast<uint8_t*>(view_.buf); }
-    size_t size() const { return static_cast<size_t>(view_.len); }
-
-private:
-    Py_buffer view_{};
-};
 
 uint64_t hash(py::handle data, uint64_t seed) {
     Buffer b(data, false);

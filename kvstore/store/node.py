@@ -375,6 +375,11 @@ class StoreNode(NodeStatsView):
         with self._table.cond:
             self._table.release(obj)
 
+    def note_native_reads(self, touches: bytes) -> None:
+        """Note the native GET service's reads (:meth:`ObjectTable.native_reads`)."""
+        with self._table.cond:
+            self._table.native_reads(touches)
+
     # ================================================================ pins, lookahead
     def pin(self, key: str, object_id: int = 0, ttl_ms: int = 0) -> None:
         """Pin an object: hard (``ttl_ms`` 0: never evicted until unpinned) or
@@ -560,8 +565,7 @@ class StoreNode(NodeStatsView):
         return obj
 
     def _note_read_locked(self, obj: StoredObject) -> None:
-        if obj.copy(0) is not None:     # same-host readers may skip the node (shm_slots)
-            self.tier.publish(obj.copy(0))
+        self._table.published(obj)       # later reads may skip Python (shm, native gets)
         obj.last_access_s = time.monotonic()
         for level, extent in obj.copy_items():
             if extent is not None:

@@ -49,7 +49,7 @@ class NodeStatsView:
                         num_doomed=len(self._table.doomed),
                         evictions=self.counters[NodeCounter.EVICTIONS],
                         eviction_policy=self.levels[0].policy.name,
-                        counters=counters_by_name(self.counters))
+                        counters=counters_by_name(self._table.counted()))
         stats = count_objects(objs, uses, now, **head)
         for use, t in zip(uses, stats.tiers):
             if not t.eviction_blocked and use.above_high and not t.evictable_bytes:
@@ -104,4 +104,4 @@ class NodeStatsView:
                 stats, used_bytes=self.tier.used_bytes, free_bytes=self.tier.free_bytes,
                 num_objects=len(self._table.objects),
                 evictions=self.counters[NodeCounter.EVICTIONS], tiers=tiers,
-                counters=counters_by_name(self.counters))
+                counters=counters_by_name(self._table.counted()))

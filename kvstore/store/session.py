@@ -42,6 +42,7 @@ from kvstore.errors import (Internal, InvalidArgument, KVStoreError, NotFound, U
                             Unavailable)
 from kvstore.rpc import check_replica_num
 from kvstore.store.events import Ticket
+from kvstore.store.native_gets import GetPump
 from kvstore.store.node import StoreNode
 from kvstore.store.objects import StoredObject
 from kvstore.store.stats import NodeCounter
@@ -146,6 +147,7 @@ class Session:
         self.sending: list[StoredObject] = []   # referenced until their values are sent
         self.closing = False             # the stream cannot be trusted: answer, then close
         self.eager = False               # poll for the next request after answering
+        self.gets = GetPump.of(self, _POLL_S, self.pollers.limit)   # None: GETs stay here
 
     def run(self) -> None:
         handlers = {Op.PUT: self._put, Op.GET: self._get, Op.SHM_ALLOC: self._shm_alloc,
@@ -162,11 +164,15 @@ class Session:
                     self.acks and self._more_requests()):
                 self._flush()   # no further request at hand: answer before blocking
                 answered_at = time.perf_counter()
-                if self.eager and self.pollers.take():
+                if self.gets is not None:
+                    self.gets.answered()        # it polls for the next request natively
+                elif self.eager and self.pollers.take():
                     try:
                         self.reader.poll(REQUEST.size, _POLL_S)
                     finally:
                         self.pollers.give()
+            if self.gets is not None and not (self.out or self.parts or self.writing):
+                self.gets.serve()        # GETs of served copies natively, until one frame is not
             blocked_at = time.perf_counter() if self.reader.buffered() < REQUEST.size else 0.0
             if self.writing:
                 # Reservations held (SHM_ALLOC without its SHM_COMMIT yet): the
@@ -340,6 +346,10 @@ class Session:
             raise
         self.bytes_in += size
         self._reply_stored(self.node.commit_write(obj, actual=actual), obj)
+
+    def kernel_timeouts(self) -> bool:
+        """Whether reads and sends wait under the kernel's timeouts (a plain socket)."""
+        return self._kernel_timeout and self._kernel_send_timeout
 
     def _idle_read(self) -> memoryview:
         """The next request's header, waiting for it as long as it takes: for as long

@@ -41,7 +41,9 @@ with ``lock`` held (callers take ``cond``) and no method takes it (but
 from __future__ import annotations
 
 import contextlib
+import struct
 import threading
+import time
 from typing import Iterator
 
 from kvstore.bigmap import BigMap
@@ -185,6 +187,45 @@ class ObjectTable:
         self.prefetch_queue.pop(obj.key, None)
         obj.protect_until_s = 0.0
         self.counters[NodeCounter.PREFETCH_USED if used else NodeCounter.PREFETCH_WASTED] += 1
+
+    def published(self, obj: StoredObject) -> None:
+        """``obj`` was read where it is: its DRAM copy, if any, may be copied by same-host
+        readers without the node (shm_slots) and, while it is the confirmed version in
+        service, sent by the native GET service (:mod:`kvstore.store.native_gets`),
+        each until the copy is hidden or freed."""
+        extent = obj.copy(0)
+        if extent is None:
+            return
+        tier = self.levels[0].tier
+        tier.publish(extent)
+        if obj.confirmed and self.objects.get(obj.key) is obj:
+            tier.serve(obj.key, extent, obj.checksum, obj.object_id, obj.slot)
+
+    def native_reads(self, touches: bytes) -> None:
+        """Note what the native GET service read, as a Python read does, per copy read
+        (``touches``: pairs of int64 table slot and uint64 allocation serial): its
+        recency for the policies and a prefetch used. A copy gone or moved since is
+        skipped. (Its reads are counted as they are sent: :meth:`counted`.)"""
+        now = time.monotonic()
+        for slot, serial in struct.iter_unpack("<qQ", touches):
+            obj = self.slots[slot] if 0 <= slot < len(self.slots) else None
+            extent = None if obj is None else obj.copy(0)
+            if extent is None or extent.serial != serial:
+                continue
+            obj.last_access_s = now
+            for level, _extent in obj.copy_items():
+                self.levels[level].policy.on_access(slot, now)
+            if self.protected.get(obj.key) is obj:
+                self.end_protection(obj, used=True)
+
+    def counted(self) -> dict[NodeCounter, int]:
+        """The node's counters, with the reads the native GET service sent."""
+        serving = getattr(self.levels[0].tier, "serving", None)
+        if serving is None or not serving.gets:
+            return self.counters
+        out = dict(self.counters)
+        out[NodeCounter.GETS] += serving.gets
+        return out
 
     def emit(self, kind: EventKind, obj: StoredObject, tier: TierKind | None) -> Ticket:
         """Append the event of a change to what the node holds (``tier``: None for EVICTED)."""

@@ -163,6 +163,14 @@ class FrameReader:
         """Bytes received and not yet read (0: the next read may block)."""
         return self._end - self._start
 
+    def lend(self, reader):
+        """Let ``reader(buffer, start, end) -> (start, end, result)`` (a native reader of
+        the same socket) take frames from the unread bytes ``buffer[start:end]`` and
+        receive more into ``buffer``; what it leaves unread is read here next.
+        Returns its ``result``."""
+        self._start, self._end, result = reader(self._buf, self._start, self._end)
+        return result
+
     def poll(self, need: int, seconds: float) -> None:
         """Try, without blocking, for up to ``seconds`` to have ``need`` bytes buffered.
 

@@ -152,6 +152,11 @@ class Tier(ABC):
     def hide(self, extent: Extent) -> None:
         """The extent's object leaves service here (before its room is reused)."""
 
+    def serve(self, key: str, extent: Extent, checksum: int, object_id: int, slot: int) -> None:
+        """An object in service here, confirmed and read: the node's native GET service
+        may send it (:mod:`kvstore.store.native_gets`) until :meth:`hide` or
+        :meth:`free`. No-op on tiers it cannot send from."""
+
     def lease(self, until_s: float) -> None:
         """Unreferenced readers stop at ``until_s`` (``time.monotonic``): the node's fence."""
 

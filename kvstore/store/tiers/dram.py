@@ -5,6 +5,9 @@
     each object = one Allocation (offset, reserved_bytes, 64-byte aligned)
     read slots: which allocations same-host readers may copy without a
                 reference (kvstore.transfer.shm_slots), TABLE_BYTES after capacity
+    serving:    which allocations the native GET service may send, and how many
+                of its sends are under way from each (kvstore/native/serving.hpp):
+                a range it still sends from is freed only at its last send's end
 
 The only host-addressable tier: transports write into it (TCP ``recv_into``,
 same-host clients copying through the segment) and read from it, so every
@@ -20,11 +23,16 @@ from __future__ import annotations
 import os
 import uuid
 
+from kvstore._native import ServingIndex
 from kvstore.store.allocator import Allocation
 from kvstore.store.tiers.base import OffsetTier
 from kvstore.types import TierKind
 from kvstore.transfer.shm import SHM_DIR, ShmSegment
 from kvstore.transfer.shm_slots import TABLE_BYTES, ReadSlots
+
+#: Copies the native GET service sends at most (about 200 B of native memory each,
+#: beside the objects'); past it, reads of further objects stay Python's.
+MAX_SERVED_COPIES = 1 << 20
 
 
 class DramTier(OffsetTier):
@@ -37,11 +45,14 @@ class DramTier(OffsetTier):
             (about 0.45 s per GiB here), so puts do not pay page faults: the
             tier's memory is committed at start, as the node was told to hold
             it (``--no-prefault``: pages are taken at their first write).
+        native_gets: data connections may send read objects without Python
+            (:mod:`kvstore.store.native_gets`).
     """
 
     kind = TierKind.DRAM
 
-    def __init__(self, capacity_bytes: int, name: str | None = None, prefault: bool = False):
+    def __init__(self, capacity_bytes: int, name: str | None = None, prefault: bool = False,
+                 native_gets: bool = True):
         """Raises:
             ValueError: ``SHM_DIR`` (a tmpfs) has not that much room free: a segment
                 larger than it would take a SIGBUS at the first page it cannot back.
@@ -57,6 +68,11 @@ class DramTier(OffsetTier):
         self.segment = ShmSegment(self.name, capacity_bytes + TABLE_BYTES, create=True)
         self.slots = ReadSlots(self.segment.view, create=True)
         self.slots.lease(float("inf"))   # until a lease says otherwise (a node with masters)
+        self.serving = (ServingIndex(self.segment.view, MAX_SERVED_COPIES) if native_gets
+                        else None)
+        if self.serving is not None:
+            self.serving.set_lease(float("inf"))
+        self._deferred: dict[int, Allocation] = {}   # serial -> freed while still being sent
         if prefault:
             self.segment.prefault_in_background()
 
@@ -64,22 +80,54 @@ class DramTier(OffsetTier):
         """The object's bytes in the segment (a view, no copy)."""
         return self.segment.view[extent.offset:extent.offset + extent.size_bytes]
 
+    def allocate(self, record) -> Allocation | None:
+        self.reap()
+        return super().allocate(record)
+
     def free(self, extent: Allocation) -> None:
         self.slots.hide(extent.serial)
+        if self.serving is not None and self.serving.withdraw(extent.serial):
+            self._deferred[extent.serial] = extent     # freed once its sends are over
+            return
         super().free(extent)
+
+    def reap(self) -> None:
+        """Free the ranges whose last native send ended since they were freed (a range
+        hidden while sent, then freed after its sends, was freed then: skipped)."""
+        if self.serving is not None:
+            for serial in self.serving.take_released():
+                extent = self._deferred.pop(serial, None)
+                if extent is not None:
+                    super().free(extent)
 
     def publish(self, extent: Allocation) -> None:
         self.slots.publish(extent.serial)
 
+    def serve(self, key: str, extent: Allocation, checksum: int, object_id: int,
+              slot: int) -> None:
+        if self.serving is not None:
+            self.serving.publish(key, extent.serial, extent.offset, extent.size_bytes, checksum,
+                                 object_id, slot)
+
     def hide(self, extent: Allocation) -> None:
         self.slots.hide(extent.serial)
+        if self.serving is not None:
+            self.serving.withdraw(extent.serial)    # its free waits for sends under way
 
     def lease(self, until_s: float) -> None:
         self.slots.lease(until_s)
+        if self.serving is not None:
+            self.serving.set_lease(until_s)
+
+    def check_invariants(self) -> None:
+        self.reap()
+        super().check_invariants()
 
     def close(self) -> None:
         if not self.segment.closed:
             self.slots.lease(0.0)        # readers holding locations go back to the node
+        if self.serving is not None:
+            self.serving.set_lease(0.0)  # no native send starts from an unmapped segment
         self.segment.close()
 
 
