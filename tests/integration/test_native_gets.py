@@ -158,3 +158,79 @@ def test_a_prefetched_copy_read_natively_counts_as_used(node, tr):
         time.sleep(0.01)
     assert node.stats().counters["prefetch_used"] - before["prefetch_used"] == 1
     assert node.python_reads == ["p"]
+
+
+@pytest.mark.slow
+def test_native_answers_stay_right_under_eviction_drops_and_new_versions():
+    """Readers on four connections while a writer fills a small DRAM tier (evicting
+    what was served) and a dropper drops keys: every answer is its object's bytes
+    (each read is verified against the checksum of the value put under that key),
+    or NOT_FOUND; nothing is left referenced or reserved afterwards."""
+    import threading
+
+    node = StoreNode(DramTier(8 * MiB), start_mover=False)
+    server = DataServer(node).start()
+    values = {f"s{i}": _value(96 * 1024 + 64 * (i % 7), 100 + i) for i in range(160)}
+    keys = list(values)
+    stop = threading.Event()
+    errors: list[str] = []
+    served = [0]
+
+    def transport():
+        return TcpTransport(NodeConnection("127.0.0.1", server.port, timeout_s=10))
+
+    def writer():
+        tr = transport()
+        oid = 1
+        while not stop.is_set():
+            for k in keys:
+                if stop.is_set():
+                    break
+                oid += 1
+                out = tr.write_many([WriteItem(k, oid, memoryview(values[k]), None, "", 1)])
+                if out[0] is not None and out[0].code not in (pb.NO_SPACE, pb.KEY_CONFLICT):
+                    errors.append(f"put {k}: {out[0]}")
+        tr.close()
+
+    def dropper():
+        i = 0
+        while not stop.is_set():
+            node.drop(keys[i % len(keys)])
+            i += 7
+            time.sleep(0.002)
+
+    def reader(seed: int):
+        tr = transport()
+        rng = np.random.default_rng(seed)
+        while not stop.is_set():
+            batch = [keys[j] for j in rng.integers(0, len(keys), 8)]
+            dests = [bytearray(len(values[k])) for k in batch]
+            items = [ReadItem(k, 0, len(values[k]), value_checksum(values[k]), memoryview(d))
+                     for k, d in zip(batch, dests)]
+            for k, d, err in zip(batch, dests, tr.read_many(items, verify=True)):
+                if err is None:
+                    served[0] += 1
+                    if bytes(d) != values[k]:
+                        errors.append(f"wrong bytes for {k}")
+                elif err.code != pb.NOT_FOUND:
+                    errors.append(f"get {k}: {err}")
+        tr.close()
+
+    threads = [threading.Thread(target=writer), threading.Thread(target=dropper)] + [
+        threading.Thread(target=reader, args=(s,)) for s in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(6)
+        stop.set()
+        for t in threads:
+            t.join(30)
+        assert not errors, errors[:5]
+        assert served[0] > 500 and node.tier.serving.gets > 0
+        assert node.stats().counters["evictions"] > 0
+        node.tier.reap()
+        node._table.check_invariants(idle=True)
+    finally:
+        stop.set()
+        server.stop()
+        node.close()
