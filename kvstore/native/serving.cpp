@@ -267,7 +267,7 @@ Result serve_gets(Index& index, int fd, uint8_t* buf, size_t cap, size_t start, 
                     std::string_view key(reinterpret_cast<const char*>(h) + frames::kRequestBytes,
                                          rq.key_len);
                     Copy c;
-                    if (!index.acquire(key, rq.object_id, &c)) {
+                    if (index.epoch() != opt.epoch || !index.acquire(key, rq.object_id, &c)) {
                         if (!flush()) return finish(Status::kSendError);
                         return finish(Status::kHandoff);
                     }

@@ -64,6 +64,10 @@ public:
     // Until when (CLOCK_MONOTONIC seconds) copies may be served; <= now: none.
     void set_lease(double until_s);
     size_t size();                        // copies servable now
+    // The token file's generation: serve_gets hands every GET back once it moved
+    // past the one its caller checked the connection's token against.
+    uint64_t epoch() const { return epoch_.load(); }
+    void bump_epoch() { epoch_.fetch_add(1); }
     uint64_t gets() const { return gets_.load(); }   // copies acquired (GETs answered)
 
     // serve_gets' side: a reader on the copy of ``key`` (object_id 0: any version).
@@ -92,6 +96,7 @@ private:
     std::atomic<double> lease_until_{0.0};
     std::atomic<int> pollers_{0};
     std::atomic<uint64_t> gets_{0};
+    std::atomic<uint64_t> epoch_{0};
 };
 
 // How serve_gets ended.
@@ -113,6 +118,7 @@ struct Options {
     size_t gather_bytes = 4 << 20;   // values held back for one sendmsg, at most
     size_t gather_frames = 255;      // replies per sendmsg, at most (2 iovecs each)
     std::vector<double> buckets;     // the request histogram's bounds (seconds)
+    uint64_t epoch = 0;              // Index::epoch() the caller checked the token against
     // Carried from call to call (one Options per connection):
     int64_t answered_ns = 0;         // when the last replies went out (CLOCK_MONOTONIC)
     bool eager = false;              // the client came back within poll_ns of them

@@ -63,6 +63,8 @@ void register_serving(py::module_& m) {
         .def("take_released", &Index::take_released)
         .def("set_lease", &Index::set_lease, py::arg("until_s"))
         .def("__len__", &Index::size)
+        .def_property_readonly("epoch", &Index::epoch)
+        .def("bump_epoch", &Index::bump_epoch)
         .def_property_readonly("gets", &Index::gets);
 
     py::class_<Options>(m, "ServeOptions", "serve_gets' bounds (kvstore/native/serving.hpp)")
@@ -78,6 +80,8 @@ void register_serving(py::module_& m) {
              }),
              py::arg("poll_s"), py::arg("poll_limit"), py::arg("max_gets"), py::arg("max_s"),
              py::arg("buckets"))
+        .def_readwrite("epoch", &Options::epoch,
+                       "the index's epoch the connection's token was checked against")
         .def_readwrite("answered_ns", &Options::answered_ns,
                        "when the connection's last replies went out (CLOCK_MONOTONIC ns)");
 

@@ -111,6 +111,10 @@ class DataServer:
         self.rdma = rdma
         self.ack_timeout_s = ack_timeout_s
         self.tokens = tokens
+        serving = getattr(node.tier, "serving", None)
+        if tokens is not None and serving is not None:
+            # A reload may take a token's keys away: native GETs go back to Python's check.
+            tokens.on_reload.append(lambda _table: serving.bump_epoch())
         self.tls = tls
         self._listeners = [socket.create_server((host, port), backlog=128)]
         self.host = host

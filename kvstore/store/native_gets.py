@@ -29,10 +29,14 @@ per copy read (``ObjectTable.native_reads``), the connection's bytes out and the
 request metrics (count and duration histogram, per get from its frame to its
 reply's send).
 
-Which connections: plain TCP and Unix sockets of a node without ``--auth``
-(every key may be read: tokens, scopes and their reloads stay Python's), with
-the kernel's timeouts (``SO_RCVTIMEO`` / ``SO_SNDTIMEO``, as the Python loop
-uses them). A stalled reader ends the connection as in the Python loop.
+Which connections: plain TCP and Unix sockets with the kernel's timeouts
+(``SO_RCVTIMEO`` / ``SO_SNDTIMEO``, as the Python loop uses them) that may read
+every key: a node without ``--auth``, or a proven token of a data role whose
+scope is every tenant (a tenant's token keeps the Python loop, which answers
+other tenants' keys as absent). Each call checks the token against the file as
+it is, and a reload of the file (SIGHUP) moves the index's epoch, so a GET after
+it is handed back and checked again in Python. A stalled reader ends the
+connection as in the Python loop.
 
 Thread safety: one GetPump per connection thread; the index locks itself.
 """
@@ -78,8 +82,7 @@ class GetPump:
     def of(cls, session, poll_s: float, poll_limit: int) -> "GetPump | None":
         """The session's pump, or None where GETs stay Python's (see the module docstring)."""
         tier = getattr(session.node, "tier", None)
-        if (getattr(tier, "serving", None) is None or session.tokens is not None
-                or isinstance(session.conn, ssl.SSLSocket)
+        if (getattr(tier, "serving", None) is None or isinstance(session.conn, ssl.SSLSocket)
                 or not (session.kernel_timeouts())):
             return None
         return cls(session, poll_s, poll_limit)
@@ -99,6 +102,9 @@ class GetPump:
                 timeout is counted (stalled_reads), as the Python loop does.
         """
         while True:
+            self.options.epoch = self.index.epoch          # before the token is checked
+            if not self.session.tenancy.reads_everything():
+                return                     # not proven yet, or a tenant's: Python's
             status, error, gets, nbytes, hist, seconds, touches = self.session.reader.lend(
                 self._serve)
             if gets:

@@ -104,6 +104,14 @@ class ConnectionScope:
                                        "store-wide figures); this token's role or scope "
                                        "does not see every tenant")
 
+    def reads_everything(self) -> bool:
+        """Whether the connection may read every key now (no ``--auth``, or a proven
+        token of a data role whose scope is every tenant, as the file says now)."""
+        if self.tokens is None:
+            return True
+        self._refresh()
+        return self.role in DATA_ROLES and self.scope.everything
+
     def allows(self, key: str) -> bool:
         """Whether the connection may touch ``key`` (always without --auth).
 

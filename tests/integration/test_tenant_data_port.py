@@ -182,3 +182,27 @@ def test_a_reload_that_makes_a_client_token_a_metrics_one_ends_its_object_ops(no
             get(b, "@beta/k")
     finally:
         b.close()
+
+
+def test_native_gets_follow_the_token_and_its_reloads(node):
+    """The native GET service (kvstore/store/native_gets.py) answers only a connection
+    that may read every key (the admin token here), and a reload that takes the
+    token away reaches a GET the native service would have answered."""
+    admin, a = connect(node, TOK_X), connect(node, TOK_A)
+    serving = node.node.tier.serving
+    try:
+        put(admin, "@alpha/n", 1, b"N" * 100)
+        assert get(admin, "@alpha/n") == 100          # through Python: published
+        before = serving.gets
+        assert get(admin, "@alpha/n") == 100 and get(admin, "@alpha/n") == 100
+        assert serving.gets == before + 2             # answered natively
+        assert get(a, "@alpha/n") == 100              # a tenant's token: Python's loop
+        assert serving.gets == before + 2
+        node.auth_path.write_text(auth_text().replace(f"admin {TOK_X}\n", ""))
+        assert node.token_file.reload()
+        with pytest.raises(NotFound):                 # checked again: the token is gone
+            get(admin, "@alpha/n")
+        assert serving.gets == before + 2
+    finally:
+        admin.close()
+        a.close()
