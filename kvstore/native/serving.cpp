@@ -90,6 +90,13 @@ size_t Index::size() {
     return by_key_.size();
 }
 
+bool Index::serves(std::string_view key, uint64_t object_id) {
+    if (now_s() >= lease_until_.load()) return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = by_key_.find(std::string(key));
+    return it != by_key_.end() && (object_id == 0 || object_id == it->second.copy.object_id);
+}
+
 bool Index::acquire(std::string_view key, uint64_t object_id, Copy* out) {
     if (now_s() >= lease_until_.load()) return false;     // fenced: Python answers
     std::lock_guard<std::mutex> lock(mu_);

@@ -70,6 +70,9 @@ public:
     void bump_epoch() { epoch_.fetch_add(1); }
     uint64_t gets() const { return gets_.load(); }   // copies acquired (GETs answered)
 
+    // Whether a GET of ``key`` (object_id 0: any version) would be served now.
+    bool serves(std::string_view key, uint64_t object_id);
+
     // serve_gets' side: a reader on the copy of ``key`` (object_id 0: any version).
     bool acquire(std::string_view key, uint64_t object_id, Copy* out);
     void release(uint64_t serial);

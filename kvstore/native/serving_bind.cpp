@@ -60,6 +60,12 @@ void register_serving(py::module_& m) {
              py::arg("key"), py::arg("serial"), py::arg("offset"), py::arg("size"),
              py::arg("checksum"), py::arg("object_id"), py::arg("slot"))
         .def("withdraw", &Index::withdraw, py::arg("serial"))
+        .def("serves",
+             [](Index& ix, py::bytes key, uint64_t object_id) {
+                 std::string_view k = key;
+                 return ix.serves(k, object_id);
+             },
+             py::arg("key"), py::arg("object_id"))
         .def("take_released", &Index::take_released)
         .def("set_lease", &Index::set_lease, py::arg("until_s"))
         .def("__len__", &Index::size)

@@ -52,7 +52,7 @@ from kvstore import _native
 from kvstore.errors import Unavailable
 from kvstore.metrics import REQUEST_BUCKETS
 from kvstore.store.stats import NodeCounter
-from kvstore.transfer.protocol import StreamEnded
+from kvstore.transfer.protocol import REQUEST, Op, StreamEnded
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,21 @@ class GetPump:
                 or not (session.kernel_timeouts())):
             return None
         return cls(session, poll_s, poll_limit)
+
+    def takes_next(self) -> bool:
+        """Whether the native service should take the connection now: nothing is
+        buffered (it waits for the next frame), or the next frame is a GET it serves
+        (the Python loop then sends its replies first). A pipelined client's GETs go
+        back to it after a frame Python answered, not only once the buffer drains."""
+        reader = self.session.reader
+        head = reader.peek(REQUEST.size)
+        if head is None:
+            return True
+        op, flags, key_len, parent_len, object_id, _size, _checksum = REQUEST.unpack(head)
+        if op != Op.GET or flags or parent_len:
+            return False
+        frame = reader.peek(REQUEST.size + key_len)
+        return frame is not None and self.index.serves(bytes(frame[REQUEST.size:]), object_id)
 
     def answered(self) -> None:
         """The Python loop sent its replies now: a client back within the poll window

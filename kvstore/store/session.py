@@ -171,7 +171,10 @@ class Session:
                         self.reader.poll(REQUEST.size, _POLL_S)
                     finally:
                         self.pollers.give()
-            if self.gets is not None and not (self.out or self.parts or self.writing):
+            if self.gets is not None and not self.writing and self.gets.takes_next():
+                if self.out or self.parts:
+                    self._flush()        # Python's answers first: replies stay in order
+                    self.gets.answered()
                 self.gets.serve()        # GETs of served copies natively, until one frame is not
             blocked_at = time.perf_counter() if self.reader.buffered() < REQUEST.size else 0.0
             if self.writing:

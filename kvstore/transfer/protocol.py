@@ -163,6 +163,12 @@ class FrameReader:
         """Bytes received and not yet read (0: the next read may block)."""
         return self._end - self._start
 
+    def peek(self, n: int) -> memoryview | None:
+        """The next ``n`` bytes if they are buffered (not consumed), else None."""
+        if self._end - self._start < n:
+            return None
+        return self._view[self._start:self._start + n]
+
     def lend(self, reader):
         """Let ``reader(buffer, start, end) -> (start, end, result)`` (a native reader of
         the same socket) take frames from the unread bytes ``buffer[start:end]`` and

@@ -95,6 +95,8 @@ def test_a_read_copy_is_served_natively_and_counted(node, tr):
     assert out[0] is None and out[3] is None
     assert out[1].code == pb.NOT_FOUND and out[2].code == pb.NOT_FOUND
     assert bytes(dests[0]) == values["k0"] and bytes(dests[3]) == values["k2"]
+    # Only the two Python answers went to Python: the GET after them went back.
+    assert node.python_reads[4:] == ["missing", "k1"]
     # A put on the same connection after native gets: the Python loop takes it.
     assert tr.write_many([WriteItem("k9", 9, memoryview(b"late"), None, "", 1)]) == [None]
     node._table.check_invariants(idle=True)

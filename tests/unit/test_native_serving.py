@@ -66,6 +66,8 @@ def test_gets_of_a_published_copy_are_answered_and_others_handed_back(world):
     assert touches == (3).to_bytes(8, "little") + (7).to_bytes(8, "little")   # once per copy
     assert _answers(a, 2) == [(0, 42, b"hello world")] * 2
     assert index.gets == 2
+    assert index.serves(b"k", 0) and index.serves(b"k", 42)
+    assert not index.serves(b"k", 41) and not index.serves(b"other", 0)
 
 
 @pytest.mark.parametrize("wire", [
