@@ -92,6 +92,8 @@ class GetPump:
         buffered (it waits for the next frame), or the next frame is a GET it serves
         (the Python loop then sends its replies first). A pipelined client's GETs go
         back to it after a frame Python answered, not only once the buffer drains."""
+        if not self.session.tenancy.reads_everything():
+            return False                   # not proven yet, or a tenant's: Python's
         reader = self.session.reader
         head = reader.peek(REQUEST.size)
         if head is None:
