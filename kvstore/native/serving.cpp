@@ -90,21 +90,25 @@ size_t Index::size() {
     return by_key_.size();
 }
 
-bool Index::serves(std::string_view key, uint64_t object_id) {
-    if (now_s() >= lease_until_.load()) return false;
-    std::lock_guard<std::mutex> lock(mu_);
+Index::Entry* Index::servable_locked(std::string_view key, uint64_t object_id) {
+    if (now_s() >= lease_until_.load()) return nullptr;   // fenced: Python answers
     auto it = by_key_.find(std::string(key));
-    return it != by_key_.end() && (object_id == 0 || object_id == it->second.copy.object_id);
+    if (it == by_key_.end()) return nullptr;
+    if (object_id != 0 && object_id != it->second.copy.object_id) return nullptr;
+    return &it->second;
+}
+
+bool Index::serves(std::string_view key, uint64_t object_id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return servable_locked(key, object_id) != nullptr;
 }
 
 bool Index::acquire(std::string_view key, uint64_t object_id, Copy* out) {
-    if (now_s() >= lease_until_.load()) return false;     // fenced: Python answers
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = by_key_.find(std::string(key));
-    if (it == by_key_.end()) return false;
-    if (object_id != 0 && object_id != it->second.copy.object_id) return false;
-    it->second.readers += 1;
-    *out = it->second.copy;
+    Entry* e = servable_locked(key, object_id);
+    if (e == nullptr) return false;
+    e->readers += 1;
+    *out = e->copy;
     gets_.fetch_add(1);
     return true;
 }

@@ -87,6 +87,8 @@ private:
         uint32_t readers = 0;
     };
     void withdraw_locked(uint64_t serial, uint32_t* readers);
+    // The servable entry of ``key`` (object_id 0: any version), or null (also fenced).
+    Entry* servable_locked(std::string_view key, uint64_t object_id);
 
     const uint8_t* base_;
     size_t length_;

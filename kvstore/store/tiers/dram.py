@@ -45,14 +45,11 @@ class DramTier(OffsetTier):
             (about 0.45 s per GiB here), so puts do not pay page faults: the
             tier's memory is committed at start, as the node was told to hold
             it (``--no-prefault``: pages are taken at their first write).
-        native_gets: data connections may send read objects without Python
-            (:mod:`kvstore.store.native_gets`).
     """
 
     kind = TierKind.DRAM
 
-    def __init__(self, capacity_bytes: int, name: str | None = None, prefault: bool = False,
-                 native_gets: bool = True):
+    def __init__(self, capacity_bytes: int, name: str | None = None, prefault: bool = False):
         """Raises:
             ValueError: ``SHM_DIR`` (a tmpfs) has not that much room free: a segment
                 larger than it would take a SIGBUS at the first page it cannot back.
@@ -68,10 +65,9 @@ class DramTier(OffsetTier):
         self.segment = ShmSegment(self.name, capacity_bytes + TABLE_BYTES, create=True)
         self.slots = ReadSlots(self.segment.view, create=True)
         self.slots.lease(float("inf"))   # until a lease says otherwise (a node with masters)
-        self.serving = (ServingIndex(self.segment.view, MAX_SERVED_COPIES) if native_gets
-                        else None)
-        if self.serving is not None:
-            self.serving.set_lease(float("inf"))
+        # What the native GET service may send (kvstore.store.native_gets).
+        self.serving = ServingIndex(self.segment.view, MAX_SERVED_COPIES)
+        self.serving.set_lease(float("inf"))
         self._deferred: dict[int, Allocation] = {}   # serial -> freed while still being sent
         if prefault:
             self.segment.prefault_in_background()
@@ -86,7 +82,7 @@ class DramTier(OffsetTier):
 
     def free(self, extent: Allocation) -> None:
         self.slots.hide(extent.serial)
-        if self.serving is not None and self.serving.withdraw(extent.serial):
+        if self.serving.withdraw(extent.serial):
             self._deferred[extent.serial] = extent     # freed once its sends are over
             return
         super().free(extent)
@@ -94,30 +90,26 @@ class DramTier(OffsetTier):
     def reap(self) -> None:
         """Free the ranges whose last native send ended since they were freed (a range
         hidden while sent, then freed after its sends, was freed then: skipped)."""
-        if self.serving is not None:
-            for serial in self.serving.take_released():
-                extent = self._deferred.pop(serial, None)
-                if extent is not None:
-                    super().free(extent)
+        for serial in self.serving.take_released():
+            extent = self._deferred.pop(serial, None)
+            if extent is not None:
+                super().free(extent)
 
     def publish(self, extent: Allocation) -> None:
         self.slots.publish(extent.serial)
 
     def serve(self, key: str, extent: Allocation, checksum: int, object_id: int,
               slot: int) -> None:
-        if self.serving is not None:
-            self.serving.publish(key, extent.serial, extent.offset, extent.size_bytes, checksum,
-                                 object_id, slot)
+        self.serving.publish(key, extent.serial, extent.offset, extent.size_bytes, checksum,
+                             object_id, slot)
 
     def hide(self, extent: Allocation) -> None:
         self.slots.hide(extent.serial)
-        if self.serving is not None:
-            self.serving.withdraw(extent.serial)    # its free waits for sends under way
+        self.serving.withdraw(extent.serial)    # its free waits for sends under way
 
     def lease(self, until_s: float) -> None:
         self.slots.lease(until_s)
-        if self.serving is not None:
-            self.serving.set_lease(until_s)
+        self.serving.set_lease(until_s)
 
     def check_invariants(self) -> None:
         self.reap()
@@ -126,8 +118,7 @@ class DramTier(OffsetTier):
     def close(self) -> None:
         if not self.segment.closed:
             self.slots.lease(0.0)        # readers holding locations go back to the node
-        if self.serving is not None:
-            self.serving.set_lease(0.0)  # no native send starts from an unmapped segment
+        self.serving.set_lease(0.0)      # no native send starts from an unmapped segment
         self.segment.close()
 
 
