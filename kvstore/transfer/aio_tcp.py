@@ -36,6 +36,15 @@ _JOIN_BELOW_BYTES = 16 << 10
 HIGH_WATER_BYTES = 4 << 20
 
 
+class _Overdue(Exception):
+    """A request's own wait ended before its answer came (see :meth:`AsyncNodeConnection.request`)."""
+
+
+def _expire(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_exception(_Overdue())
+
+
 class AsyncNodeConnection(asyncio.BufferedProtocol):
     """A pipelined connection to one store node (open with :meth:`open`).
 
@@ -118,17 +127,21 @@ class AsyncNodeConnection(asyncio.BufferedProtocol):
             self._out_scheduled = True     # the frames of this loop iteration, one send
             self._loop.call_soon(self._write_out)
         self._reader.expect(fut, op, max_value_bytes, into)
+        if timeout_s is None or timeout_s >= self.timeout_s:
+            timer = None                   # the connection's own timer watches it
+        else:                              # a plain timer: asyncio.timeout costs twice as much
+            timer = self._loop.call_at(self._loop.time() + max(0.0, timeout_s), _expire, fut)
         try:
-            if timeout_s is None or timeout_s >= self.timeout_s:
-                return await fut
-            async with asyncio.timeout(max(0.0, timeout_s)):
-                return await fut
-        except TimeoutError:
+            return await fut
+        except _Overdue:
             self._reader.abandon(fut)
             raise Unavailable(f"no answer from the node within {timeout_s:.1f} s") from None
         except asyncio.CancelledError:
             self._reader.abandon(fut)
             raise
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     def _write_out(self) -> None:
         self._out_scheduled = False
@@ -219,6 +232,9 @@ class AsyncConnections:
         Raises:
             Unavailable: the node cannot be reached; Unauthenticated: it refused the token.
         """
+        conn = self.ready(node)
+        if conn is not None:
+            return conn
         try:
             async with asyncio.timeout(max(0.0, timeout_s)):
                 return await self._get(node)
@@ -226,9 +242,14 @@ class AsyncConnections:
             raise Unavailable(f"cannot connect to store node {node.node_id} within "
                               f"{timeout_s:.1f} s") from None
 
-    async def _get(self, node) -> AsyncNodeConnection:
+    def ready(self, node) -> AsyncNodeConnection | None:
+        """The open connection to ``node``, or None (then :meth:`get` opens one)."""
         conn = self._conns.get(node.node_id)
-        if conn is not None and conn.broken is None:
+        return conn if conn is not None and conn.broken is None else None
+
+    async def _get(self, node) -> AsyncNodeConnection:
+        conn = self.ready(node)
+        if conn is not None:
             return conn
         pending = self._opening.get(node.node_id)
         if pending is None:
