@@ -5,8 +5,10 @@ step, with no await between, so frames and futures keep one order; answers
 are decoded by :class:`~kvstore.transfer.framing.AnswerReader` (the
 frames, the read-ahead, values received straight into their buffers) and
 resolve the futures in that order. 64 coroutines fill the link as a
-pipelined batch does. Values go out from the caller's buffer; a connection
-whose unsent bytes pass :data:`HIGH_WATER_BYTES` makes new requests wait.
+pipelined batch does. Values go out from the caller's buffer, on a plain
+connection in one gathered ``sendmsg`` with the frames queued before them (one
+wake-up of the node per value, not two); a connection whose unsent bytes pass
+:data:`HIGH_WATER_BYTES` makes new requests wait.
 
 An answer that does not come within the timeout breaks the connection (its
 order can no longer be trusted): every pending future fails Unavailable and
@@ -20,6 +22,7 @@ Thread safety: one event loop; a connection is used from that loop only.
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import time
 
@@ -45,6 +48,30 @@ def _expire(fut: asyncio.Future) -> None:
         fut.set_exception(_Overdue())
 
 
+async def _connected(host: str, port: int) -> socket.socket:
+    """A non-blocking TCP socket connected to ``host``:``port`` (each address in turn).
+
+    Raises:
+        OSError: no address could be connected.
+    """
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    error: OSError = OSError(f"no address for {host[:80]}")
+    for family, type_, proto, _name, address in infos:
+        sock = socket.socket(family, type_, proto)
+        try:
+            sock.setblocking(False)
+            await loop.sock_connect(sock, address)
+            return sock
+        except OSError as exc:
+            sock.close()
+            error = exc
+        except BaseException:
+            sock.close()
+            raise
+    raise error
+
+
 class AsyncNodeConnection(asyncio.BufferedProtocol):
     """A pipelined connection to one store node (open with :meth:`open`).
 
@@ -61,6 +88,7 @@ class AsyncNodeConnection(asyncio.BufferedProtocol):
         self._writable: asyncio.Future | None = None    # set while writing is paused
         self._out = bytearray()          # frames (and small values) not written yet
         self._out_scheduled = False
+        self._sock: socket.socket | None = None     # a plain connection's (not TLS) socket
         self._watch = self._loop.call_later(timeout_s / 4, self._check_overdue)
 
     @classmethod
@@ -73,11 +101,17 @@ class AsyncNodeConnection(asyncio.BufferedProtocol):
             Unavailable: the node cannot be reached. Unauthenticated: a refused token.
         """
         conn = cls(timeout_s)
+        loop = asyncio.get_running_loop()
         try:
-            await asyncio.wait_for(asyncio.get_running_loop().create_connection(
-                lambda: conn, host, port, ssl=tls, server_hostname=host if tls else None),
-                timeout_s)
+            if tls is None:         # our own socket: a value goes out with its frame
+                conn._sock = await asyncio.wait_for(_connected(host, port), timeout_s)
+                await loop.create_connection(lambda: conn, sock=conn._sock)
+            else:
+                await asyncio.wait_for(loop.create_connection(
+                    lambda: conn, host, port, ssl=tls, server_hostname=host), timeout_s)
         except (OSError, asyncio.TimeoutError, UnicodeError, ValueError, OverflowError) as exc:
+            if conn._sock is not None and conn._transport is None:
+                conn._sock.close()
             conn._watch.cancel()
             raise Unavailable(f"cannot connect to store node {host[:80]}:{port}: "
                               f"{exc or type(exc).__name__}") from None
@@ -121,8 +155,7 @@ class AsyncNodeConnection(asyncio.BufferedProtocol):
             if size <= _JOIN_BELOW_BYTES:
                 self._out += payload
             else:                          # a large value goes from the caller's buffer
-                self._write_out()
-                self._transport.write(payload)
+                self._write_with(payload)
         if self._out and not self._out_scheduled:
             self._out_scheduled = True     # the frames of this loop iteration, one send
             self._loop.call_soon(self._write_out)
@@ -142,6 +175,29 @@ class AsyncNodeConnection(asyncio.BufferedProtocol):
         finally:
             if timer is not None:
                 timer.cancel()
+
+    def _write_with(self, payload) -> None:
+        """The frames queued so far, then ``payload``: in one gathered ``sendmsg`` (one
+        TCP segment train and one wake-up of the node, not two) on a plain socket whose
+        transport has nothing buffered; what the kernel did not take, and everything
+        on a TLS connection, goes through the transport, in order."""
+        out, self._out = self._out, bytearray()
+        if self.broken is not None:
+            return
+        sent = 0
+        if self._sock is not None and not self._transport.get_write_buffer_size():
+            try:
+                sent = self._sock.sendmsg([out, payload])
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError as exc:
+                self._break(Unavailable(f"sending to the node failed: {exc}"))
+                return
+        if sent < len(out):
+            self._transport.write(memoryview(out)[sent:])
+            self._transport.write(payload)
+        elif sent < len(out) + len(payload):
+            self._transport.write(memoryview(payload).cast("B")[sent - len(out):])
 
     def _write_out(self) -> None:
         self._out_scheduled = False

@@ -105,3 +105,39 @@ def test_an_answer_given_up_on_never_lands_in_the_callers_memory():
             assert conn.broken is None
             conn.close()
     asyncio.run(go())
+
+
+def test_values_sent_with_their_frames_arrive_whole_and_in_order():
+    """A value above the join size goes out in one gathered send with the frames
+    queued before it; a peer that reads slowly makes the kernel take part of it, and
+    the rest follows through the transport, in order (frames and values byte exact)."""
+    values = [bytes([i]) * ((1 << 20) + 7 * i) for i in range(12)]
+    got: list[tuple[str, bytes]] = []
+
+    async def go():
+        async def serve(reader, writer):
+            for _ in values:
+                head = await reader.readexactly(REQUEST.size)
+                _op, _flags, key_len, parent_len, _oid, size, _sum = REQUEST.unpack(head)
+                key = (await reader.readexactly(key_len + parent_len))[:key_len].decode()
+                await asyncio.sleep(0.02)             # the client's sends fill the socket
+                got.append((key, await reader.readexactly(size)))
+                writer.write(_answer())
+                await writer.drain()
+            await reader.read()                       # until the client closes
+            writer.close()
+            served.set()
+        served = asyncio.Event()
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        async with server:
+            conn = await AsyncNodeConnection.open("127.0.0.1", server.sockets[0].getsockname()[1],
+                                                  timeout_s=10)
+            answers = await asyncio.gather(*(
+                conn.request(Op.PUT, f"k{i}", size=len(v), payload=v)
+                for i, v in enumerate(values)))
+            assert all(a.code == pb.OK for a in answers)
+            conn.close()
+            await asyncio.wait_for(served.wait(), 10)
+    asyncio.run(go())
+    assert [k for k, _ in got] == [f"k{i}" for i in range(len(values))]
+    assert all(v == values[i] for i, (_, v) in enumerate(got))
