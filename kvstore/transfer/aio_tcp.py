@@ -184,6 +184,9 @@ class AsyncNodeConnection(asyncio.BufferedProtocol):
         out, self._out = self._out, bytearray()
         if self.broken is not None:
             return
+        payload = memoryview(payload)
+        if payload.format != "B" or payload.ndim != 1:
+            payload = payload.cast("B")           # lengths below count bytes
         sent = 0
         if self._sock is not None and not self._transport.get_write_buffer_size():
             try:
@@ -197,7 +200,7 @@ class AsyncNodeConnection(asyncio.BufferedProtocol):
             self._transport.write(memoryview(out)[sent:])
             self._transport.write(payload)
         elif sent < len(out) + len(payload):
-            self._transport.write(memoryview(payload).cast("B")[sent - len(out):])
+            self._transport.write(payload[sent - len(out):])
 
     def _write_out(self) -> None:
         self._out_scheduled = False

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 
 from kvstore._proto import kvstore_pb2 as pb
@@ -111,7 +112,9 @@ def test_values_sent_with_their_frames_arrive_whole_and_in_order():
     """A value above the join size goes out in one gathered send with the frames
     queued before it; a peer that reads slowly makes the kernel take part of it, and
     the rest follows through the transport, in order (frames and values byte exact)."""
-    values = [bytes([i]) * ((1 << 20) + 7 * i) for i in range(12)]
+    values: list = [bytes([i]) * ((1 << 20) + 7 * i) for i in range(12)]
+    values[5] = memoryview(np.arange(300_001, dtype=np.float32))   # lengths count bytes
+    expected = [bytes(v) for v in values]
     got: list[tuple[str, bytes]] = []
 
     async def go():
@@ -133,11 +136,11 @@ def test_values_sent_with_their_frames_arrive_whole_and_in_order():
             conn = await AsyncNodeConnection.open("127.0.0.1", server.sockets[0].getsockname()[1],
                                                   timeout_s=10)
             answers = await asyncio.gather(*(
-                conn.request(Op.PUT, f"k{i}", size=len(v), payload=v)
+                conn.request(Op.PUT, f"k{i}", size=len(expected[i]), payload=v)
                 for i, v in enumerate(values)))
             assert all(a.code == pb.OK for a in answers)
             conn.close()
             await asyncio.wait_for(served.wait(), 10)
     asyncio.run(go())
     assert [k for k, _ in got] == [f"k{i}" for i in range(len(values))]
-    assert all(v == values[i] for i, (_, v) in enumerate(got))
+    assert all(v == expected[i] for i, (_, v) in enumerate(got))
