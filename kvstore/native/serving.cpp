@@ -17,6 +17,7 @@ namespace kvstore_native::serving {
 namespace {
 
 constexpr uint8_t kGet = static_cast<uint8_t>(frames::Op::kGet);
+constexpr uint8_t kShmTouch = static_cast<uint8_t>(frames::Op::kShmTouch);
 
 int64_t now_ns() noexcept {
     timespec ts;
@@ -113,6 +114,15 @@ bool Index::acquire(std::string_view key, uint64_t object_id, Copy* out) {
     return true;
 }
 
+bool Index::touch(std::string_view key, uint64_t object_id, Copy* out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Entry* e = servable_locked(key, object_id);
+    if (e == nullptr) return false;
+    *out = e->copy;
+    gets_.fetch_add(1);
+    return true;
+}
+
 void Index::release(uint64_t serial) {
     std::lock_guard<std::mutex> lock(mu_);
     auto k = keys_.find(serial);
@@ -141,7 +151,8 @@ void Index::give_poller() { pollers_.fetch_sub(1); }
 
 namespace {
 
-// The replies gathered for one sendmsg: a header and the value per GET.
+// The replies gathered for one sendmsg: a header and the value per GET, a header
+// per SHM_TOUCH.
 class Batch {
 public:
     Batch(Index& index, const Options& opt, Result& res)
@@ -153,13 +164,13 @@ public:
     }
     ~Batch() { drop(); }
 
-    bool empty() const { return held_.empty(); }
+    bool empty() const { return started_.empty(); }
     bool full() const {
-        return held_.size() >= opt_.gather_frames || bytes_ >= opt_.gather_bytes;
+        return started_.size() >= opt_.gather_frames || bytes_ >= opt_.gather_bytes;
     }
 
     void add(const Copy& c, int64_t started_ns) {
-        uint8_t* h = headers_.data() + held_.size() * frames::kResponseBytes;
+        uint8_t* h = headers_.data() + started_.size() * frames::kResponseBytes;
         frames::Response r{};
         r.object_id = c.object_id;
         r.size = c.size;
@@ -168,8 +179,18 @@ public:
         iov_.push_back({h, frames::kResponseBytes});
         if (c.size) iov_.push_back({const_cast<uint8_t*>(index_.base() + c.offset), c.size});
         held_.push_back(c.serial);
-        started_.push_back(started_ns);
+        started_.push_back({started_ns, false});
         bytes_ += c.size;
+    }
+
+    // An SHM_TOUCH's reply: OK with the frame's object_id, nothing else (as Python's).
+    void add_touch(uint64_t object_id, int64_t started_ns) {
+        uint8_t* h = headers_.data() + started_.size() * frames::kResponseBytes;
+        frames::Response r{};
+        r.object_id = object_id;
+        frames::encode_response(r, h);
+        iov_.push_back({h, frames::kResponseBytes});
+        started_.push_back({started_ns, true});
     }
 
     // Send everything; false (``error`` set) when the socket failed. Readers are
@@ -197,12 +218,12 @@ public:
         }
         if (ok) {
             int64_t done = now_ns();
-            for (int64_t t : started_) {
+            for (auto [t, touch] : started_) {
                 double s = (done - t) * 1e-9;
-                res_.seconds += s;
                 size_t b = std::lower_bound(opt_.buckets.begin(), opt_.buckets.end(), s)
                            - opt_.buckets.begin();
-                res_.histogram[b] += 1;
+                (touch ? res_.touch_seconds : res_.seconds) += s;
+                (touch ? res_.touch_histogram : res_.histogram)[b] += 1;
             }
         }
         drop();
@@ -223,8 +244,8 @@ private:
     Result& res_;
     std::vector<uint8_t> headers_;
     std::vector<iovec> iov_;
-    std::vector<uint64_t> held_;
-    std::vector<int64_t> started_;
+    std::vector<uint64_t> held_;                      // serials read (GETs), released after
+    std::vector<std::pair<int64_t, bool>> started_;   // per reply: its frame's time, a touch
     size_t bytes_ = 0;
 };
 
@@ -234,6 +255,7 @@ Result serve_gets(Index& index, int fd, uint8_t* buf, size_t cap, size_t start, 
                   Options& opt) noexcept {
     Result res;
     res.histogram.assign(opt.buckets.size() + 1, 0);
+    res.touch_histogram.assign(opt.buckets.size() + 1, 0);
     std::unordered_set<uint64_t> touched;      // serials already in res.touches
     const int64_t began = now_ns();
     int64_t& answered = opt.answered_ns;       // when the last batch went out
@@ -258,7 +280,8 @@ Result serve_gets(Index& index, int fd, uint8_t* buf, size_t cap, size_t start, 
             const size_t avail = end - start;
             if (avail >= frames::kRequestBytes) {
                 const uint8_t* h = buf + start;
-                if (h[0] != kGet || h[1] != 0) {      // not a GET (or a malformed one)
+                const bool touch = h[0] == kShmTouch;
+                if ((h[0] != kGet && !touch) || h[1] != 0) {   // not ours (or malformed)
                     if (!flush()) return finish(Status::kSendError);
                     return finish(Status::kHandoff);
                 }
@@ -278,11 +301,16 @@ Result serve_gets(Index& index, int fd, uint8_t* buf, size_t cap, size_t start, 
                     std::string_view key(reinterpret_cast<const char*>(h) + frames::kRequestBytes,
                                          rq.key_len);
                     Copy c;
-                    if (index.epoch() != opt.epoch || !index.acquire(key, rq.object_id, &c)) {
+                    if (index.epoch() != opt.epoch
+                            || !(touch ? index.touch(key, rq.object_id, &c)
+                                       : index.acquire(key, rq.object_id, &c))) {
                         if (!flush()) return finish(Status::kSendError);
                         return finish(Status::kHandoff);
                     }
-                    batch.add(c, now_ns());
+                    if (touch)
+                        batch.add_touch(rq.object_id, now_ns());
+                    else
+                        batch.add(c, now_ns());
                     start += frame;
                     res.gets += 1;
                     res.bytes += c.size;

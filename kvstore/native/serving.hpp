@@ -1,5 +1,6 @@
 // The node's native GET service: DRAM copies a data connection may send without
-// Python, and the loop that serves a connection's GET frames from them.
+// Python, and the loop that serves a connection's GET frames from them (and the
+// SHM_TOUCH frames of same-host readers that copied one without the node).
 //
 // Pure C++ (no Python types): serving_bind.cpp binds it with the GIL released.
 // Step 2 of docs/data-plane.md "Next" for GET (issue 33): a connection's frame
@@ -32,6 +33,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace kvstore_native::serving {
@@ -75,6 +77,9 @@ public:
 
     // serve_gets' side: a reader on the copy of ``key`` (object_id 0: any version).
     bool acquire(std::string_view key, uint64_t object_id, Copy* out);
+    // A read made without the node (a same-host copy: SHM_TOUCH), counted as a GET;
+    // no reader is taken (nothing is sent from the copy).
+    bool touch(std::string_view key, uint64_t object_id, Copy* out);
     void release(uint64_t serial);
 
     const uint8_t* base() const { return base_; }
@@ -134,9 +139,12 @@ struct Result {
     int error = 0;
     size_t start = 0, end = 0;           // the buffer's unread bytes now
     uint64_t gets = 0, bytes = 0;        // served by this call
-    std::vector<uint64_t> histogram;     // per bucket, then +Inf
+    std::vector<uint64_t> histogram;     // per bucket, then +Inf (GETs)
     double seconds = 0;                  // summed time of the gets (frame read -> sent)
+    std::vector<uint64_t> touch_histogram;   // the same for SHM_TOUCH frames
+    double touch_seconds = 0;
     std::vector<int64_t> touches;        // (slot, serial) pairs of the copies read, once each
+                                         // (by a GET or an SHM_TOUCH)
 };
 
 // Serve the GET frames of connection ``fd`` (a blocking stream socket; its
@@ -144,9 +152,10 @@ struct Result {
 // ``buf[start:end]`` and more are received into ``buf`` (``cap`` bytes; unread
 // bytes are moved to its front when room runs out). A GET whose key is served
 // (and whose object_id is 0 or the copy's) is answered OK with the value from
-// the segment; anything else (another op, a parent key, an unknown or withdrawn
-// key, a fenced node, an oversized frame) ends the call with kHandoff, the frame
-// unread. Replies are gathered while more frames are at hand and sent before
+// the segment; an SHM_TOUCH of a served copy is answered OK (header only) and
+// counted as a read, as Python's loop does; anything else (another op, a parent
+// key, an unknown or withdrawn key, a fenced node, an oversized frame) ends the
+// call with kHandoff, the frame unread. Replies are gathered while more frames are at hand and sent before
 // any wait or return.
 Result serve_gets(Index& index, int fd, uint8_t* buf, size_t cap, size_t start, size_t end,
                   Options& opt) noexcept;

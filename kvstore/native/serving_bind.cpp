@@ -43,7 +43,7 @@ py::tuple serve(Index& index, int fd, py::handle buffer, size_t start, size_t en
     py::bytes touches(reinterpret_cast<const char*>(r.touches.data()),
                       r.touches.size() * sizeof(int64_t));
     return py::make_tuple(static_cast<int>(r.status), r.error, r.start, r.end, r.gets, r.bytes,
-                          r.histogram, r.seconds, touches);
+                          r.histogram, r.seconds, touches, r.touch_histogram, r.touch_seconds);
 }
 
 void register_serving(py::module_& m) {
@@ -93,8 +93,9 @@ void register_serving(py::module_& m) {
 
     m.def("serve_gets", &serve, py::arg("index"), py::arg("fd"), py::arg("buffer"),
           py::arg("start"), py::arg("end"), py::arg("options"),
-          "Serve a connection's GET frames natively (GIL released): (status, errno, "
-          "start, end, gets, bytes, histogram, seconds, touches).");
+          "Serve a connection's GET and SHM_TOUCH frames natively (GIL released): (status, "
+          "errno, start, end, gets, bytes, histogram, seconds, touches, touch_histogram, "
+          "touch_seconds); gets and bytes count both ops, histogram and seconds the GETs.");
 }
 
 Registered reg(&register_serving);

@@ -1,5 +1,11 @@
 """The native GET service: a data connection's GET frames answered without Python.
 
+It answers the SHM_TOUCH frames of same-host readers too: a reader that copied a
+served copy straight from the segment (``kvstore/transfer/shm_slots.py``) tells
+the node with a deferred SHM_TOUCH, which is counted as a read (recency, the
+node's gets and bytes, ``shm_touch`` request metrics) and answered OK, as the
+Python loop does; a touch of a copy not served goes to Python.
+
 A connection's frame loop (:mod:`kvstore.store.session`) stays Python's. While
 it has no reply pending it lends its socket and read-ahead buffer to the native
 core (``kvstore/native/serving.hpp``, GIL released), which answers every GET of
@@ -89,7 +95,8 @@ class GetPump:
 
     def takes_next(self) -> bool:
         """Whether the native service should take the connection now: nothing is
-        buffered (it waits for the next frame), or the next frame is a GET it serves
+        buffered (it waits for the next frame), or the next frame is a GET (or an
+        SHM_TOUCH) it serves
         (the Python loop then sends its replies first). A pipelined client's GETs go
         back to it after a frame Python answered, not only once the buffer drains."""
         if not self.session.tenancy.reads_everything():
@@ -99,7 +106,7 @@ class GetPump:
         if head is None:
             return True
         op, flags, key_len, parent_len, object_id, _size, _checksum = REQUEST.unpack(head)
-        if op != Op.GET or flags or parent_len:
+        if (op != Op.GET and op != Op.SHM_TOUCH) or flags or parent_len:
             return False
         frame = reader.peek(REQUEST.size + key_len)
         return frame is not None and self.index.serves(bytes(frame[REQUEST.size:]), object_id)
@@ -122,13 +129,15 @@ class GetPump:
             self.options.epoch = self.index.epoch          # before the token is checked
             if not self.session.tenancy.reads_everything():
                 return                     # not proven yet, or a tenant's: Python's
-            status, error, gets, nbytes, hist, seconds, touches = self.session.reader.lend(
-                self._serve)
+            (status, error, gets, nbytes, hist, seconds, touches, touch_hist,
+             touch_seconds) = self.session.reader.lend(self._serve)
             if gets:
                 self.session.bytes_out += nbytes
                 self.node.note_native_reads(touches)
                 if self.session.tally is not None:
                     self.session.tally.observe_many("get", "OK", hist, seconds)
+                    self.session.tally.observe_many("shm_touch", "OK", touch_hist,
+                                                    touch_seconds)
             if status != _YIELD:       # yielded: accounted, and on
                 break
         if status == _HANDOFF:
@@ -148,6 +157,7 @@ class GetPump:
         raise Unavailable(f"client connection lost: {exc}") from exc
 
     def _serve(self, buffer, start: int, end: int):
-        status, error, start, end, gets, nbytes, hist, seconds, touches = _native.serve_gets(
-            self.index, self.fd, buffer, start, end, self.options)
-        return start, end, (status, error, gets, nbytes, hist, seconds, touches)
+        (status, error, start, end, gets, nbytes, hist, seconds, touches, touch_hist,
+         touch_seconds) = _native.serve_gets(self.index, self.fd, buffer, start, end, self.options)
+        return start, end, (status, error, gets, nbytes, hist, seconds, touches, touch_hist,
+                            touch_seconds)

@@ -102,6 +102,32 @@ def test_a_read_copy_is_served_natively_and_counted(node, tr):
     node._table.check_invariants(idle=True)
 
 
+def test_same_host_touches_of_a_served_copy_are_answered_natively(node, tr):
+    """SHM_TOUCH (a same-host reader copied the value without the node) of a served
+    copy is counted as a read without Python, in order with the GETs around it; a
+    touch of another version goes to Python, which counts nothing and answers OK."""
+    value = _value(4096, 7)
+    _published(tr, "t", value)
+    python_touches = []
+    touch = node.touch
+    node.touch = lambda key, object_id: python_touches.append(key) or touch(key, object_id)
+    gets_before = node.stats().counters["gets"]
+    conn = tr.conn
+    for object_id in (1, 0, 1, 5):
+        conn.send(Op.SHM_TOUCH, "t", object_id)
+    conn.send(Op.GET, "t", 1)
+    answers = [conn.recv_header() for _ in range(5)]
+    assert [(code, oid, size) for code, oid, size, *_ in answers[:4]] == [
+        (pb.OK, 1, 0), (pb.OK, 0, 0), (pb.OK, 1, 0), (pb.OK, 5, 0)]
+    assert answers[4][:3] == (pb.OK, 1, len(value))
+    got = bytearray(len(value))
+    conn.recv_value_into(len(value), memoryview(got))
+    assert got == value
+    assert python_touches == ["t"]               # only the other version's touch
+    assert node.stats().counters["gets"] - gets_before == 4
+    assert node.python_reads == ["t"]            # the first read only
+
+
 def test_a_fenced_node_serves_nothing_natively(node, tr):
     v = _value(4096, 7)
     _published(tr, "f", v)

@@ -58,11 +58,11 @@ def test_gets_of_a_published_copy_are_answered_and_others_handed_back(world):
     buf = bytearray(64 * 1024)
     wire = _frame(Op.GET, b"k") + _frame(Op.GET, b"k", 42) + _frame(Op.GET, b"other")
     buf[:len(wire)] = wire
-    status, err, start, end, gets, nbytes, hist, seconds, touches = _serve(
+    status, err, start, end, gets, nbytes, hist, seconds, touches, touch_hist, _ = _serve(
         index, b, opts, buf, 0, len(wire))
     assert (status, err, gets, nbytes) == (HANDOFF, 0, 2, 22)
     assert bytes(buf[start:end]) == _frame(Op.GET, b"other")      # left unread
-    assert sum(hist) == 2 and seconds >= 0
+    assert sum(hist) == 2 and seconds >= 0 and sum(touch_hist) == 0
     assert touches == (3).to_bytes(8, "little") + (7).to_bytes(8, "little")   # once per copy
     assert _answers(a, 2) == [(0, 42, b"hello world")] * 2
     assert index.gets == 2
@@ -70,8 +70,30 @@ def test_gets_of_a_published_copy_are_answered_and_others_handed_back(world):
     assert not index.serves(b"k", 41) and not index.serves(b"other", 0)
 
 
+def test_touches_of_a_served_copy_are_counted_and_answered_in_order(world):
+    """A same-host reader's SHM_TOUCH (it copied the value without the node) is a read:
+    counted with the gets (and the copy's bytes), answered OK with the frame's
+    object_id and no value, in order among the GETs; a touch of a copy not served
+    is handed back (Python's loop answers it)."""
+    _segment, index, a, b, opts = world
+    buf = bytearray(64 * 1024)
+    wire = (_frame(Op.SHM_TOUCH, b"k", 42) + _frame(Op.GET, b"k") + _frame(Op.SHM_TOUCH, b"k")
+            + _frame(Op.SHM_TOUCH, b"k", 41))
+    buf[:len(wire)] = wire
+    status, _err, start, end, gets, nbytes, hist, _s, touches, touch_hist, _ts = _serve(
+        index, b, opts, buf, 0, len(wire))
+    assert (status, gets, nbytes) == (HANDOFF, 3, 33)
+    assert sum(hist) == 1 and sum(touch_hist) == 2
+    assert bytes(buf[start:end]) == _frame(Op.SHM_TOUCH, b"k", 41)      # another version
+    assert touches == (3).to_bytes(8, "little") + (7).to_bytes(8, "little")   # once per copy
+    assert _answers(a, 3) == [(0, 42, b""), (0, 42, b"hello world"), (0, 0, b"")]
+    assert index.gets == 3
+    assert index.withdraw(7) == 0                  # a touch holds no reader
+
+
 @pytest.mark.parametrize("wire", [
     _frame(Op.GET, b"k", 41),                 # another version: Python's NOT_FOUND
+    REQUEST.pack(Op.SHM_TOUCH, 0, 1, 0, 0, 0, 0) + b"x",     # a touch of a copy not served
     _frame(Op.GET, b"k", 0, parent=b"p"),     # a GET with a parent is not one of ours
     _frame(Op.PUT, b"k"),                     # not a GET
     _frame(Op.GET, b""),                      # no key

@@ -1,4 +1,5 @@
-// libFuzzer target of the native GET service: serve_gets on arbitrary client bytes.
+// libFuzzer target of the native GET service: serve_gets on arbitrary client bytes
+// (GET and SHM_TOUCH frames are served, anything else handed back).
 // Built by .ci/native_checks.sh with
 //   clang++ -fsanitize=fuzzer,address,undefined serving_fuzz.cpp serving.cpp frames.cpp
 // and run for a bounded time; any trap, sanitizer report or leak fails CI.
@@ -9,7 +10,8 @@
 //  1. serve_gets reads only inside its buffer and the segment, and always ends
 //     (the peer's end of stream: kClosed) with start <= end <= cap.
 //  2. Every reply sent is a 48-byte OK header with the served copy's size, then
-//     exactly that many bytes of it, in the order of the GET frames answered.
+//     exactly that many bytes of it (an SHM_TOUCH's: size 0, nothing after), in
+//     the order of the frames answered.
 //  3. A handed-back frame is left unread at ``start``; the Python loop's
 //     part is played by skipping one byte of it (it would consume the frame).
 //  4. No reader is left on a copy: withdrawing every key afterwards finds none.
