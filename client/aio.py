@@ -213,12 +213,11 @@ class AsyncKVClient:
         meta = self._meta.get(key) if type(key) is str else None
         if meta is not None and len(meta.replicas) == 1:
             # The fast path: one cached replica, read in place (no lists, no gather). A
-            # failure other than a bad destination reads once more with fresh metadata.
+            # failure reads once more with fresh metadata, a destination too small for
+            # the cached size too (another client may have put a smaller value since).
             got = await self._read(meta, dest, meta.replicas)
             if not isinstance(got, KVStoreError):
                 return got
-            if isinstance(got, InvalidArgument):
-                raise got
             self._meta.drop(key)
         (got,) = await self._get_many([key], [dest])
         return unwrap(got)

@@ -29,7 +29,7 @@ import time
 from kvstore.auth import proof
 from kvstore.transfer.framing import AnswerReader, encode_request
 from kvstore.transfer.reply import Reply
-from kvstore.errors import KVStoreError, Unavailable
+from kvstore.errors import InvalidArgument, KVStoreError, Unavailable
 from kvstore.rpc import MAX_MESSAGE_BYTES
 from kvstore.transfer.protocol import Op, hello_nonce_bytes, tune_socket
 
@@ -37,6 +37,25 @@ from kvstore.transfer.protocol import Op, hello_nonce_bytes, tune_socket
 _JOIN_BELOW_BYTES = 16 << 10
 #: Unsent bytes above which requests wait for the socket (resume below a quarter).
 HIGH_WATER_BYTES = 4 << 20
+
+
+def _byte_view(payload, size: int) -> memoryview:
+    """``payload`` as a flat byte view of ``size`` bytes (lengths then count bytes).
+
+    Raises:
+        InvalidArgument: not a contiguous bytes-like object of ``size`` bytes.
+    """
+    try:
+        view = memoryview(payload)
+        if not view.c_contiguous:
+            raise BufferError("not C-contiguous")
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+    except (TypeError, ValueError, BufferError) as exc:
+        raise InvalidArgument(f"a value must be contiguous bytes: {exc}") from None
+    if len(view) != size:
+        raise InvalidArgument(f"a value of {len(view)} B announced as {size} B")
+    return view
 
 
 class _Overdue(Exception):
@@ -144,18 +163,21 @@ class AsyncNodeConnection(asyncio.BufferedProtocol):
 
         Raises:
             Unavailable: the connection broke or the answer did not come in time.
+            InvalidArgument: ``payload`` is not ``size`` contiguous bytes (nothing is
+                sent or queued: the other requests on the connection go on).
         """
+        value = _byte_view(payload, size) if payload is not None and size else None
         while self._writable is not None and self.broken is None:
             await asyncio.shield(self._writable)
         if self.broken is not None:
             raise self.broken
         fut = self._loop.create_future()
         self._out += encode_request(op, key, object_id, size, checksum, parent, flags)
-        if payload is not None and size:
+        if value is not None:
             if size <= _JOIN_BELOW_BYTES:
-                self._out += payload
+                self._out += value
             else:                          # a large value goes from the caller's buffer
-                self._write_with(payload)
+                self._write_with(value)
         if self._out and not self._out_scheduled:
             self._out_scheduled = True     # the frames of this loop iteration, one send
             self._loop.call_soon(self._write_out)
@@ -168,7 +190,7 @@ class AsyncNodeConnection(asyncio.BufferedProtocol):
             return await fut
         except _Overdue:
             self._reader.abandon(fut)
-            raise Unavailable(f"no answer from the node within {timeout_s:.1f} s") from None
+            raise Unavailable(f"no answer from the node within {timeout_s:.3g} s") from None
         except asyncio.CancelledError:
             self._reader.abandon(fut)
             raise
@@ -176,7 +198,7 @@ class AsyncNodeConnection(asyncio.BufferedProtocol):
             if timer is not None:
                 timer.cancel()
 
-    def _write_with(self, payload) -> None:
+    def _write_with(self, payload: memoryview) -> None:
         """The frames queued so far, then ``payload``: in one gathered ``sendmsg`` (one
         TCP segment train and one wake-up of the node, not two) on a plain socket whose
         transport has nothing buffered; what the kernel did not take, and everything
@@ -184,9 +206,6 @@ class AsyncNodeConnection(asyncio.BufferedProtocol):
         out, self._out = self._out, bytearray()
         if self.broken is not None:
             return
-        payload = memoryview(payload)
-        if payload.format != "B" or payload.ndim != 1:
-            payload = payload.cast("B")           # lengths below count bytes
         sent = 0
         if self._sock is not None and not self._transport.get_write_buffer_size():
             try:

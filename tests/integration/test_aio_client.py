@@ -188,3 +188,25 @@ def test_one_str_is_no_batch_of_keys(master, key_prefix):
                 with pytest.raises(InvalidArgument, match="sequence of str"):
                     await call("abc")
     run(go())
+
+
+def test_a_stale_cached_size_does_not_refuse_a_destination_that_fits_the_new_value(
+        master, key_prefix):
+    """Another client removed the key and put a smaller value: a destination that fits
+    the new value is read into (fresh metadata), as the sync SDK does, not refused
+    against the cached size; one too small for the new value is still refused."""
+    key = key_prefix + "shrunk"
+    small = random_bytes(100, 8)
+
+    async def go():
+        async with AsyncKVClient(master) as kv:
+            assert await kv.put(key, random_bytes(5000, 7)) is True
+            assert len(await kv.get(key)) == 5000                   # cached: 5000 B
+            with KVClient(master, prefer_shm=False) as other:
+                other.remove(key)
+                assert other.put(key, small) is True
+            dest = bytearray(100)
+            assert await kv.get_into(key, dest) == 100 and dest == small
+            with pytest.raises(InvalidArgument):
+                await kv.get_into(key, bytearray(99))
+    run(go())

@@ -144,3 +144,26 @@ def test_values_sent_with_their_frames_arrive_whole_and_in_order():
     asyncio.run(go())
     assert [k for k, _ in got] == [f"k{i}" for i in range(len(values))]
     assert all(v == expected[i] for i, (_, v) in enumerate(got))
+
+
+def test_a_bad_value_is_refused_before_anything_is_queued():
+    """A value that is not contiguous bytes of its announced size is refused before
+    its frame is queued: the requests before and after it on the connection get
+    their own answers (nothing is sent for it, nothing of theirs is dropped)."""
+    import numpy as np
+    from kvstore.errors import InvalidArgument
+
+    async def go():
+        server, port = await _peer([_answer(5, b"hello"), _answer(3, b"abc")])
+        async with server:
+            conn = await AsyncNodeConnection.open("127.0.0.1", port, timeout_s=5)
+            strided = np.zeros(64 * 1024, dtype=np.uint8)[::2]          # not contiguous
+            first, bad, wrong_size, last = await asyncio.gather(
+                conn.request(Op.GET, "", max_value_bytes=5),
+                conn.request(Op.PUT, "", size=strided.nbytes, payload=strided),
+                conn.request(Op.PUT, "", size=10, payload=b"nine byte"),
+                conn.request(Op.GET, "", max_value_bytes=3), return_exceptions=True)
+            assert isinstance(bad, InvalidArgument) and isinstance(wrong_size, InvalidArgument)
+            assert first.value == bytearray(b"hello") and last.value == bytearray(b"abc")
+            conn.close()
+    asyncio.run(go())
