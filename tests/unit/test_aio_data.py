@@ -167,3 +167,38 @@ def test_a_bad_value_is_refused_before_anything_is_queued():
             assert first.value == bytearray(b"hello") and last.value == bytearray(b"abc")
             conn.close()
     asyncio.run(go())
+
+
+def test_each_request_ends_at_its_own_wait_whatever_the_order():
+    """Requests' own waits: a short wait queued after a long one still ends on time, a
+    later one after it, and the answers that then come go to the callers still
+    waiting, in order."""
+    async def go():
+        async def serve(reader, writer):
+            for _ in range(3):
+                await reader.readexactly(REQUEST.size)
+            await asyncio.sleep(0.5)
+            writer.write(_answer(5, b"hello") + _answer(3, b"abc") + _answer(3, b"xyz"))
+            await writer.drain()
+            await reader.read()
+            writer.close()
+            served.set()
+        served = asyncio.Event()
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        async with server:
+            conn = await AsyncNodeConnection.open("127.0.0.1", server.sockets[0].getsockname()[1],
+                                                  timeout_s=5)
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+
+            async def timed(wait_s):
+                try:
+                    return await conn.request(Op.GET, "", max_value_bytes=5, timeout_s=wait_s)
+                except Unavailable:
+                    return loop.time() - t0
+            long, short, middle = await asyncio.gather(timed(3.0), timed(0.1), timed(0.25))
+            assert 0.1 <= short < 0.25 <= middle < 0.45           # each at its own time
+            assert long.value == bytearray(b"hello")             # its own answer
+            conn.close()
+            await asyncio.wait_for(served.wait(), 10)
+    asyncio.run(go())
