@@ -178,6 +178,8 @@ class AsyncNodeConnection(asyncio.BufferedProtocol):
                 self._out += value
             else:                          # a large value goes from the caller's buffer
                 self._write_with(value)
+                if self.broken is not None:    # the send failed: no answer will come
+                    raise self.broken
         if self._out and not self._out_scheduled:
             self._out_scheduled = True     # the frames of this loop iteration, one send
             self._loop.call_soon(self._write_out)

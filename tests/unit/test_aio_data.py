@@ -202,3 +202,40 @@ def test_each_request_ends_at_its_own_wait_whatever_the_order():
             conn.close()
             await asyncio.wait_for(served.wait(), 10)
     asyncio.run(go())
+
+
+def test_a_send_that_fails_fails_its_request_at_once():
+    """The gathered send of a value fails (the node reset the connection before the
+    loop noticed): that request fails Unavailable at once, as do the later ones; none
+    waits for an answer that cannot come."""
+    import socket
+    import threading
+    import time
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def reset_the_first():
+        peer, _ = listener.accept()
+        peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        peer.close()                                  # RST
+    threading.Thread(target=reset_the_first, daemon=True).start()
+
+    async def go():
+        conn = await AsyncNodeConnection.open("127.0.0.1", port, timeout_s=30)
+        time.sleep(0.3)              # the reset has arrived; the loop has not looked yet
+        value = bytes(1 << 20)
+        outcomes = []
+        for _ in range(3):
+            try:
+                await asyncio.wait_for(conn.request(Op.PUT, "k", size=len(value),
+                                                    payload=value), 5)
+                outcomes.append("answered")
+            except Unavailable:
+                outcomes.append("unavailable")
+        assert outcomes == ["unavailable"] * 3
+        conn.close()
+    try:
+        asyncio.run(go())
+    finally:
+        listener.close()
