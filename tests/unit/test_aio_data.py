@@ -215,14 +215,18 @@ def test_a_send_that_fails_fails_its_request_at_once():
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
 
+    opened = threading.Event()
+
     def reset_the_first():
         peer, _ = listener.accept()
+        opened.wait(10)                               # once the client's connect is done
         peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
         peer.close()                                  # RST
     threading.Thread(target=reset_the_first, daemon=True).start()
 
     async def go():
         conn = await AsyncNodeConnection.open("127.0.0.1", port, timeout_s=30)
+        opened.set()
         time.sleep(0.3)              # the reset has arrived; the loop has not looked yet
         value = bytes(1 << 20)
         outcomes = []
