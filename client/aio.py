@@ -313,8 +313,9 @@ class AsyncKVClient:
                 self._grants.pop(slot, None)
 
     def _placed(self, slot, key: str, size_bytes: int, exclude):
-        """:meth:`_place` without its coroutine while the shard's grant serves the put
-        (a refresh due starts in the background), else None."""
+        """An object id and targets while the shard's grant serves the put (a refresh
+        due starts in the background), else None (:meth:`_place` fetches one): no
+        coroutine on the common path."""
         g = self._grants.get(slot)
         use = grant_use(g, key, time.monotonic())
         if use is GrantUse.FETCH:
@@ -328,13 +329,13 @@ class AsyncKVClient:
         that several puts wait on, within each one's deadline."""
         fetched = False
         while True:
+            placed = self._placed(slot, key, size_bytes, exclude)
+            if placed is not None:
+                return placed
             g = self._grants.get(slot)
-            use = grant_use(g, key, time.monotonic())
-            if use is GrantUse.REFRESH:
-                self._fetch(slot, "")
             if fetched and (g is None or not g.serves(key)):
                 raise self._grant_error.get(slot) or Unavailable("no placement grant", key=key)
-            if use is not GrantUse.FETCH or fetched and not dl.may_retry():
+            if fetched and not dl.may_retry():
                 return take(g, key, size_bytes, slot[1], exclude, self._host_id)
             fetched = True
             try:

@@ -169,28 +169,17 @@ public:
         return started_.size() >= opt_.gather_frames || bytes_ >= opt_.gather_bytes;
     }
 
+    // A GET's reply: OK with the copy's fields, then its value from the segment.
     void add(const Copy& c, int64_t started_ns) {
-        uint8_t* h = headers_.data() + started_.size() * frames::kResponseBytes;
-        frames::Response r{};
-        r.object_id = c.object_id;
-        r.size = c.size;
-        r.checksum = c.checksum;
-        frames::encode_response(r, h);
-        iov_.push_back({h, frames::kResponseBytes});
+        header(c.object_id, c.size, c.checksum, started_ns, false);
         if (c.size) iov_.push_back({const_cast<uint8_t*>(index_.base() + c.offset), c.size});
         held_.push_back(c.serial);
-        started_.push_back({started_ns, false});
         bytes_ += c.size;
     }
 
     // An SHM_TOUCH's reply: OK with the frame's object_id, nothing else (as Python's).
     void add_touch(uint64_t object_id, int64_t started_ns) {
-        uint8_t* h = headers_.data() + started_.size() * frames::kResponseBytes;
-        frames::Response r{};
-        r.object_id = object_id;
-        frames::encode_response(r, h);
-        iov_.push_back({h, frames::kResponseBytes});
-        started_.push_back({started_ns, true});
+        header(object_id, 0, 0, started_ns, true);
     }
 
     // Send everything; false (``error`` set) when the socket failed. Readers are
@@ -231,6 +220,18 @@ public:
     }
 
 private:
+    void header(uint64_t object_id, uint64_t size, uint64_t checksum, int64_t started_ns,
+                bool touch) {
+        uint8_t* h = headers_.data() + started_.size() * frames::kResponseBytes;
+        frames::Response r{};
+        r.object_id = object_id;
+        r.size = size;
+        r.checksum = checksum;
+        frames::encode_response(r, h);
+        iov_.push_back({h, frames::kResponseBytes});
+        started_.push_back({started_ns, touch});
+    }
+
     void drop() {
         for (uint64_t serial : held_) index_.release(serial);
         held_.clear();

@@ -155,8 +155,8 @@ struct Result {
 // the segment; an SHM_TOUCH of a served copy is answered OK (header only) and
 // counted as a read, as Python's loop does; anything else (another op, a parent
 // key, an unknown or withdrawn key, a fenced node, an oversized frame) ends the
-// call with kHandoff, the frame unread. Replies are gathered while more frames are at hand and sent before
-// any wait or return.
+// call with kHandoff, the frame unread. Replies are gathered while more frames
+// are at hand and sent before any wait or return.
 Result serve_gets(Index& index, int fd, uint8_t* buf, size_t cap, size_t start, size_t end,
                   Options& opt) noexcept;
 

@@ -96,9 +96,9 @@ class GetPump:
     def takes_next(self) -> bool:
         """Whether the native service should take the connection now: nothing is
         buffered (it waits for the next frame), or the next frame is a GET (or an
-        SHM_TOUCH) it serves
-        (the Python loop then sends its replies first). A pipelined client's GETs go
-        back to it after a frame Python answered, not only once the buffer drains."""
+        SHM_TOUCH) it serves (the Python loop then sends its replies first). A
+        pipelined client's GETs go back to it after a frame Python answered, not only
+        once the buffer drains."""
         if not self.session.tenancy.reads_everything():
             return False                   # not proven yet, or a tenant's: Python's
         reader = self.session.reader

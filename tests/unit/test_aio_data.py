@@ -6,6 +6,7 @@ instead of being believed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import numpy as np
 import pytest
@@ -34,6 +35,31 @@ async def _peer(script):
         writer.close()
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     return server, server.sockets[0].getsockname()[1]
+
+
+@contextlib.asynccontextmanager
+async def _connected_to(handler, timeout_s: float):
+    """A connection to a server that runs ``handler(reader, writer)`` on it, then
+    reads until the client closes; on leaving, the connection is closed and the
+    server's side is waited for (nothing of it is left running)."""
+    served = asyncio.Event()
+
+    async def serve(reader, writer):
+        try:
+            await handler(reader, writer)
+            await reader.read()                       # until the client closes
+            writer.close()
+        finally:
+            served.set()
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    async with server:
+        conn = await AsyncNodeConnection.open("127.0.0.1", server.sockets[0].getsockname()[1],
+                                              timeout_s=timeout_s)
+        try:
+            yield conn
+        finally:
+            conn.close()
+            await asyncio.wait_for(served.wait(), 10)
 
 
 def test_answers_split_anywhere_arrive_in_order():
@@ -117,30 +143,22 @@ def test_values_sent_with_their_frames_arrive_whole_and_in_order():
     expected = [bytes(v) for v in values]
     got: list[tuple[str, bytes]] = []
 
+    async def serve(reader, writer):
+        for _ in values:
+            head = await reader.readexactly(REQUEST.size)
+            _op, _flags, key_len, parent_len, _oid, size, _sum = REQUEST.unpack(head)
+            key = (await reader.readexactly(key_len + parent_len))[:key_len].decode()
+            await asyncio.sleep(0.02)                 # the client's sends fill the socket
+            got.append((key, await reader.readexactly(size)))
+            writer.write(_answer())
+            await writer.drain()
+
     async def go():
-        async def serve(reader, writer):
-            for _ in values:
-                head = await reader.readexactly(REQUEST.size)
-                _op, _flags, key_len, parent_len, _oid, size, _sum = REQUEST.unpack(head)
-                key = (await reader.readexactly(key_len + parent_len))[:key_len].decode()
-                await asyncio.sleep(0.02)             # the client's sends fill the socket
-                got.append((key, await reader.readexactly(size)))
-                writer.write(_answer())
-                await writer.drain()
-            await reader.read()                       # until the client closes
-            writer.close()
-            served.set()
-        served = asyncio.Event()
-        server = await asyncio.start_server(serve, "127.0.0.1", 0)
-        async with server:
-            conn = await AsyncNodeConnection.open("127.0.0.1", server.sockets[0].getsockname()[1],
-                                                  timeout_s=10)
+        async with _connected_to(serve, timeout_s=10) as conn:
             answers = await asyncio.gather(*(
                 conn.request(Op.PUT, f"k{i}", size=len(expected[i]), payload=v)
                 for i, v in enumerate(values)))
             assert all(a.code == pb.OK for a in answers)
-            conn.close()
-            await asyncio.wait_for(served.wait(), 10)
     asyncio.run(go())
     assert [k for k, _ in got] == [f"k{i}" for i in range(len(values))]
     assert all(v == expected[i] for i, (_, v) in enumerate(got))
@@ -173,21 +191,15 @@ def test_each_request_ends_at_its_own_wait_whatever_the_order():
     """Requests' own waits: a short wait queued after a long one still ends on time, a
     later one after it, and the answers that then come go to the callers still
     waiting, in order."""
+    async def serve(reader, writer):
+        for _ in range(3):
+            await reader.readexactly(REQUEST.size)
+        await asyncio.sleep(0.5)
+        writer.write(_answer(5, b"hello") + _answer(3, b"abc") + _answer(3, b"xyz"))
+        await writer.drain()
+
     async def go():
-        async def serve(reader, writer):
-            for _ in range(3):
-                await reader.readexactly(REQUEST.size)
-            await asyncio.sleep(0.5)
-            writer.write(_answer(5, b"hello") + _answer(3, b"abc") + _answer(3, b"xyz"))
-            await writer.drain()
-            await reader.read()
-            writer.close()
-            served.set()
-        served = asyncio.Event()
-        server = await asyncio.start_server(serve, "127.0.0.1", 0)
-        async with server:
-            conn = await AsyncNodeConnection.open("127.0.0.1", server.sockets[0].getsockname()[1],
-                                                  timeout_s=5)
+        async with _connected_to(serve, timeout_s=5) as conn:
             loop = asyncio.get_running_loop()
             t0 = loop.time()
 
@@ -199,8 +211,6 @@ def test_each_request_ends_at_its_own_wait_whatever_the_order():
             long, short, middle = await asyncio.gather(timed(3.0), timed(0.1), timed(0.25))
             assert 0.1 <= short < 0.25 <= middle < 0.45           # each at its own time
             assert long.value == bytearray(b"hello")             # its own answer
-            conn.close()
-            await asyncio.wait_for(served.wait(), 10)
     asyncio.run(go())
 
 
