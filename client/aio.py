@@ -39,9 +39,12 @@ from kvstore.keys import key_list, validate_key
 from kvstore.rpc import ClientCredentials, aio_channel
 from kvstore.tls import client_context
 from kvstore.transfer import codec
+from kvstore.transfer.aio_call_link import AsyncCallLink
 from kvstore.transfer.aio_tcp import AsyncConnections
 from kvstore.transfer.buffers import readable_view, writable_view
+from kvstore.transfer.call_link import CALL_METHODS, port_retry
 from kvstore.transfer.protocol import Op
+from kvstore.transfer.report_link import LinkBroken
 from kvstore.transfer.shm import host_id
 from kvstore.types import NodeAddress, ObjectMeta, RemoveReason
 
@@ -79,8 +82,11 @@ class AsyncKVClient:
         self.creds = ClientCredentials.resolve(token, tls=tls)
         self._stubs = MasterStubs(self.creds, aio_channel)
         self._leader: dict[tuple[str, ...], int] = {}
-        self._conns = AsyncConnections(timeout_s, self.creds.token, client_context(
-            self.creds.tls) if self.creds.tls is not None else None)
+        self._tls = client_context(self.creds.tls) if self.creds.tls is not None else None
+        self._conns = AsyncConnections(timeout_s, self.creds.token, self._tls)
+        #: A master's address -> the opening of its socket port's link, once it named one.
+        self._links: dict[str, asyncio.Future] = {}
+        self._port_failed: dict[str, float] = {}   # address -> monotonic s of its link's failure
         self._grants: dict = {}            # (shard's masters, replica_num) -> Grant
         self._granting: dict = {}          # ... -> its fetch (a task)
         self._grant_error: dict = {}       # ... -> why its last fetch failed
@@ -103,6 +109,12 @@ class AsyncKVClient:
 
     async def close(self) -> None:
         self._conns.close()
+        for opening in self._links.values():
+            if opening.done() and opening.exception() is None:
+                opening.result().close()
+            else:
+                opening.cancel()
+        self._links.clear()
         for ch in self._stubs.take_channels():
             await ch.close()
 
@@ -111,13 +123,46 @@ class AsyncKVClient:
 
     # ---- masters ----
     async def _call(self, addresses: tuple[str, ...], method: str, request):
-        """One master RPC by the core's retry rule (:class:`MasterRetry`)."""
+        """One master RPC by the core's retry rule (:class:`MasterRetry`); Lookup, Exists
+        and GrantPlacement on the master's socket port once it named one
+        (:mod:`kvstore.transfer.aio_call_link`), else, and when that link broke, gRPC."""
+        on_port = method in CALL_METHODS
         for attempt in MasterRetry(addresses, self._leader, self._deadline(), self.timeout_s):
+            opening = self._links.get(attempt.address) if on_port else None
+            if opening is not None:
+                response, err = await self._on_link(opening, attempt, method, request)
+                if err is not None:
+                    await asyncio.sleep(attempt.failed(err))
+                    continue
+                if response is not None:
+                    return attempt.answered(response)
             try:
-                return attempt.answered(await getattr(self._stubs.get(attempt.address), method)(
-                    request, timeout=attempt.timeout_s))
+                response = await getattr(self._stubs.get(attempt.address), method)(
+                    request, timeout=attempt.timeout_s)
             except grpc.RpcError as exc:
                 await asyncio.sleep(attempt.failed(from_rpc_error(exc)))
+                continue
+            if on_port and response.call_port and port_retry(self._links, self._port_failed,
+                                                             attempt.address):
+                self._links[attempt.address] = asyncio.ensure_future(AsyncCallLink.open(
+                    attempt.address.rsplit(":", 1)[0], response.call_port, self.creds.token,
+                    self._tls, self.timeout_s))
+            return attempt.answered(response)
+
+    async def _on_link(self, opening: asyncio.Future, attempt: MasterRetry, method: str,
+                       request):
+        """One attempt on the master's socket port, as :meth:`Control._on_link`."""
+        timeout_s = attempt.timeout_s
+        try:
+            link = opening.result() if opening.done() else await asyncio.shield(opening)
+            return await link.call(method, request, timeout_s), None
+        except LinkBroken:
+            if self._links.get(attempt.address) is opening:
+                del self._links[attempt.address]
+                self._port_failed[attempt.address] = time.monotonic()
+            return None, None
+        except KVStoreError as err:
+            return None, err
 
     async def _routed(self, keys, method: str, request, decode, **route) -> list:
         """``method`` per shard, routed by the core (:class:`Route`); results in order."""

@@ -38,6 +38,8 @@ from kvstore.errors import KVStoreError, NotFound, Unavailable, from_rpc_error
 from kvstore.keys import validate_key
 from kvstore.rpc import ClientCredentials
 from kvstore.shardmap import ShardMap, ShardRange
+from kvstore.transfer.call_link import CALL_METHODS, CallLink, port_retry
+from kvstore.transfer.report_link import LinkBroken
 from kvstore.types import NodeId, ObjectMeta, RemoveReason, ShardStatus, TenantStatus
 
 log = logging.getLogger(__name__)
@@ -92,6 +94,11 @@ class Control:
         self.closed = False
         self._stubs = MasterStubs(self.creds, rpc.channel)
         self._leader: dict[tuple[str, ...], int] = {}   # a shard's masters -> the last leader
+        #: A master's address -> the link to its socket port (kvstore.transfer.call_link),
+        #: once one of its answers named the port.
+        self._links: dict[str, CallLink] = {}
+        self._port_failed: dict[str, float] = {}   # address -> monotonic s of its link's failure
+        self.call_port = True     # Lookup, Exists, GrantPlacement on the port once named
         self.shard_map: ShardMap = self._fetch_shard_map()
 
     def check_open(self) -> None:
@@ -104,6 +111,8 @@ class Control:
         self.closed = True
         for ch in self._stubs.take_channels():
             ch.close()
+        for link in list(self._links.values()):
+            link.close()
 
     # ---- calls ----
     def call(self, addresses: tuple[str, ...], method: str, request):
@@ -125,12 +134,45 @@ class Control:
                 or the deadline passed).
         """
         dl = of_call(self.timeout_s, self.failover_wait_s)
+        on_port = method in CALL_METHODS and self.call_port
         for attempt in MasterRetry(addresses, self._leader, dl, self.timeout_s):
+            link = self._links.get(attempt.address) if on_port else None
+            if link is not None:
+                response, err = self._on_link(link, attempt, method, request)
+                if err is not None:
+                    time.sleep(attempt.failed(err))
+                    continue
+                if response is not None:
+                    return attempt.answered(response)
             try:
-                return attempt.answered(getattr(self._stub(attempt.address), method)(
-                    request, timeout=attempt.timeout_s))
+                response = getattr(self._stub(attempt.address), method)(
+                    request, timeout=attempt.timeout_s)
             except grpc.RpcError as exc:
                 time.sleep(attempt.failed(from_rpc_error(exc)))
+                continue
+            if on_port and response.call_port and port_retry(self._links, self._port_failed,
+                                                             attempt.address):
+                self._links[attempt.address] = CallLink(attempt.address.rsplit(":", 1)[0],
+                                                        response.call_port, self.creds)
+            return attempt.answered(response)
+
+    def _on_link(self, link: CallLink, attempt: MasterRetry, method: str, request):
+        """One attempt on the master's socket port: (its response, None), (None, the
+        master's error: as gRPC's), or (None, None) when the link is busy or broke
+        (the attempt goes through gRPC; a broken link is dropped for PORT_RETRY_S)."""
+        timeout_s = attempt.timeout_s
+        if not link.lock.acquire(blocking=False):
+            return None, None
+        try:
+            return link.call(method, request, timeout_s), None
+        except LinkBroken:
+            self._links.pop(attempt.address, None)
+            self._port_failed[attempt.address] = time.monotonic()
+            return None, None
+        except KVStoreError as err:
+            return None, err
+        finally:
+            link.lock.release()
 
     def _stub(self, address: str) -> pb_grpc.MasterStub:
         self.check_open()

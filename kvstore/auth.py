@@ -240,14 +240,21 @@ class TokenFile:
     def proof_credentials(self, nonce: bytes, answer: bytes) -> tuple[Role, str, tn.Scope] | None:
         """The role, :func:`fingerprint` and tenants of the token that made ``answer``
         to ``nonce``, or None; compares with every token, in constant time."""
-        auth = self._auth
-        found: str | None = None
-        for known in auth.roles:
-            if hmac.compare_digest(proof(known, nonce), answer):
-                found = known
+        found = self.proof_token(nonce, answer)
         if found is None:
             return None
+        auth = self._auth
         return auth.roles[found], fingerprint(found), auth.scope_of_token(found)
+
+    def proof_token(self, nonce: bytes, answer: bytes) -> str | None:
+        """The token that made ``answer`` to ``nonce``, or None (a server keeps it to
+        read the token's role and tenants from the table of each call's time);
+        compares with every token, in constant time."""
+        found: str | None = None
+        for known in self._auth.roles:
+            if hmac.compare_digest(proof(known, nonce), answer):
+                found = known
+        return found
 
 
 def bearer(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:

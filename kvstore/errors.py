@@ -271,12 +271,20 @@ def _detail_of(exc: grpc.RpcError) -> pb.ErrorDetail | None:
     except Exception:              # a call that never reached a server has none to give
         return None
     for k, v in metadata or ():
-        if k == ERROR_DETAIL_KEY and isinstance(v, bytes) and len(v) <= MAX_ERROR_DETAIL_BYTES:
-            try:
-                return pb.ErrorDetail.FromString(v)
-            except Exception:      # protobuf's DecodeError: not a detail of ours
-                return None
+        if k == ERROR_DETAIL_KEY and isinstance(v, bytes):
+            return decode_detail(v)
     return None
+
+
+def decode_detail(raw: bytes) -> pb.ErrorDetail | None:
+    """An ``ErrorDetail`` from its bytes, or None (longer than MAX_ERROR_DETAIL_BYTES,
+    undecodable)."""
+    if len(raw) > MAX_ERROR_DETAIL_BYTES:
+        return None
+    try:
+        return pb.ErrorDetail.FromString(raw)
+    except Exception:      # protobuf's DecodeError: not a detail of ours
+        return None
 
 
 def from_rpc_error(exc: grpc.RpcError) -> KVStoreError:
@@ -285,8 +293,14 @@ def from_rpc_error(exc: grpc.RpcError) -> KVStoreError:
     first class of the status (:data:`ERRORS`)."""
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     details = exc.details() if hasattr(exc, "details") else str(exc)
-    message = details or str(code)
-    detail = _detail_of(exc)
+    return error_from_status(code, details or str(code), _detail_of(exc))
+
+
+def error_from_status(code: grpc.StatusCode, message: str,
+                      detail: pb.ErrorDetail | None) -> KVStoreError:
+    """The kvstore error of a failed call's gRPC status, message and ``ErrorDetail``
+    (None: none came) by the rule of :func:`from_rpc_error` (also the rule of a
+    call's FAILED answer on a master's socket port, :mod:`kvstore.transfer.call_link`)."""
     if detail is not None:
         cls = _BY_CODE.get(detail.code)
         if cls is not None and ERRORS[cls] == code:

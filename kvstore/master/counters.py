@@ -14,6 +14,7 @@ class MasterCounter(str, enum.Enum):
     STORED_REFUSED = "stored_refused"            # STORED reports of no known put (dropped)
     LINK_REPORTS = "link_reports"                # node reports on the report link
     LINKS_REFUSED = "links_refused"              # report links closed on a bad frame or proof
+    PORT_CALLS = "port_calls"                    # clients' calls on the socket port (call_port.py)
     LOOKUP_HITS = "lookup_hits"
     LOOKUP_MISSES = "lookup_misses"
     EXISTS_KEYS = "exists_keys"                  # keys asked about by Exists

@@ -10,6 +10,8 @@ StreamEvents, with the same rules: only the shard's leader applies reports
 (a standby answers UNAVAILABLE with the leader's address, as its gRPC
 calls do), a node is known by its incarnation and the fingerprint of its
 token, and with ``--auth`` only a ``node`` or ``admin`` token may report.
+Clients' Lookup, Exists and GrantPlacement come on the same port as CALL
+frames, answered by the servicer's own handlers (:mod:`kvstore.master.call_port`).
 
 What a connection can make the master hold is bounded: frames are read
 only after their declared length was checked (a proof at MAX_PROOF_BYTES,
@@ -27,8 +29,9 @@ import logging
 
 from kvstore import tls as tlsmod
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.auth import Role, new_nonce
+from kvstore.auth import Role, fingerprint, new_nonce
 from kvstore.errors import KVStoreError, to_status
+from kvstore.master.call_port import answer_call
 from kvstore.master.counters import MasterCounter as C
 from kvstore.rpc import MAX_MESSAGE_BYTES, ServerSecurity
 from kvstore.transfer.report_link import HEADER, MAX_PROOF_BYTES, Frame, error_frame, frame
@@ -36,6 +39,7 @@ from kvstore.transfer.report_link import HEADER, MAX_PROOF_BYTES, Frame, error_f
 log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_S = 10.0
 _REPORTERS = (Role.NODE, Role.ADMIN)
+_AFTER_PROOF = ((Frame.REPORT, Frame.CALL), MAX_MESSAGE_BYTES)
 
 
 class _Refused(Exception):
@@ -62,6 +66,8 @@ class _Link(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
         self.owner: str | None = None      # the proven token's fingerprint ("" without --auth)
+        self.token: str | None = None      # the proven token (None without --auth)
+        self.may_report = False            # a node's or an admin's token (any without --auth)
         self.nonce = b""
         self.timer: asyncio.TimerHandle | None = None
 
@@ -69,7 +75,7 @@ class _Link(asyncio.Protocol):
         self.transport = transport
         self.port._links.add(self)
         if self.port.security.tokens is None:
-            self.owner = ""
+            self.owner, self.may_report = "", True
         else:
             self.nonce = new_nonce()
             # Not proven within HANDSHAKE_TIMEOUT_S: closed (without an ERROR).
@@ -95,13 +101,13 @@ class _Link(asyncio.Protocol):
             start = 0
             while len(buf) - start >= HEADER.size and not self.transport.is_closing():
                 kind, length = HEADER.unpack_from(buf, start)
-                expect, limit = ((Frame.REPORT, MAX_MESSAGE_BYTES) if self.owner is not None
-                                 else (Frame.PROVE, MAX_PROOF_BYTES))
-                if kind != expect:
-                    raise _Refused(pb.INVALID_ARGUMENT,
-                                   f"expected a {expect.name} frame, got type {kind}")
+                expect, limit = (_AFTER_PROOF if self.owner is not None
+                                 else ((Frame.PROVE,), MAX_PROOF_BYTES))
+                if kind not in expect:
+                    raise _Refused(pb.INVALID_ARGUMENT, f"expected a {expect[0].name} frame, "
+                                                        f"got type {kind}")
                 if length > limit:
-                    raise _Refused(pb.INVALID_ARGUMENT, f"a {expect.name} frame of {length} B "
+                    raise _Refused(pb.INVALID_ARGUMENT, f"a frame of {length} B "
                                                         f"(at most {limit})")
                 end = start + HEADER.size + length
                 if len(buf) < end:
@@ -109,8 +115,14 @@ class _Link(asyncio.Protocol):
                 body = bytes(buf[start + HEADER.size:end])
                 start = end
                 if self.owner is None:
-                    self.owner = self.port._prove(self.nonce, body)
+                    self.owner, self.token, self.may_report = self.port._prove(self.nonce, body)
                     self.timer.cancel()
+                elif kind == Frame.CALL:
+                    self.transport.write(answer_call(self.port.servicer, self.port.security,
+                                                     self.token, body))
+                elif not self.may_report:
+                    raise _Refused(pb.PERMISSION_DENIED, "this token's role may not report "
+                                                         "node events")
                 else:
                     self.transport.write(self.port._answer(body, self.owner))
             del buf[:start]
@@ -160,19 +172,18 @@ class ReportPort:
         for link in list(self._links):
             link.transport.close()
 
-    def _prove(self, nonce: bytes, answer: bytes) -> str:
-        """The fingerprint of the token whose proof ``answer`` is (a node's or an admin's).
+    def _prove(self, nonce: bytes, answer: bytes) -> tuple[str, str, bool]:
+        """The fingerprint of the token whose proof ``answer`` is, the token, and whether
+        it may send reports (a node's or an admin's).
 
         Raises:
-            _Refused: unknown credentials, or a role that may not report.
+            _Refused: unknown credentials.
         """
-        found = self.security.tokens.match_proof(nonce, answer)
-        if found is None:
+        token = self.security.tokens.proof_token(nonce, answer)
+        role = self.security.tokens.role_of(token)
+        if role is None:
             raise _Refused(pb.UNAUTHENTICATED, "unknown credentials")
-        role, owner = found
-        if role not in _REPORTERS:
-            raise _Refused(pb.PERMISSION_DENIED, f"role {role.value} may not report node events")
-        return owner
+        return fingerprint(token), token, role in _REPORTERS
 
     def _answer(self, body: bytes, owner: str) -> bytes:
         try:

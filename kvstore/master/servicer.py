@@ -129,7 +129,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         self.event_log = event_log
         self.clock = clock           # monotonic for every deadline; wall only in replies
         self.security = security
-        self.report_port = 0         # the report link's port (kvstore.master.report_port); 0: none
+        self.report_port = 0         # the socket port (kvstore.master.report_port); 0: none
         self.repairs = RepairPlanner(index)
         self.election = election
         self.new_index = new_index
@@ -347,7 +347,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         return pb.GrantPlacementResponse(
             first_object_id=grant.first_object_id, num_ids=grant.num_ids,
             valid_ms=self.index.grants.valid_ms, first_slot=own.first_slot,
-            last_slot=own.last_slot,
+            last_slot=own.last_slot, call_port=self.report_port,
             nodes=[pb.PlacementNode(address=wire.node_address_pb(n.address),
                                     free_bytes=n.free_bytes, max_object_bytes=n.max_object_bytes)
                    for n in nodes])
@@ -362,7 +362,7 @@ class MasterServicer(pb_grpc.MasterServicer):
                 ks, self.clock.monotonic_ms()), self.index.hidden)
         else:
             results = self.index.lookup(keys, self.clock.monotonic_ms())
-        return pb.LookupResponse(results=[
+        return pb.LookupResponse(call_port=self.report_port, results=[
             pb.LookupResult(status=to_status(r)) if isinstance(r, KVStoreError) else
             pb.LookupResult(status=OK_STATUS, meta=self._meta_pb(r))
             for r in results])
@@ -374,7 +374,8 @@ class MasterServicer(pb_grpc.MasterServicer):
         exists, errors = self.index.exists_checked(keys)    # every key: the same work
         for i in hidden_positions(caller_scope(context, self.security), keys):
             exists[i] = False           # another tenant's key: as one that never existed
-        return pb.ExistsResponse(exists=exists, statuses=[_status(e) for e in errors])
+        return pb.ExistsResponse(exists=exists, statuses=[_status(e) for e in errors],
+                                 call_port=self.report_port)
 
     async def Remove(self, request, context):
         try:

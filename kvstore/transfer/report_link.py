@@ -27,10 +27,14 @@ both ways::
                                     refusal of the report (not the leader, another
                                     incarnation) or of the link (bad credentials,
                                     a malformed frame: the master then closes it)
+    CALL    client -> master        a client's Lookup, Exists or GrantPlacement on the
+                                    same port (kvstore.transfer.call_link)
+    FAILED  master -> client        that call's gRPC status, ErrorDetail and message
 
-With ``--auth`` the master sends a nonce and takes only a proof by a
-``node`` or ``admin`` token (the token never crosses the link); the node's
-identity check is the same as on gRPC (the token's fingerprint). With TLS
+With ``--auth`` the master sends a nonce and takes a proof by a known token
+(the token never crosses the link); only a ``node`` or ``admin`` token's link
+may send REPORTs, and the node's identity check is the same as on gRPC (the
+token's fingerprint). With TLS
 the link is TLS (the master's certificate, the node's client certificate
 under mutual TLS). Lengths are bounded before anything is read: a proof at
 :data:`MAX_PROOF_BYTES`, a report at :data:`kvstore.rpc.MAX_MESSAGE_BYTES`.
@@ -77,6 +81,8 @@ class Frame(enum.IntEnum):
     REPORT = 3
     ANSWER = 4
     ERROR = 5
+    CALL = 6
+    FAILED = 7
 
 
 def frame(kind: Frame, body: bytes) -> bytes:
@@ -95,14 +101,21 @@ class LinkBroken(Unavailable):
     master's refusal of a report is raised as its own class: NotLeader, IdTaken...)"""
 
 
-class ReportLink:
-    """One node's link to one master (opened at the first report, again after a failure).
+class FrameLink:
+    """A blocking link to a master's socket port: the handshake, one request frame out
+    and its answer frame in (the report link below; a client's calls in
+    :mod:`kvstore.transfer.call_link`). Opened at the first exchange, again after
+    a failure.
 
     Args:
-        host, port: the master's host (as the node reaches its gRPC port) and
-            its report port (from the RegisterNode answer).
-        creds: the node's token (a proof answers the master's nonce) and TLS files.
+        host, port: the master's host (as its gRPC port is reached) and its socket
+            port (announced by the master: RegisterNode's ``report_port``, a
+            client call's ``call_port``).
+        creds: the token (a proof answers the master's nonce) and TLS files.
     """
+
+    #: Whether to poll for an answer before sleeping in recv (see ANSWER_SPIN_S).
+    spin = True
 
     def __init__(self, host: str, port: int, creds: ClientCredentials | None = None):
         self.host = host.strip("[]")
@@ -112,7 +125,7 @@ class ReportLink:
         self._inbox = bytearray()       # received, not read yet
         self._kernel = False            # the socket's timeouts are the kernel's
         self._timeout_s: float | None = None
-        self._spin = True               # the last answer came within ANSWER_SPIN_S
+        self._spin = self.spin          # the last answer came within ANSWER_SPIN_S
 
     def _read(self, limit: int) -> tuple[int, bytes]:
         """The next frame: (type, body). An answer usually arrives whole and is taken
@@ -122,7 +135,7 @@ class ReportLink:
             self._fill()
         kind, length = HEADER.unpack_from(buf)
         if length > limit:
-            raise ConnectionError(f"a report-link frame of {length} B (at most {limit})")
+            raise ConnectionError(f"a frame of {length} B from the master (at most {limit})")
         end = HEADER.size + length
         while len(buf) < end:
             self._fill()
@@ -136,7 +149,7 @@ class ReportLink:
         else:
             data = self._sock.recv(_RECV_BYTES)
         if not data:
-            raise ConnectionError("the master closed the report link")
+            raise ConnectionError("the master closed the link")
         self._inbox += data
 
     def _spin_recv(self) -> bytes:
@@ -180,7 +193,7 @@ class ReportLink:
                 raise ConnectionError(f"the master's first frame is {kind}, not HELLO")
             if nonce:
                 if not self.creds.token:
-                    raise Unauthenticated("the master's report link needs a token")
+                    raise Unauthenticated("the master's socket port needs a token")
                 sock.sendall(frame(Frame.PROVE, proof(self.creds.token, nonce)))
             if not isinstance(sock, ssl.SSLSocket):
                 sock.settimeout(None)      # blocking: the kernel's timeouts from now on
@@ -189,6 +202,48 @@ class ReportLink:
             self.close()
             sock.close()
             raise
+
+    def exchange(self, kind: Frame, body: bytes, timeout_s: float) -> tuple[int, bytes]:
+        """Send one frame and wait (at most ``timeout_s``) for the next frame back.
+
+        Returns:
+            The answer's (type, body); the caller closes the link on one it does not
+            expect.
+
+        Raises:
+            LinkBroken: no answer (the link is closed; the next exchange opens a new one).
+            Unauthenticated: the link needs a token and this client has none.
+        """
+        try:
+            if self._sock is None:
+                self._open(timeout_s)
+            self._timeout(timeout_s)
+            sent_at = time.perf_counter()
+            self._sock.sendall(frame(kind, body))
+            answer = self._read(MAX_MESSAGE_BYTES)
+            self._spin = self.spin and time.perf_counter() - sent_at < ANSWER_SPIN_S
+            return answer
+        except Unauthenticated:
+            raise
+        except (socket.timeout, BlockingIOError):     # Python's timeout, or the kernel's
+            self.close()
+            raise LinkBroken(f"no answer from the master's socket port within "
+                             f"{timeout_s:.1f} s") from None
+        except (OSError, ConnectionError) as exc:
+            self.close()
+            raise LinkBroken(f"the master's socket port: {exc}") from None
+
+    def close(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+            self._sock = None
+
+
+class ReportLink(FrameLink):
+    """One node's link to one master: its reports, one at a time."""
 
     def report(self, request: pb.ReportEventsRequest, timeout_s: float) -> pb.ReportEventsResponse:
         """Send one report and wait (at most ``timeout_s``) for its answer.
@@ -199,22 +254,7 @@ class ReportLink:
             KVStoreError: the master refused the report (its class: NotLeader,
                 IdTaken, Unauthenticated...; the link is closed).
         """
-        try:
-            if self._sock is None:
-                self._open(timeout_s)
-            self._timeout(timeout_s)
-            sent_at = time.perf_counter()
-            self._sock.sendall(frame(Frame.REPORT, request.SerializeToString()))
-            kind, body = self._read(MAX_MESSAGE_BYTES)
-            self._spin = time.perf_counter() - sent_at < ANSWER_SPIN_S
-        except Unauthenticated:
-            raise
-        except (socket.timeout, BlockingIOError):     # Python's timeout, or the kernel's
-            self.close()
-            raise LinkBroken(f"no answer on the report link within {timeout_s:.1f} s") from None
-        except (OSError, ConnectionError) as exc:
-            self.close()
-            raise LinkBroken(f"report link: {exc}") from None
+        kind, body = self.exchange(Frame.REPORT, request.SerializeToString(), timeout_s)
         if kind == Frame.ANSWER:
             try:
                 return pb.ReportEventsResponse.FromString(body)
@@ -225,11 +265,3 @@ class ReportLink:
         if kind == Frame.ERROR and body:
             raise error_for_code(body[0] or pb.INTERNAL, body[1:].decode("utf-8", errors="replace"))
         raise ProtocolError(f"an unexpected report-link frame ({kind})")
-
-    def close(self) -> None:
-        if self._sock is not None:
-            try:
-                self._sock.close()
-            except OSError:
-                pass
-            self._sock = None

@@ -4,7 +4,7 @@ Store nodes report their events (a put's STORED among them) to the master on
 a plain socket instead of gRPC's StreamEvents; the master checks a proof of a
 ``node`` token first. Here: the node's puts travel the link (the master's
 ``link_reports`` counter), and raw connections that are not a node (no
-proof, a wrong one, a client token's, a frame declaring 4 GiB - 1, bytes that
+proof, a wrong one, a client token's report, a frame declaring 4 GiB - 1, bytes that
 are no report) are refused, each with an ERROR frame and a closed
 connection, while the master keeps serving and the stored objects stay
 whole. Then the master restarts on another report port: the node learns the
@@ -104,8 +104,10 @@ def test_strangers_are_refused(cluster, attack):
             elif attack == "wrong-proof":
                 sock.sendall(frame(Frame.PROVE, proof("not-a-token", nonce)))
                 expect = pb.UNAUTHENTICATED
-            elif attack == "client-token":
-                sock.sendall(frame(Frame.PROVE, proof(TOKENS["client"], nonce)))
+            elif attack == "client-token":      # proven (its calls are served), no reports
+                sock.sendall(frame(Frame.PROVE, proof(TOKENS["client"], nonce))
+                             + frame(Frame.REPORT, pb.ReportEventsRequest(node_id="n0")
+                                     .SerializeToString()))
                 expect = pb.PERMISSION_DENIED
             elif attack == "huge-frame":
                 sock.sendall(HEADER.pack(Frame.PROVE, (4 << 30) - 1))

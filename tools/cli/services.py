@@ -59,8 +59,8 @@ def master_main(argv: list[str]) -> None:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
     p.add_argument("--port", type=port_number, default=0, help="0 picks a free port")
     p.add_argument("--report-port", type=port_number, default=0,
-                   help="the report link's port (store nodes' STORED reports); 0 picks a "
-                        "free one, announced to the nodes")
+                   help="the socket port (store nodes' STORED reports; clients' Lookup, Exists "
+                        "and grants); 0 picks a free one, announced to nodes and clients")
     p.add_argument("--node-ttl-ms", type=int, default=3000,
                    help="a node without a heartbeat this long is dead (no reads or puts go there)")
     p.add_argument("--node-forget-ms", type=int, default=600_000,
