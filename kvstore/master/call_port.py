@@ -17,6 +17,8 @@ task: answers go out in the order of the calls.
 from __future__ import annotations
 
 import logging
+import time
+from typing import Callable
 
 import grpc
 
@@ -58,42 +60,55 @@ class PortContext:
         raise Aborted(code, details, detail)
 
 
-def answer_call(servicer, security: ServerSecurity, token: str | None, body: bytes) -> bytes:
+def answer_call(servicer, security: ServerSecurity, token: str | None, body: bytes,
+                observe: Callable[[str, str, float], None] | None = None) -> bytes:
     """The frame that answers one CALL frame's ``body`` from a link proven by ``token``
-    (None without ``--auth``): ANSWER with the response, or FAILED.
+    (None without ``--auth``): ANSWER with the response, or FAILED. ``observe(method,
+    code, seconds)`` counts the call as gRPC's calls are counted
+    (:class:`kvstore.metrics.RequestMetrics`).
 
     Never raises for what the caller sent (an unknown method, an undecodable request,
     a role that may not call it: FAILED)."""
+    t0 = time.perf_counter()
+    answer, code = _answer(servicer, security, token, body)
+    if observe is not None and body and body[0] in CALL_TYPES:
+        observe(CALL_TYPES[body[0]][0], code, time.perf_counter() - t0)
+    return answer
+
+
+def _failed(status: grpc.StatusCode, message: str, detail: bytes = b"") -> tuple[bytes, str]:
+    return frame(Frame.FAILED, failed_body(status, message, detail)), status.name
+
+
+def _answer(servicer, security: ServerSecurity, token: str | None,
+            body: bytes) -> tuple[bytes, str]:
+    """(the answer frame, its status code's name)."""
     typed = CALL_TYPES.get(body[0]) if body else None
     if typed is None:
-        return frame(Frame.FAILED, failed_body(grpc.StatusCode.UNIMPLEMENTED,
-                                               "no such call on the socket port"))
+        return _failed(grpc.StatusCode.UNIMPLEMENTED, "no such call on the socket port")
     name, request_type, _ = typed
     if security.tokens is not None:
         creds = security.tokens.credentials_of(token)
         if creds is None:
-            return frame(Frame.FAILED, failed_body(grpc.StatusCode.UNAUTHENTICATED,
-                                                   "this token is no longer known"))
+            return _failed(grpc.StatusCode.UNAUTHENTICATED, "this token is no longer known")
         if not allows(creds[0], METHOD_ROLES[name]):
-            return frame(Frame.FAILED, failed_body(
-                grpc.StatusCode.PERMISSION_DENIED, f"role {creds[0].value} may not call {name}"))
+            return _failed(grpc.StatusCode.PERMISSION_DENIED,
+                           f"role {creds[0].value} may not call {name}")
     try:
         request = request_type.FromString(body[1:])
     except Exception:              # protobuf's DecodeError
-        return frame(Frame.FAILED, failed_body(grpc.StatusCode.INVALID_ARGUMENT,
-                                               f"an undecodable {name} request"))
+        return _failed(grpc.StatusCode.INVALID_ARGUMENT, f"an undecodable {name} request")
     servicer.index.counters[C.PORT_CALLS] += 1
     handler = getattr(servicer, name)(request, PortContext(token))
     try:
         handler.send(None)
     except StopIteration as done:
-        return frame(Frame.ANSWER, done.value.SerializeToString())
+        return frame(Frame.ANSWER, done.value.SerializeToString()), "OK"
     except Aborted as failed:
-        return frame(Frame.FAILED, failed_body(failed.status, failed.message, failed.detail))
+        return _failed(failed.status, failed.message, failed.detail)
     except Exception:              # a bug: this call fails (as gRPC's UNKNOWN), the link goes on
         log.exception("%s on the socket port failed", name)
-        return frame(Frame.FAILED, failed_body(grpc.StatusCode.UNKNOWN, f"{name} failed"))
+        return _failed(grpc.StatusCode.UNKNOWN, f"{name} failed")
     handler.close()                # it waited on something: not a call this port runs
-    return frame(Frame.FAILED, failed_body(grpc.StatusCode.INTERNAL,
-                                           f"{name} cannot be answered on the socket port"))
+    return _failed(grpc.StatusCode.INTERNAL, f"{name} cannot be answered on the socket port")
 

@@ -1,6 +1,7 @@
 """A master shard's metrics (``--metrics-port``; names in kvstore.metrics' conventions).
 
     kvstore_requests_total{op,code}, kvstore_request_duration_seconds{op}   every gRPC call
+                                          and every client call on the socket port
     kvstore_master_is_leader              1 while this process serves its shard
     kvstore_leader_changes_total          times this process won or lost its shard's lead
     kvstore_objects, kvstore_object_bytes objects readable now (a live replica), and their bytes

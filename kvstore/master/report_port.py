@@ -119,7 +119,7 @@ class _Link(asyncio.Protocol):
                     self.timer.cancel()
                 elif kind == Frame.CALL:
                     self.transport.write(answer_call(self.port.servicer, self.port.security,
-                                                     self.token, body))
+                                                     self.token, body, self.port.observe))
                 elif not self.may_report:
                     raise _Refused(pb.PERMISSION_DENIED, "this token's role may not report "
                                                          "node events")
@@ -143,11 +143,14 @@ class ReportPort:
     Args:
         servicer: the shard's MasterServicer (its leadership, membership and index).
         security: tokens (a proof is required) and TLS (the link is TLS).
+        metrics: where clients' calls are counted and timed, as gRPC's are
+            (``kvstore_requests_total{op,code}``); None: nowhere.
     """
 
-    def __init__(self, servicer, security: ServerSecurity | None = None):
+    def __init__(self, servicer, security: ServerSecurity | None = None, metrics=None):
         self.servicer = servicer
         self.security = security or ServerSecurity()
+        self.observe = metrics.observe if metrics is not None else None
         self.server: asyncio.base_events.Server | None = None
         self.port = 0
         self._links: set[_Link] = set()

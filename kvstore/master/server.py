@@ -116,7 +116,7 @@ async def create_server(host: str = "127.0.0.1", port: int = 0, *,
         master_metrics.register(metrics, servicer, asyncio.get_running_loop())
     await server.start()
     # The report link (kvstore.master.report_port) on the same host; serve() closes it.
-    server.report_port = ReportPort(servicer, security)
+    server.report_port = ReportPort(servicer, security, metrics)
     servicer.report_port = await server.report_port.start(host, report_port)
     return server, bound, index
 

@@ -57,7 +57,7 @@ def test_rows_follow_the_json_schema(rows):
 
 def test_rows_give_cpu_per_process(rows):
     """Every row names its system's processes with finite, non-negative µs of CPU per
-    value and per GiB (none per GiB for exists); work that must cost CPU shows some."""
+    value and per GiB (none per GiB for exists and lookup); work that must cost CPU shows some."""
     for r in rows:
         per_op, per_gib = r["cpu_us_per_op"], r["cpu_us_per_gib"]
         assert set(per_op) == PROCESSES[r["system"]], r
@@ -89,6 +89,7 @@ def test_every_measurement_is_there_once(rows):
         expected |= {("mooncake", "tcp", "get"), ("mooncake", "tcp", "put")}
     assert {g[:3] for g in got if g[3] == SIZE_BYTES} == expected
     assert ("kvstore", "tcp", "exists", 0) in got
+    assert ("kvstore", "tcp", "lookup", 0) in got
     for r in rows:
         if r["size_bytes"]:
             assert r["gbps"] == pytest.approx(r["ops_per_s"] * r["size_bytes"] / 1e9)

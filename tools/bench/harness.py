@@ -87,6 +87,7 @@ class Op(_Name):
     PUT = "put"
     GET = "get"
     EXISTS = "exists"
+    LOOKUP = "lookup"
 
 
 #: The names' strings, as the rows' dicts and ``--json`` hold them.
@@ -115,7 +116,7 @@ class Row:
     system: System
     path: DataPath
     op: Op
-    size_bytes: int    # value size; 0 for exists
+    size_bytes: int    # value size; 0 for exists and lookup
     gbps: float        # 10^9 bytes per second
     ops_per_s: float   # values (keys for exists) per second
     cpu_us_per_op: dict[str, float] = field(default_factory=dict)    # µs of CPU per value

@@ -11,6 +11,8 @@ Rows (``kvstore``)::
     async-64    get, put   ... 64 in flight
     tcp         exists     batch_exists of ``exists_keys`` keys, once per run; ops/s
                            counts keys, size is 0
+    tcp         lookup     one key per Lookup (``KVClient.lookup``), keys put before the
+                           round, as an engine's first read of another's block; size 0
 
 Puts write a fresh key per value (at most ``max_put_bytes`` per row) and
 remove them afterwards, waiting until the node has freed them. Gets read a
@@ -432,7 +434,8 @@ class KvstorePeer(Peer):
         return rows
 
     def bench_once(self) -> list[Row]:
-        """The ``exists`` row: batch_exists of ``exists_keys`` keys just put (plain cluster)."""
+        """The ``exists`` row, batch_exists of ``exists_keys`` keys just put, and the
+        ``lookup`` row, a Lookup per key of them (plain cluster)."""
         cfg = self.cfg
         if self.secured:
             return []
@@ -444,10 +447,19 @@ class KvstorePeer(Peer):
             if not all(self.kv_tcp.batch_exists(keys)):
                 raise RuntimeError("batch_exists missed keys that were just put")
         t = cfg.timed(step, cpu=self.cpu)
-        self._remove(keys)
         keys_per_s = t.ops * len(keys) / t.seconds
         row = Row(System.KVSTORE, DataPath.TCP, Op.EXISTS, 0, 0.0, keys_per_s)
-        return [with_cpu(row, t.cpu_s, t.timed_ops * len(keys), t.cpu_tick_s)]
+        rows = [with_cpu(row, t.cpu_s, t.timed_ops * len(keys), t.cpu_tick_s)]
+        cfg.progress(f"kvstore lookup x{cfg.exists_keys}")
+
+        def lookups(_i: int) -> None:
+            for key in keys:
+                if isinstance(self.kv_tcp.lookup([key])[0], Exception):
+                    raise RuntimeError(f"Lookup missed {key}, just put")
+        t = cfg.timed(lookups, cpu=self.cpu)
+        self._remove(keys)
+        row = Row(System.KVSTORE, DataPath.TCP, Op.LOOKUP, 0, 0.0, t.ops * len(keys) / t.seconds)
+        return rows + [with_cpu(row, t.cpu_s, t.timed_ops * len(keys), t.cpu_tick_s)]
 
     def stop(self) -> None:
         if self.scraper is not None:

@@ -207,7 +207,8 @@ def render(rows: list[dict], verify: bool | None):
                   caption="vs limit: shm / cold memcpy, tcp / socket reqresp,\n"
                           "tcp-batch / socket stream. kvstore-resp: vs redis-server.\n"
                           f"gets verify checksums: {verify_label(verify)}\n"
-                          "CPU over the timed rounds, µs per value (key for exists):\n"
+                          "CPU over the timed rounds, µs per value (key for exists\n"
+                          "and lookup):\n"
                           "server: node, redis-server, Mooncake's holder, socket\n"
                           "server (kvstore-resp: front + node); master; client: the\n"
                           "timed loop's process(es). s/GiB: all of them per GiB moved.",
