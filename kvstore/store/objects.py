@@ -21,6 +21,7 @@ import enum
 import time
 from dataclasses import dataclass
 
+from kvstore._native import StoredObjectBase
 from kvstore.store.tiers.base import Extent, ObjectRecord
 
 
@@ -64,12 +65,14 @@ class ObjectExtras:
 _NO_EXTRAS = ObjectExtras()   # shared, read-only: what an object without extras reads
 
 
-class StoredObject:
+class StoredObject(StoredObjectBase):
     """One version of an object on this node: its identity, its copies and its state.
 
-    Memory (64-bit CPython): 12 slots, 128 bytes with the GC header, plus the
-    key string, two ints (object_id, checksum), a float (last_access_s) and
-    its copies' extents. Compact by layout::
+    Memory (64-bit CPython): 128 bytes, its fields stored inline by the native
+    base (``kvstore/native/stored_object.cpp``: object_id, size_bytes, checksum,
+    last_access_s, slot, refs, replica_num and the flags are C numbers, not
+    Python objects of their own), plus the key string and its copies'
+    extents. Compact by layout::
 
         _copy    the one copy's extent (its level in _flags), or None;
                  a list by level only while it has two copies or more
@@ -91,8 +94,7 @@ class StoredObject:
             the fields below (keyword arguments).
     """
 
-    __slots__ = ("key", "object_id", "size_bytes", "checksum", "parent", "replica_num", "refs",
-                 "last_access_s", "slot", "_copy", "_flags", "_extra")
+    __slots__ = ()      # the fields are the native base's
 
     def __init__(self, key: str, object_id: int, size_bytes: int, checksum: int,
                  parent: str | None, copies: list[Extent | None] | None = None, *,
