@@ -156,11 +156,11 @@ class AsyncKVClient:
         try:
             link = opening.result() if opening.done() else await asyncio.shield(opening)
             return await link.call(method, request, timeout_s), None
-        except LinkBroken:
+        except LinkBroken as broken:
             if self._links.get(attempt.address) is opening:
                 del self._links[attempt.address]
                 self._port_failed[attempt.address] = time.monotonic()
-            return None, None
+            return None, (broken if broken.timed_out else None)
         except KVStoreError as err:
             return None, err
 

@@ -32,6 +32,7 @@ from kvstore.client.control import Control
 from kvstore.client.core.reads import report_node
 from kvstore.transfer.reply import Reply
 from kvstore.client.deadline import of_call
+from kvstore.client.forks import in_forked_child
 from kvstore.client.suspects import Suspects, fallback_after_s
 from kvstore.errors import KVStoreError, Unavailable
 from kvstore.transfer.base import Transport
@@ -115,6 +116,7 @@ class Connections:
         self._holders: weakref.WeakSet[_ThreadTransports] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._segments = SegmentMaps(CLIENT_PREFAULT_BYTES)   # one mapping per node, all threads
+        in_forked_child(self.forked)
 
     def transport(self, node: NodeAddress, timeout_s: float | None = None) -> Transport:
         """This thread's transport to ``node``, connected on first use (or after it broke),
@@ -315,6 +317,16 @@ class Connections:
                 raise
             out[node.node_id] = json.loads(buf)
         return out
+
+    def forked(self) -> None:
+        """In a forked child (:mod:`kvstore.client.forks`): forget the parent's
+        transports (their sockets are shared with it), each closed in this process
+        only; the next use connects again."""
+        self._lock = threading.Lock()
+        holders, self._holders = list(self._holders), weakref.WeakSet()
+        self._local = threading.local()
+        for holder in holders:
+            holder.close_all()
 
     def close(self) -> None:
         """Close every thread's transports."""

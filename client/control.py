@@ -33,6 +33,7 @@ from kvstore.client.core import replies
 from kvstore.client.core.failover import MasterRetry
 from kvstore.client.core.routing import Route
 from kvstore.client.deadline import of_call
+from kvstore.client.forks import in_forked_child
 from kvstore.client.stubs import MasterStubs
 from kvstore.errors import KVStoreError, NotFound, Unavailable, from_rpc_error
 from kvstore.keys import validate_key
@@ -98,6 +99,7 @@ class Control:
         #: once one of its answers named the port.
         self._links: dict[str, CallLink] = {}
         self._port_failed: dict[str, float] = {}   # address -> monotonic s of its link's failure
+        in_forked_child(self.forked)
         self.call_port = True     # Lookup, Exists, GrantPlacement on the port once named
         self.shard_map: ShardMap = self._fetch_shard_map()
 
@@ -133,6 +135,7 @@ class Control:
             KVStoreError: the call's error (Unavailable once the retries are spent
                 or the deadline passed).
         """
+        self.check_open()
         dl = of_call(self.timeout_s, self.failover_wait_s)
         on_port = method in CALL_METHODS and self.call_port
         for attempt in MasterRetry(addresses, self._leader, dl, self.timeout_s):
@@ -158,21 +161,30 @@ class Control:
 
     def _on_link(self, link: CallLink, attempt: MasterRetry, method: str, request):
         """One attempt on the master's socket port: (its response, None), (None, the
-        master's error: as gRPC's), or (None, None) when the link is busy or broke
-        (the attempt goes through gRPC; a broken link is dropped for PORT_RETRY_S)."""
+        master's error: as gRPC's, or no answer in time: the next attempt goes to
+        the next master, as after a gRPC deadline), or (None, None) when the link is
+        busy or broke (the attempt goes through gRPC). A link that broke or timed out
+        is dropped, and its master asked through gRPC for PORT_RETRY_S."""
         timeout_s = attempt.timeout_s
         if not link.lock.acquire(blocking=False):
             return None, None
         try:
             return link.call(method, request, timeout_s), None
-        except LinkBroken:
+        except LinkBroken as broken:
             self._links.pop(attempt.address, None)
             self._port_failed[attempt.address] = time.monotonic()
-            return None, None
+            return None, (broken if broken.timed_out else None)
         except KVStoreError as err:
             return None, err
         finally:
             link.lock.release()
+
+    def forked(self) -> None:
+        """In a forked child: forget the parent's links (their sockets are shared with
+        it: an answer would reach either process), each closed in this process only."""
+        links, self._links = self._links, {}
+        for link in links.values():
+            link.close()
 
     def _stub(self, address: str) -> pb_grpc.MasterStub:
         self.check_open()

@@ -15,11 +15,12 @@ frames, answered by the servicer's own handlers (:mod:`kvstore.master.call_port`
 
 What a connection can make the master hold is bounded: frames are read
 only after their declared length was checked (a proof at MAX_PROOF_BYTES,
-a report at MAX_MESSAGE_BYTES, the gRPC limit), a connection that has not
-proven itself within :data:`HANDSHAKE_TIMEOUT_S` is closed, and any frame
-that is not what the link expects (a wrong type, an undecodable report)
-gets an ERROR frame and the connection is closed; no error here ends the
-master.
+a report at MAX_MESSAGE_BYTES, the gRPC limit, a call at MAX_CALL_BYTES),
+a connection that has not proven itself within :data:`HANDSHAKE_TIMEOUT_S`
+is closed, and any frame that is not what the link expects (a wrong type,
+an undecodable report) gets an ERROR frame and the connection is closed;
+no error here ends the master. What it can make the loop do at once is
+bounded too: FRAMES_PER_TURN frames, then the loop's other work takes a turn.
 """
 
 from __future__ import annotations
@@ -34,12 +35,14 @@ from kvstore.errors import KVStoreError, to_status
 from kvstore.master.call_port import answer_call
 from kvstore.master.counters import MasterCounter as C
 from kvstore.rpc import MAX_MESSAGE_BYTES, ServerSecurity
+from kvstore.transfer.call_link import MAX_CALL_BYTES
 from kvstore.transfer.report_link import HEADER, MAX_PROOF_BYTES, Frame, error_frame, frame
 
 log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_S = 10.0
 _REPORTERS = (Role.NODE, Role.ADMIN)
-_AFTER_PROOF = ((Frame.REPORT, Frame.CALL), MAX_MESSAGE_BYTES)
+#: Frames a link's callback answers before the loop's other work gets a turn.
+FRAMES_PER_TURN = 16
 
 
 class _Refused(Exception):
@@ -52,7 +55,7 @@ class _Refused(Exception):
 
 
 class _Link(asyncio.Protocol):
-    """One node's connection: frames parsed as they arrive, each report answered at once.
+    """One node's or client's connection: frames parsed as they arrive, each answered at once.
 
     A protocol rather than a stream reader: a report costs the loop one callback
     (its bytes) instead of two awaited reads and their futures; the answer is
@@ -70,6 +73,8 @@ class _Link(asyncio.Protocol):
         self.may_report = False            # a node's or an admin's token (any without --auth)
         self.nonce = b""
         self.timer: asyncio.TimerHandle | None = None
+        self.turn_pending = False          # frames left for a later turn of the loop
+        self.write_paused = False          # the transport's write buffer is full
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
@@ -89,20 +94,40 @@ class _Link(asyncio.Protocol):
             self.timer.cancel()
 
     def pause_writing(self) -> None:
+        self.write_paused = True
         self.transport.pause_reading()
 
     def resume_writing(self) -> None:
-        self.transport.resume_reading()
+        self.write_paused = False
+        if not self.turn_pending:
+            self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if not self.turn_pending:
+            self._serve()
+
+    def _serve(self) -> None:
+        """Answer the complete frames at hand, at most FRAMES_PER_TURN of them: with more
+        waiting, reading pauses and the rest is served at a later turn of the loop,
+        after what else is ready (a link sending calls back to back must not hold
+        the loop: heartbeats, other links and gRPC calls take turns)."""
+        self.turn_pending = False
         buf = self.buf
-        buf += data
         try:
-            start = 0
+            start = served = 0
             while len(buf) - start >= HEADER.size and not self.transport.is_closing():
+                if served == FRAMES_PER_TURN:
+                    self.turn_pending = True
+                    self.transport.pause_reading()
+                    asyncio.get_running_loop().call_soon(self._serve)
+                    break
                 kind, length = HEADER.unpack_from(buf, start)
-                expect, limit = (_AFTER_PROOF if self.owner is not None
-                                 else ((Frame.PROVE,), MAX_PROOF_BYTES))
+                if self.owner is None:
+                    expect, limit = (Frame.PROVE,), MAX_PROOF_BYTES
+                else:
+                    expect, limit = (Frame.REPORT, Frame.CALL), (
+                        MAX_CALL_BYTES if kind == Frame.CALL else MAX_MESSAGE_BYTES)
                 if kind not in expect:
                     raise _Refused(pb.INVALID_ARGUMENT, f"expected a {expect[0].name} frame, "
                                                         f"got type {kind}")
@@ -114,6 +139,7 @@ class _Link(asyncio.Protocol):
                     break
                 body = bytes(buf[start + HEADER.size:end])
                 start = end
+                served += 1
                 if self.owner is None:
                     self.owner, self.token, self.may_report = self.port._prove(self.nonce, body)
                     self.timer.cancel()
@@ -126,6 +152,8 @@ class _Link(asyncio.Protocol):
                 else:
                     self.transport.write(self.port._answer(body, self.owner))
             del buf[:start]
+            if not self.turn_pending and not self.write_paused:
+                self.transport.resume_reading()
         except _Refused as refused:
             self.port.servicer.index.counters[C.LINKS_REFUSED] += 1
             log.warning("report link from %s refused: %s",

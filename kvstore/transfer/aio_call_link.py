@@ -83,7 +83,7 @@ class AsyncCallLink(asyncio.Protocol):
         except asyncio.TimeoutError:
             self.close()
             raise LinkBroken(f"no answer from the master's socket port within "
-                             f"{timeout_s:.1f} s") from None
+                             f"{timeout_s:.1f} s", timed_out=True) from None
         return answer_of(number, kind, body, self.close)
 
     def close(self) -> None:

@@ -48,6 +48,9 @@ CALL_TYPES: dict[int, tuple[str, type, type]] = {
     2: ("Exists", pb.ExistsRequest, pb.ExistsResponse),
     3: ("GrantPlacement", pb.GrantPlacementRequest, pb.GrantPlacementResponse),
 }
+#: The largest CALL frame a master reads: MAX_KEYS_PER_CALL keys of MAX_KEY_BYTES, and
+#: protobuf's few bytes a key (a longer call is refused, and its link closed).
+MAX_CALL_BYTES = 8 << 20
 #: After a master's link broke, its calls stay on gRPC this long (a port that a
 #: firewall drops would cost every call a connect attempt).
 PORT_RETRY_S = 30.0

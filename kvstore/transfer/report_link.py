@@ -98,7 +98,14 @@ def error_frame(code: int, message: str) -> bytes:
 class LinkBroken(Unavailable):
     """A node's report was not answered: this link or the node's event stream
     (:mod:`kvstore.store.event_stream`) failed, was closed or stayed silent. (A
-    master's refusal of a report is raised as its own class: NotLeader, IdTaken...)"""
+    master's refusal of a report is raised as its own class: NotLeader, IdTaken...)
+
+    ``timed_out``: the master took the request and did not answer in time (it may
+    be hung: a caller asks another master rather than this one again)."""
+
+    def __init__(self, message: str, *, timed_out: bool = False, **kw):
+        super().__init__(message, **kw)
+        self.timed_out = timed_out
 
 
 class FrameLink:
@@ -228,10 +235,16 @@ class FrameLink:
         except (socket.timeout, BlockingIOError):     # Python's timeout, or the kernel's
             self.close()
             raise LinkBroken(f"no answer from the master's socket port within "
-                             f"{timeout_s:.1f} s") from None
+                             f"{timeout_s:.1f} s", timed_out=True) from None
         except (OSError, ConnectionError) as exc:
             self.close()
             raise LinkBroken(f"the master's socket port: {exc}") from None
+        except BaseException:
+            # Interrupted (KeyboardInterrupt, an exception from a signal handler) between
+            # the send and the whole answer: that answer would be read as the next
+            # call's. The link is closed; the next exchange opens a new one.
+            self.close()
+            raise
 
     def close(self) -> None:
         if self._sock is not None:

@@ -14,6 +14,7 @@ that breaks sends the next call through gRPC.
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import socket
 
@@ -174,3 +175,29 @@ def test_a_wrong_proof_is_refused(cluster):
         sock.sendall(frame(Frame.PROVE, proof("not-a-token", nonce)))
         kind, body = recv_frame(sock)
         assert (kind, body[0]) == (Frame.ERROR, pb.UNAUTHENTICATED)
+
+
+def test_a_forked_child_opens_links_of_its_own(cluster):
+    """A child inherits its parent's link and data connections: it must not use them
+    (each process would read the other's answers: other keys' metadata and bytes)."""
+    with KVClient(cluster.master, token=ADMIN) as kv:
+        kv.put("fork-parent", b"p" * 10)
+        kv.put("fork-child", b"c" * 20)
+        kv.lookup(["fork-parent"])
+        assert kv.lookup(["fork-parent"])[0].size_bytes == 10      # on the link now
+        pid = os.fork()
+        if pid == 0:                                              # the child
+            code = 0
+            try:
+                for _ in range(200):
+                    if kv.lookup(["fork-child"])[0].size_bytes != 20 \
+                            or bytes(kv.get("fork-child")) != b"c" * 20:
+                        code = 1
+                        break
+            except BaseException:                                 # noqa: BLE001
+                code = 2
+            os._exit(code)
+        wrong = sum(kv.lookup(["fork-parent"])[0].size_bytes != 10
+                    or bytes(kv.get("fork-parent")) != b"p" * 10 for _ in range(200))
+        _, status = os.waitpid(pid, 0)
+        assert (wrong, os.waitstatus_to_exitcode(status)) == (0, 0)
