@@ -31,6 +31,7 @@ from kvstore.client.core.puts import WAIT_S, PutAttempt, Step, replica_count, sp
 from kvstore.client.core.reads import ReadPlan, from_cache, read_order, report_node, stale
 from kvstore.client.core.routing import Route
 from kvstore.client.deadline import call_scope, of_call, unscoped_context
+from kvstore.client.forks import in_forked_child
 from kvstore.client.meta_cache import MetaCache
 from kvstore.client.stubs import MasterStubs
 from kvstore.client.suspects import Suspects, fallback_after_s
@@ -87,6 +88,7 @@ class AsyncKVClient:
         #: A master's address -> the opening of its socket port's link, once it named one.
         self._links: dict[str, asyncio.Future] = {}
         self._port_failed: dict[str, float] = {}   # address -> monotonic s of its link's failure
+        in_forked_child(self.forked)
         self._grants: dict = {}            # (shard's masters, replica_num) -> Grant
         self._granting: dict = {}          # ... -> its fetch (a task)
         self._grant_error: dict = {}       # ... -> why its last fetch failed
@@ -107,13 +109,24 @@ class AsyncKVClient:
         self.shard_map = wire.shard_map(await self._call(self.seeds, "GetShardMap",
                                                          pb.GetShardMapRequest()))
 
+    def forked(self) -> None:
+        """In a forked child: leave the parent its master links, data connections and gRPC
+        channels (their sockets are shared with it: the child's requests would be
+        answered to the parent), untouched: closing a transport here would take its
+        socket out of the event loop's epoll set, which the parent shares. The
+        child's next call opens its own (gRPC's asyncio API may not work in a child
+        at all: a child's event loop is best served by a client made there)."""
+        self._links = {}
+        self._conns = AsyncConnections(self.timeout_s, self.creds.token, self._tls)
+        self._stubs = MasterStubs(self.creds, aio_channel)
+
     async def close(self) -> None:
         self._conns.close()
         for opening in self._links.values():
-            if opening.done() and opening.exception() is None:
-                opening.result().close()
-            else:
+            if not opening.done():
                 opening.cancel()
+            elif not opening.cancelled() and opening.exception() is None:
+                opening.result().close()
         self._links.clear()
         for ch in self._stubs.take_channels():
             await ch.close()

@@ -207,10 +207,7 @@ class Connections:
         Its segment mapping is retired: other threads' transports to the node
         reconnect at their next use, and an idle thread's no longer keeps a dead
         node's segment mapped (``SegmentMaps``)."""
-        holder = getattr(self._local, "transports", None)
-        tr = holder.map.pop(node_id, None) if holder is not None else None
-        if tr is not None:
-            tr.close()
+        self._discard(node_id)
         self._segments.retire_node(node_id)
 
     def node_failed(self, node: NodeAddress, key: str, err: KVStoreError) -> None:
@@ -241,8 +238,21 @@ class Connections:
             if report_node(err, dl):
                 self.node_failed(node, items[0].key, err)
             return [err] * len(items)
+        except BaseException:
+            # Interrupted mid-transfer (KeyboardInterrupt, a signal handler's exception):
+            # the connection may hold a reply or a value nobody read, which its next
+            # request would take as its own. Closed; the next use connects again.
+            self._discard(node.node_id)
+            raise
         self.node_ok(node.node_id)
         return out
+
+    def _discard(self, node_id: NodeId) -> None:
+        """Close this thread's transport to ``node_id`` (the node did not fail)."""
+        holder = getattr(self._local, "transports", None)
+        tr = holder.map.pop(node_id, None) if holder is not None else None
+        if tr is not None:
+            tr.close()
 
     def wait_s(self) -> float:
         """``read_timeout_s`` cut to what is left of the running call's deadline."""

@@ -201,3 +201,24 @@ def test_a_forked_child_opens_links_of_its_own(cluster):
                     or bytes(kv.get("fork-parent")) != b"p" * 10 for _ in range(200))
         _, status = os.waitpid(pid, 0)
         assert (wrong, os.waitstatus_to_exitcode(status)) == (0, 0)
+
+
+def test_a_forked_child_leaves_the_async_clients_sockets_alone(cluster):
+    """The asyncio client in a child forgets its parent's link, data connections and
+    channels without touching them (their transports are the parent loop's); the
+    parent goes on answering right."""
+    async def main():
+        async with AsyncKVClient(cluster.master, token=ACME) as kv:
+            await kv.put("@acme/afork", b"a" * 70)
+            await kv.lookup(["@acme/afork"])
+            assert kv._links
+            conns, stubs = kv._conns, kv._stubs
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0 if not kv._links and kv._conns is not conns
+                         and kv._stubs is not stubs else 1)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+            for _ in range(20):
+                assert (await kv.lookup(["@acme/afork"]))[0].size_bytes == 70
+    asyncio.run(main())
