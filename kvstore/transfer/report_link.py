@@ -34,9 +34,8 @@ both ways::
 With ``--auth`` the master sends a nonce and takes a proof by a known token
 (the token never crosses the link); only a ``node`` or ``admin`` token's link
 may send REPORTs, and the node's identity check is the same as on gRPC (the
-token's fingerprint). With TLS
-the link is TLS (the master's certificate, the node's client certificate
-under mutual TLS). Lengths are bounded before anything is read: a proof at
+token's fingerprint). With TLS the link is TLS (the master's certificate,
+the node's client certificate under mutual TLS). Lengths are bounded before anything is read: a proof at
 :data:`MAX_PROOF_BYTES`, a report at :data:`kvstore.rpc.MAX_MESSAGE_BYTES`.
 
 Delivery semantics are the event stream's: reports go one at a time (the
