@@ -131,6 +131,9 @@ class _Link(asyncio.Protocol):
                 if kind not in expect:
                     raise _Refused(pb.INVALID_ARGUMENT, f"expected a {expect[0].name} frame, "
                                                         f"got type {kind}")
+                if kind == Frame.REPORT and not self.may_report:    # before its body is read
+                    raise _Refused(pb.PERMISSION_DENIED, "this token's role may not report "
+                                                         "node events")
                 if length > limit:
                     raise _Refused(pb.INVALID_ARGUMENT, f"a frame of {length} B "
                                                         f"(at most {limit})")
@@ -146,9 +149,6 @@ class _Link(asyncio.Protocol):
                 elif kind == Frame.CALL:
                     self.transport.write(answer_call(self.port.servicer, self.port.security,
                                                      self.token, body, self.port.observe))
-                elif not self.may_report:
-                    raise _Refused(pb.PERMISSION_DENIED, "this token's role may not report "
-                                                         "node events")
                 else:
                     self.transport.write(self.port._answer(body, self.owner))
             del buf[:start]

@@ -90,7 +90,7 @@ def test_puts_travel_the_link(cluster):
 
 
 @pytest.mark.parametrize("attack", ["no-proof", "wrong-proof", "client-token", "huge-frame",
-                                    "junk-report"])
+                                    "junk-report", "client-huge-report"])
 def test_strangers_are_refused(cluster, attack):
     with KVClient(cluster.master, token=TOKENS["admin"]) as kv:
         kv.put(f"kept-{attack}", b"x" * 4096)
@@ -108,6 +108,10 @@ def test_strangers_are_refused(cluster, attack):
                 sock.sendall(frame(Frame.PROVE, proof(TOKENS["client"], nonce))
                              + frame(Frame.REPORT, pb.ReportEventsRequest(node_id="n0")
                                      .SerializeToString()))
+                expect = pb.PERMISSION_DENIED
+            elif attack == "client-huge-report":   # refused at its header, no byte held
+                sock.sendall(frame(Frame.PROVE, proof(TOKENS["client"], nonce))
+                             + HEADER.pack(Frame.REPORT, (64 << 20) - 1))
                 expect = pb.PERMISSION_DENIED
             elif attack == "huge-frame":
                 sock.sendall(HEADER.pack(Frame.PROVE, (4 << 30) - 1))
