@@ -107,6 +107,7 @@ class EventFeed:
         self.next_seq = 1
         self._grew = asyncio.Event()      # set (and replaced) on an event, when watched
         self._waiting = 0                 # watches waiting on it
+        self.stopped = False              # stop() was called: no watch waits again
 
     @property
     def first_seq(self) -> int:
@@ -123,6 +124,13 @@ class EventFeed:
         self.next_seq = seq + 1
         if self._waiting:
             self.wake()
+
+    def stop(self) -> None:
+        """The master is stopping: wake every waiting watch, and let none wait again (a
+        watch between two waits at this moment would otherwise miss the wake-up and
+        sleep its keep-alive out)."""
+        self.stopped = True
+        self.wake()
 
     def wake(self) -> None:
         """Wake every waiting watch (an event, or the master stopping: each gets a batch)."""
@@ -184,6 +192,8 @@ class EventFeed:
         """Wait until event ``seq`` exists, at most ``timeout_s``; returns whether it does."""
         if seq < self.next_seq:
             return True
+        if self.stopped:
+            return False
         self._waiting += 1
         try:
             await asyncio.wait_for(self._grew.wait(), timeout_s)

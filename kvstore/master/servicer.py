@@ -461,7 +461,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         """End every WatchEvents stream now (UNAVAILABLE: watchers go to the next
         leader) rather than after the drain's grace: a stopping master calls it."""
         self.stopping = True
-        self.feed.wake()
+        self.feed.stop()
 
     def _events_pb(self, feed: EventFeed, events, next_seq: int) -> pb.WatchEventsResponse:
         return pb.WatchEventsResponse(

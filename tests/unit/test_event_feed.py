@@ -93,3 +93,17 @@ def test_a_subscriber_a_whole_ring_behind_is_told():
         feed.record(K.KEY_STORED, f"n{i}", i, 1)
     with pytest.raises(EventsLost):
         feed.read(3)
+
+
+def test_a_stop_reaches_a_watch_that_was_not_waiting_yet():
+    """stop() between a watch's read and its wait (a lost wake-up: the watch slept its
+    keep-alive out, past a stopping master's drain grace): it gets a batch at once."""
+    async def run():
+        feed = feed_of(2)
+        follow = feed.follow(3, keepalive_s=30.0)
+        task = asyncio.ensure_future(follow.__anext__())
+        feed.stop()                                   # before the watch's first wait
+        batch = await asyncio.wait_for(task, 1.0)
+        assert batch.events == () and batch.next_seq == 3
+        assert not await feed.wait(3, 30.0)           # and no wait after it
+    asyncio.run(run())
