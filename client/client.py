@@ -224,9 +224,12 @@ class KVClient:
         keys = key_list(keys, validate=False)   # one str is no batch
         return self._reads.get_many(keys)
 
-    @_one_deadline
     def get_into(self, key: str, dest: Any) -> int:
         """Read ``key`` straight into ``dest`` (bytearray, memoryview, numpy array, CPU tensor).
+
+        A key this thread read before from a node on this host is copied from
+        the node's shared memory with no round trip (:meth:`Reads.get_known
+        <kvstore.client.reads.Reads.get_known>`).
 
         Returns:
             The value's size in bytes (``dest`` may be larger).
@@ -235,7 +238,13 @@ class KVClient:
             NotFound, InvalidArgument (destination too small or read-only),
             ChecksumMismatch, Unavailable.
         """
-        return self._reads.get_into(key, writable_view(dest))
+        view = writable_view(dest)
+        size = self._reads.get_known(key, view)
+        return self._get_into(key, view) if size is None else size
+
+    @_one_deadline
+    def _get_into(self, key: str, view: memoryview) -> int:
+        return self._reads.get_into(key, view)
 
     @_one_deadline
     def batch_get_into(self, keys: Sequence[str], dests: Sequence[Any]) -> list[int | KVStoreError]:

@@ -170,6 +170,20 @@ class Connections:
         cache[node.node_id] = tr
         return tr
 
+    def shm_transport(self, node_id: NodeId) -> ShmTransport | None:
+        """This thread's working shared-memory transport to ``node_id`` if it has one
+        already (no connect, no wait); None otherwise.
+
+        Raises:
+            Unavailable: the client is closed.
+        """
+        self._control.check_open()
+        holder: _ThreadTransports | None = getattr(self._local, "transports", None)
+        tr = holder.map.get(node_id) if holder is not None else None
+        if type(tr) is ShmTransport and not tr.conn.broken and not tr.segment.closed:
+            return tr
+        return None
+
     def connect(self, node: NodeAddress, unix_address: str | None = None,
                 timeout_s: float | None = None) -> NodeConnection:
         """A new, authenticated data connection to ``node`` (TLS when its TCP port speaks

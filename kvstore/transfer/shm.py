@@ -259,6 +259,25 @@ class SegmentMaps:
             del self._current[seg.name]
         return None if self._busy.get(id(seg)) else seg
 
+    def enter(self, seg: ShmSegment) -> bool:
+        """An operation on ``seg`` starts: it stays mapped until :meth:`leave`.
+        False (and nothing to leave): ``seg`` was retired and unmapped."""
+        with self._lock:
+            if seg.closed:
+                return False
+            self._busy[id(seg)] = self._busy.get(id(seg), 0) + 1
+            return True
+
+    def leave(self, seg: ShmSegment) -> None:
+        """An operation :meth:`enter` began ended (the last one out unmaps a retired ``seg``)."""
+        with self._lock:
+            left = self._busy.pop(id(seg)) - 1
+            if left:
+                self._busy[id(seg)] = left
+            unmap = not left and id(seg) in self._retired
+        if unmap:
+            seg.close()
+
     @contextmanager
     def using(self, seg: ShmSegment) -> Iterator[memoryview]:
         """An operation on ``seg``: it stays mapped until the block ends; yields its view.
@@ -267,21 +286,13 @@ class SegmentMaps:
             Unavailable: ``seg`` was retired and unmapped (its node restarted or
                 failed); the caller reconnects.
         """
-        with self._lock:
-            if seg.closed:
-                raise Unavailable(f"shared memory {seg.name} is unmapped: its node restarted "
-                                  "or failed")
-            self._busy[id(seg)] = self._busy.get(id(seg), 0) + 1
+        if not self.enter(seg):
+            raise Unavailable(f"shared memory {seg.name} is unmapped: its node restarted "
+                              "or failed")
         try:
             yield seg.view
         finally:
-            with self._lock:
-                left = self._busy.pop(id(seg)) - 1
-                if left:
-                    self._busy[id(seg)] = left
-                unmap = not left and id(seg) in self._retired
-            if unmap:
-                seg.close()
+            self.leave(seg)
 
     def release(self, seg: ShmSegment) -> None:
         """One user fewer; the last one unmaps it."""
@@ -435,6 +446,31 @@ class ShmTransport(Transport):
             for idx, err in zip(rest, errors):
                 out[idx] = err
         return out
+
+    def read_known(self, it: ReadItem, verify: bool) -> bool:
+        """One value read from the location this transport learnt for it, with no
+        round trip and no wait (the SDK's cached-get fast path): the copy checked
+        in the read slots, as :meth:`read_many` does for a remembered location.
+
+        Returns:
+            True: ``it.dest`` holds the value. False: nothing is known about
+            ``it.dest`` (no location, the slots say no, the mapping was retired, a
+            checksum or size differed): read it through :meth:`read_many`.
+        """
+        loc = self._where.get((it.key, it.object_id))
+        slots = self.slots
+        if loc is None or slots is None or self.conn.broken:
+            return False
+        seg = self.segment
+        maps = self._maps
+        if maps is None:
+            return self._copy_unreferenced(seg.view, slots, it, loc, verify)
+        if not maps.enter(seg):
+            return False
+        try:
+            return self._copy_unreferenced(seg.view, slots, it, loc, verify)
+        finally:
+            maps.leave(seg)
 
     def _copy_unreferenced(self, seg: memoryview, slots: ReadSlots, it: ReadItem,
                            loc: Location, verify: bool) -> bool:

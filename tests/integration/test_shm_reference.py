@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from kvstore.client import KVClient
-from kvstore.errors import KeyConflict, NoSpace, NotFound
+from kvstore.errors import InvalidArgument, KeyConflict, NoSpace, NotFound, Unavailable
 from kvstore.keys import value_checksum
 from kvstore.transfer.protocol import Op
 from kvstore.transfer.shm import ShmSegment, ShmTransport
@@ -179,6 +179,37 @@ def test_copy_from_a_remembered_location_needs_the_same_allocation(kv):
     assert kv.get_into("a", dest) == OBJ and dest == value(10)
     assert (tr.guesses, tr.wrong_guesses) == (guesses + 3, wrong + 2)
     assert tr.unreferenced == unref + 1
+
+
+def test_a_known_get_is_one_copy_with_no_request_and_keeps_the_errors(one_node):
+    """KVClient.get_into of a key this thread read before from this host: the copy
+    alone (its SHM_TOUCH deferred), no request sent and no reply awaited; what it
+    cannot serve (a destination too small, a closed client) raises as ever."""
+    kv = KVClient(one_node.master, prefer_shm=True)
+    try:
+        kv.put("known", value(16))
+        dest = bytearray(OBJ)
+        kv.get_into("known", dest)                 # learns the location
+        tr = shm_transport(kv)
+        conn = tr.conn
+        real = conn.send, conn.recv_header
+
+        def no_round_trip(*_args, **_kwargs):
+            raise AssertionError("a known get went to the node")
+        conn.send = conn.recv_header = no_round_trip
+        try:
+            dest[:] = bytes(OBJ)
+            assert kv.get_into("known", dest) == OBJ and dest == value(16)
+            assert kv._reads.get_known("known", memoryview(bytearray(OBJ - 1))) is None
+        finally:
+            conn.send, conn.recv_header = real
+        with pytest.raises(InvalidArgument):
+            kv.get_into("known", bytearray(OBJ - 1))
+        kv.remove("known")
+    finally:
+        kv.close()
+    with pytest.raises(Unavailable):
+        kv.get_into("known", dest)
 
 
 def test_unreferenced_reads_stop_at_a_removal_and_are_counted(kv, one_node):
