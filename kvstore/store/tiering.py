@@ -342,8 +342,11 @@ class Tiering:
         if not lv.above_high() and not lv.draining:
             return
         if self._is_bottom(level):
+            need = lv.need_bytes()     # 0: draining ended at the last round
+            if need <= 0:
+                lv.blocked = ""
+                return
             now = time.monotonic()
-            need = lv.need_bytes()
             self._note_round_locked(level, need, self._reclaim_locked(level, need, now, None), now)
         elif self.mover is not None:
             self.mover.wake()
@@ -575,12 +578,13 @@ class Tiering:
         # tier with nothing evictable runs one) is counted again only every
         # RECOUNT_S; a round that frees or plans something clears it at once, and
         # moves are only planned by such rounds.
-        if freed:
+        if freed or need <= 0:
             lv.blocked = ""
         elif not lv.blocked or lv.blocked_count.due(now, RECOUNT_S):
             t0 = time.monotonic()
-            in_flight = any(o.moving and o.copy(level) is not None
-                            for o in self._table.objects.values())
+            # (Nothing is demoted out of the slowest tier: no scan for it there.)
+            in_flight = not self._is_bottom(level) and any(
+                o.moving and o.copy(level) is not None for o in self._table.objects.values())
             lv.blocked = "" if in_flight else self.blocked_reason_locked(level, now)
             lv.blocked_count.done(t0)
         if lv.blocked and now - lv.blocked_logged_s > _BLOCKED_LOG_INTERVAL_S:

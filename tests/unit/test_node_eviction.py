@@ -123,3 +123,34 @@ def test_a_full_tier_with_nothing_to_evict_is_not_recounted_at_every_put(monkeyp
         assert len(counts) <= 2          # counted once (again only after RECOUNT_S)
     finally:
         tier.close()
+
+
+def test_a_tier_drained_to_its_low_watermark_is_not_blocked(monkeypatch, caplog):
+    # Puts acknowledged by a master (their confirmation comes after the commit):
+    # the round run at a confirmation after draining ended needs nothing. It used
+    # to count as blocked: an O(objects) count under the lock at every drain, and
+    # a warning that the tier "needs 0 B but nothing evictable".
+    tier = DramTier(CAPACITY)
+    try:
+        node = StoreNode(tier, policy="default", high_watermark=0.9, low_watermark=0.5)
+        monkeypatch.setattr(node.events, "has_delivery", lambda: True)
+        counts = []
+        real = node._tiering.blocked_reason_locked
+        monkeypatch.setattr(node._tiering, "blocked_reason_locked",
+                            lambda *a: counts.append(1) or real(*a))
+        data = b"v" * KiB
+        for batch in range(40):
+            objs = []
+            for j in range(4):
+                obj, _ = node.begin_write(f"b{batch}-{j}", batch * 4 + j + 1, KiB,
+                                          value_checksum(data))
+                node.write_view(obj)[:] = data
+                node.commit_write(obj)
+                objs.append(obj)
+            for obj in objs:
+                node.confirm(obj.key, obj.object_id)
+            assert not node.levels[0].blocked
+        assert evictions(node) and not counts
+        assert "nothing evictable" not in caplog.text
+    finally:
+        tier.close()
