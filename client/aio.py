@@ -4,7 +4,9 @@
 a driver of the client core (:mod:`kvstore.client.core`: failover, routing, reads,
 placement, the put's steps), one deadline per call (:mod:`kvstore.client.deadline`).
 Masters through ``grpc.aio``; data through one pipelined TCP connection per node
-(:mod:`kvstore.transfer.aio_tcp`, the asyncio transport)::
+(:mod:`kvstore.transfer.aio_tcp`, the asyncio transport), and the values of a
+node on this host through its shared-memory segment (:mod:`kvstore.transfer.aio_shm`,
+the control frames on that connection)::
 
     async with AsyncKVClient("127.0.0.1:7001") as kv:
         await kv.put("k", b"v")
@@ -30,6 +32,7 @@ from kvstore.client.core.placement import IDS_PER_GRANT, GrantUse, grant_of, gra
 from kvstore.client.core.puts import WAIT_S, PutAttempt, Step, replica_count, split_answers, waves
 from kvstore.client.core.reads import ReadPlan, from_cache, read_order, report_node, stale
 from kvstore.client.core.routing import Route
+from kvstore.client.connections import CLIENT_PREFAULT_BYTES
 from kvstore.client.deadline import call_scope, of_call, unscoped_context
 from kvstore.client.forks import in_forked_child
 from kvstore.client.meta_cache import MetaCache
@@ -41,6 +44,7 @@ from kvstore.rpc import ClientCredentials, aio_channel
 from kvstore.tls import client_context
 from kvstore.transfer import codec
 from kvstore.transfer.aio_call_link import AsyncCallLink
+from kvstore.transfer.aio_shm import PUT_MIN_BYTES as SHM_PUT_MIN_BYTES, AsyncShms
 from kvstore.transfer.aio_tcp import AsyncConnections
 from kvstore.transfer.buffers import readable_view, writable_view
 from kvstore.transfer.call_link import CALL_METHODS, port_retry
@@ -72,12 +76,14 @@ class AsyncKVClient:
 
     Args: as :class:`~kvstore.client.client.KVClient`'s (``timeout_s`` is also each data
     answer's: there is no ``read_timeout_s``); ``prefer_local``: a value's first replica
-    goes to a node on this host when it fits (the sync client's ``prefer_shm``).
+    goes to a node on this host when it fits; ``prefer_shm``: values of a node on this
+    host are copied through its shared memory (as the sync client's ``prefer_shm``).
     """
 
     def __init__(self, master: str, *, replica_num: int = 1, timeout_s: float = 10.0,
                  failover_wait_s: float = 15.0, meta_cache_entries: int = 65536,
-                 token: str | None = None, tls=None, prefer_local: bool = True):
+                 token: str | None = None, tls=None, prefer_local: bool = True,
+                 prefer_shm: bool = True):
         self.seeds = tuple(master.split("|"))
         self.replica_num, self.timeout_s, self.failover_wait_s = replica_num, timeout_s, failover_wait_s
         self.creds = ClientCredentials.resolve(token, tls=tls)
@@ -92,7 +98,9 @@ class AsyncKVClient:
         self._grants: dict = {}            # (shard's masters, replica_num) -> Grant
         self._granting: dict = {}          # ... -> its fetch (a task)
         self._grant_error: dict = {}       # ... -> why its last fetch failed
-        self._host_id = host_id() if prefer_local else None
+        here = host_id()
+        self._host_id = here if prefer_local else None
+        self._shms = AsyncShms(here, CLIENT_PREFAULT_BYTES) if prefer_shm else None
         self.shard_map = None
         self._meta = MetaCache(meta_cache_entries)
         self._suspects = Suspects()
@@ -122,6 +130,8 @@ class AsyncKVClient:
 
     async def close(self) -> None:
         self._conns.close()
+        if self._shms is not None:
+            self._shms.close()
         for opening in self._links.values():
             if not opening.done():
                 opening.cancel()
@@ -130,6 +140,27 @@ class AsyncKVClient:
         self._links.clear()
         for ch in self._stubs.take_channels():
             await ch.close()
+
+    async def warm_up(self, timeout_s: float = 60.0) -> bool:
+        """As :meth:`KVClient.warm_up`: connect to every live node now, and wait (off the
+        loop) until each same-host node's segment is mapped here.
+
+        Returns:
+            True when every prefault ended within ``timeout_s`` (s).
+
+        Raises:
+            Unavailable: a master or a node cannot be reached.
+        """
+        stats = await asyncio.gather(*(self._call(r.addresses, "Stat", pb.StatRequest())
+                                       for r in self.shard_map.ranges))
+        for node in {n.address.node_id: n.address for st in map(wire.shard_status, stats)
+                     for n in st.nodes if n.alive}.values():
+            await self._conns.get(node, self.timeout_s)
+            if self._shms is not None:
+                self._shms.of(node)
+        if self._shms is None:
+            return True
+        return await asyncio.to_thread(self._shms.wait_prefaulted, timeout_s)
 
     def _deadline(self):
         return of_call(self.timeout_s, self.failover_wait_s)
@@ -228,6 +259,11 @@ class AsyncKVClient:
             answer = await conn.request(op, key, *args, timeout_s=timeout_s, **kw)
         except KVStoreError as err:
             answer = err
+        return await self._answered(node, key, answer)
+
+    async def _answered(self, node: NodeAddress, key: str, answer):
+        """``answer`` (a node's, or the error its request failed with); a node that
+        failed (by :func:`report_node`) is suspect and reported to the key's shard."""
         if not isinstance(answer, Unavailable):
             self._suspects.ok(node.node_id)
         elif report_node(answer, self._deadline()):
@@ -303,13 +339,33 @@ class AsyncKVClient:
         while not plan.done:
             wait_s = plan.wait_s(self._deadline(), self._fallback_after_s, self.timeout_s)
             if wait_s > 0:
-                reply = await self._request(plan.node, Op.GET, meta.key, meta.object_id, timeout_s=wait_s,
-                                            max_value_bytes=meta.size_bytes, into=dest)
-                plan.answered(reply if isinstance(reply, KVStoreError)
-                              else replies.value_error(reply, meta))
+                got = await self._get_from(plan.node, meta, dest, wait_s)
+                plan.answered(got if isinstance(got, KVStoreError) else None)
         if plan.stale_replicas():
             self._meta.drop_replicas(meta.key, meta.object_id, plan.stale_replicas())
-        return plan.error or reply.value
+        return plan.error or got
+
+    async def _get_from(self, node: NodeAddress, meta: ObjectMeta, dest: memoryview | None,
+                        wait_s: float):
+        """``meta``'s value from ``node`` (into ``dest`` when given), or the error: through
+        the node's segment when it is on this host, else its TCP connection (hashed)."""
+        shm = self._shms.of(node) if self._shms is not None else None
+        if shm is None:
+            reply = await self._request(node, Op.GET, meta.key, meta.object_id, timeout_s=wait_s,
+                                        max_value_bytes=meta.size_bytes, into=dest)
+            if isinstance(reply, KVStoreError):
+                return reply
+            return replies.value_error(reply, meta) or reply.value
+        conn = self._conns.ready(node)
+        got = shm.read_known(conn, meta.key, meta.object_id, meta.size_bytes, dest)
+        if got is not None:
+            return got
+        try:
+            conn = conn or await self._conns.get(node, wait_s)
+            got = await shm.read(conn, meta.key, meta.object_id, meta.size_bytes, dest, wait_s)
+        except KVStoreError as err:
+            got = err
+        return await self._answered(node, meta.key, got)
 
     # ---- puts ----
     @_one_deadline
@@ -353,9 +409,9 @@ class AsyncKVClient:
             except KVStoreError as err:
                 step = attempt.place_failed(err, dl)
             else:
-                answers = await _all(self._request(
-                    t, Op.PUT, key, oid, len(view), checksum, view, parent, replica_num,
-                    timeout_s=dl.bound(self.timeout_s)) for t in targets)
+                answers = await _all(self._put_to(t, key, oid, view, checksum, parent,
+                                                  replica_num, dl.bound(self.timeout_s))
+                                     for t in targets)
                 written, failures = split_answers(key, targets, answers)
                 if written:
                     self._meta.put_written(key, len(view), checksum, oid, written)
@@ -369,6 +425,23 @@ class AsyncKVClient:
                 attempt.waited()
             if step is not Step.AGAIN:
                 self._grants.pop(slot, None)
+
+    async def _put_to(self, node: NodeAddress, key: str, oid: int, view: memoryview,
+                      checksum: int, parent: str, replica_num: int, timeout_s: float):
+        """One replica's write: its answer (a Reply) or its error; through the node's
+        segment when it is on this host, else its TCP connection."""
+        shm = (self._shms.of(node) if self._shms is not None and len(view) >= SHM_PUT_MIN_BYTES
+               else None)
+        if shm is None:
+            return await self._request(node, Op.PUT, key, oid, len(view), checksum, view,
+                                       parent, replica_num, timeout_s=timeout_s)
+        try:
+            conn = self._conns.ready(node) or await self._conns.get(node, timeout_s)
+            answer = await shm.write(conn, key, oid, view, checksum, parent, replica_num,
+                                     timeout_s)
+        except KVStoreError as err:
+            answer = err
+        return await self._answered(node, key, answer)
 
     def _placed(self, slot, key: str, size_bytes: int, exclude):
         """An object id and targets while the shard's grant serves the put (a refresh

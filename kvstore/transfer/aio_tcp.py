@@ -62,6 +62,13 @@ class _Overdue(Exception):
     """A request's own wait ended before its answer came (see :meth:`AsyncNodeConnection.request`)."""
 
 
+def _dropped(fut: asyncio.Future) -> None:
+    """A :meth:`AsyncNodeConnection.send_only` answer: taken, so that asyncio never
+    reports an exception (a broken connection's) nobody retrieved."""
+    if not fut.cancelled():
+        fut.exception()
+
+
 def _expire(fut: asyncio.Future) -> None:
     if not fut.done():
         fut.set_exception(_Overdue())
@@ -199,6 +206,23 @@ class AsyncNodeConnection(asyncio.BufferedProtocol):
         finally:
             if timer is not None:
                 timer.cancel()
+
+    def send_only(self, op: Op, key: str, object_id: int = 0) -> None:
+        """Queue a value-less frame whose answer nobody waits for (SHM_TOUCH, SHM_RELEASE,
+        SHM_ABORT): it goes out with this loop iteration's frames (at once past
+        :data:`_JOIN_BELOW_BYTES` queued, for a caller that never yields), and its
+        answer, an error too, is read and dropped. Nothing on a broken connection."""
+        if self.broken is not None:
+            return
+        fut = self._loop.create_future()
+        fut.add_done_callback(_dropped)
+        self._out += encode_request(op, key, object_id)
+        self._reader.expect(fut, op, 0, None)
+        if len(self._out) >= _JOIN_BELOW_BYTES and self._writable is None:
+            self._write_out()
+        elif not self._out_scheduled:
+            self._out_scheduled = True
+            self._loop.call_soon(self._write_out)
 
     def _write_with(self, payload: memoryview) -> None:
         """The frames queued so far, then ``payload``: in one gathered ``sendmsg`` (one

@@ -142,7 +142,7 @@ class AnswerReader:
             at = self._start + RESPONSE.size
             msg = bytes(ahead[at:at + msg_len]).decode("utf-8", "replace") if msg_len else ""
             self._start = at = at + msg_len
-            reply = Reply(code, head[4], size, head[6], msg)
+            reply = Reply(code, head[4], size, head[6], msg, b"", head[7], head[8])
             if not with_value:
                 out.append(self._answer(reply, bytearray()))
                 continue
@@ -160,4 +160,4 @@ class AnswerReader:
     def _answer(self, reply: Reply, value) -> tuple[object, Reply]:
         token = self.pending.popleft()[0]
         return token, Reply(reply.code, reply.object_id, reply.size, reply.checksum,
-                            reply.message, value)
+                            reply.message, value, reply.offset, reply.serial)

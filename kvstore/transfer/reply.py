@@ -26,6 +26,8 @@ class Reply:
     checksum: int = 0         # xxh3-64, where the op answers one
     message: str = ""         # why, on an error
     value: bytes | bytearray | memoryview = b""   # an OK GET/STATS/AUTH_HELLO's bytes
+    offset: int = 0           # SHM_ALLOC / SHM_ACQUIRE: where the value is in the segment ...
+    serial: int = 0           # ... and that allocation's serial (kvstore.transfer.shm_slots)
 
     @classmethod
     def of_header(cls, header: tuple) -> "Reply":
