@@ -400,7 +400,10 @@ class AsyncKVClient:
             view = readable_view(value)
         except KVStoreError as err:
             return err
-        checksum, dl, attempt = codec.value_hash(view), self._deadline(), PutAttempt(key)
+        # A value for this host's segment alone is hashed as it is copied there
+        # (the node's answer names the checksum); any other target needs it first.
+        checksum = None if self._shm_bound(len(view)) else codec.value_hash(view)
+        dl, attempt = self._deadline(), PutAttempt(key)
         while True:
             slot = (self.shard_map.shard_for_key(key).addresses, replica_num)
             try:
@@ -409,10 +412,14 @@ class AsyncKVClient:
             except KVStoreError as err:
                 step = attempt.place_failed(err, dl)
             else:
+                if checksum is None and (len(targets) > 1 or self._shms.of(targets[0]) is None):
+                    checksum = codec.value_hash(view)
                 answers = await _all(self._put_to(t, key, oid, view, checksum, parent,
                                                   replica_num, dl.bound(self.timeout_s))
                                      for t in targets)
                 written, failures = split_answers(key, targets, answers)
+                if checksum is None and written:
+                    checksum = answers[0].checksum
                 if written:
                     self._meta.put_written(key, len(view), checksum, oid, written)
                 step = attempt.answered(written, failures, dl)
@@ -426,12 +433,16 @@ class AsyncKVClient:
             if step is not Step.AGAIN:
                 self._grants.pop(slot, None)
 
+    def _shm_bound(self, size_bytes: int) -> bool:
+        """Whether a value of ``size_bytes`` goes through a same-host node's segment."""
+        return self._shms is not None and size_bytes >= SHM_PUT_MIN_BYTES
+
     async def _put_to(self, node: NodeAddress, key: str, oid: int, view: memoryview,
-                      checksum: int, parent: str, replica_num: int, timeout_s: float):
+                      checksum: int | None, parent: str, replica_num: int, timeout_s: float):
         """One replica's write: its answer (a Reply) or its error; through the node's
-        segment when it is on this host, else its TCP connection."""
-        shm = (self._shms.of(node) if self._shms is not None and len(view) >= SHM_PUT_MIN_BYTES
-               else None)
+        segment when it is on this host (``checksum`` None: hashed on the way), else
+        its TCP connection."""
+        shm = self._shms.of(node) if self._shm_bound(len(view)) else None
         if shm is None:
             return await self._request(node, Op.PUT, key, oid, len(view), checksum, view,
                                        parent, replica_num, timeout_s=timeout_s)

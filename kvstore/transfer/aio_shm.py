@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from kvstore.errors import ChecksumMismatch, KVStoreError, Unavailable
+from kvstore.transfer import codec
 from kvstore.transfer.aio_tcp import AsyncNodeConnection
 from kvstore.transfer.reply import Reply
 from kvstore.transfer.protocol import Op
@@ -109,7 +110,7 @@ class AsyncShm:
                 released = True              # nothing was taken
                 return err
             size = reply.size
-            if size != size_bytes or reply.offset + size > len(self.segment.view):
+            if size != size_bytes or reply.offset + size > self.segment.size_bytes:
                 return ChecksumMismatch(f"the node holds {size} B at {reply.offset}, "
                                         f"{size_bytes} B expected", key=key)
             if not self._maps.enter(self.segment):
@@ -127,34 +128,41 @@ class AsyncShm:
                 conn.send_only(Op.SHM_RELEASE, key, object_id)
 
     async def write(self, conn: AsyncNodeConnection, key: str, object_id: int, value: memoryview,
-                    checksum: int, parent: str, replica_num: int, timeout_s: float) -> Reply:
-        """Put ``value`` (``checksum`` its XXH3-64) through a reservation: the commit's
-        answer (or SHM_ALLOC's, an error or "this version is stored already").
+                    checksum: int | None, parent: str, replica_num: int, timeout_s: float
+                    ) -> Reply:
+        """Put ``value`` (``checksum`` its XXH3-64; None: hashed as it is copied, named
+        with SHM_COMMIT) through a reservation: the commit's answer (or SHM_ALLOC's, an
+        error or "this version is stored already"); an OK one names the checksum.
 
         Raises:
             Unavailable: the connection broke, an answer did not come in time, or
                 the mapping was retired meanwhile.
         """
         n = len(value)
-        reply = await conn.request(Op.SHM_ALLOC, key, object_id, n, checksum, parent=parent,
+        reply = await conn.request(Op.SHM_ALLOC, key, object_id, n, checksum or 0, parent=parent,
                                    flags=replica_num, timeout_s=timeout_s)
         if not reply.ok or reply.offset == ALREADY_PRESENT_OFFSET:
             return reply
         committing = False
         try:
-            if reply.offset + n > len(self.segment.view):
+            if reply.offset + n > self.segment.size_bytes:
                 raise Unavailable(f"the node reserved {n} B at {reply.offset}, past the "
                                   f"end of its segment {self.segment.name} as mapped here")
             if not self._maps.enter(self.segment):
                 raise Unavailable(f"shared memory {self.segment.name} is unmapped: its node "
                                   "restarted or failed")
+            dst = self.segment.view[reply.offset:reply.offset + n]
             try:
-                if n:
-                    self.segment.view[reply.offset:reply.offset + n] = value
+                if checksum is None:
+                    late = codec.copy_hashed(dst, value)   # one pass, the GIL released
+                elif n:
+                    dst[:] = value
             finally:
+                dst.release()
                 self._maps.leave(self.segment)
             committing = True
-            return await conn.request(Op.SHM_COMMIT, key, object_id, timeout_s=timeout_s)
+            return await conn.request(Op.SHM_COMMIT, key, object_id, 0,
+                                      late if checksum is None else 0, timeout_s=timeout_s)
         finally:
             if not committing:
                 conn.send_only(Op.SHM_ABORT, key, object_id)

@@ -16,7 +16,8 @@ import pytest
 
 from kvstore.client import KVClient
 from kvstore.client.aio import AsyncKVClient
-from kvstore.errors import NotFound
+from kvstore.errors import KeyConflict, NotFound
+from kvstore.keys import value_checksum
 from kvstore.transfer.aio_shm import PUT_MIN_BYTES, AsyncShm
 from kvtest import cluster_running, node_stats, wait_for
 
@@ -53,6 +54,11 @@ def test_values_go_through_the_segment_and_a_known_read_sends_nothing(one_node, 
             assert await kv.put("small", value(SMALL, 2)) is True
             assert writes == ["big"]                        # the small one went over TCP
             assert await kv.put("big", value(BIG, 1)) is False      # already there
+            with pytest.raises(KeyConflict):                # hashed on the way in, all the same
+                await kv.put("big", value(BIG, 9))
+            assert writes == ["big"] * 3
+            (meta,) = await kv.lookup(["big"])
+            assert meta.checksum == value_checksum(value(BIG, 1))
 
             (meta,) = await kv.lookup_cached(["big"])
             node = meta.replicas[0].node
