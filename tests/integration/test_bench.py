@@ -81,7 +81,7 @@ def test_every_measurement_is_there_once(rows):
     expected = {("memcpy", "cold", "get")}
     expected |= {("socket", p, op) for p in ("reqresp", "stream") for op in ("get", "put")}
     expected |= {("kvstore", p, op) for p in ("shm", "tcp", "tcp-batch", "concurrent",
-                                              "async-16", "async-64")
+                                              "async-16", "async-64", "async-16-shm")
                  for op in ("get", "put")}
     if _redis_available():
         expected |= {("redis", "tcp", "get"), ("redis", "tcp", "put")}

@@ -45,9 +45,9 @@ def run_bench(sizes: str | list[int] = "64KiB,1MiB,4MiB", *, log_dir: str | None
 def num_steps(num_sizes: int, use_redis: bool, use_mooncake: bool = False,
               tls: bool = False, resp: bool = False) -> int:
     """Progress labels a run reports (for a progress bar's total): per size, the socket's
-    4, redis's 2, mooncake's 1, kvstore's 12 (4 of them asyncio), its TLS rows' 4 and the
+    4, redis's 2, mooncake's 1, kvstore's 14 (6 of them asyncio), its TLS rows' 4 and the
     RESP front's 6 (4 redis-benchmark runs, 2 redis-py rows); then the exists and lookup rows."""
-    return num_sizes * (4 + 2 * use_redis + use_mooncake + 12 + 4 * tls + 6 * resp) + 2
+    return num_sizes * (4 + 2 * use_redis + use_mooncake + 14 + 4 * tls + 6 * resp) + 2
 
 
 def bench_command(

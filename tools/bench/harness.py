@@ -74,6 +74,7 @@ class DataPath(_Name):
     CONCURRENT = "concurrent"    # several client processes at once
     ASYNC_16 = "async-16"        # AsyncKVClient, 16 operations in flight on one connection
     ASYNC_64 = "async-64"        # ... 64 in flight
+    ASYNC_16_SHM = "async-16-shm"  # AsyncKVClient, 16 in flight, through the node's segment
     TCP_TLS = "tcp+tls"                # tcp over mutual TLS, to a cluster with --auth
     TCP_BATCH_TLS = "tcp-batch+tls"    # tcp-batch likewise
     REDIS_BENCHMARK = "redis-benchmark"   # redis-benchmark -P 16 (50 connections), one key

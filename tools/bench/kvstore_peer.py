@@ -9,6 +9,8 @@ Rows (``kvstore``)::
     async-16    get, put   AsyncKVClient, 16 operations in flight, TCP: 16 coroutines, each
                            starting its next operation as its last one returns
     async-64    get, put   ... 64 in flight
+    async-16-shm get, put  AsyncKVClient, 16 in flight, values through the node's segment
+                           (puts of 1 MiB and more; smaller ones go over TCP)
     tcp         exists     batch_exists of ``exists_keys`` keys, once per run; ops/s
                            counts keys, size is 0
     tcp         lookup     one key per Lookup (``KVClient.lookup``), keys put before the
@@ -396,20 +398,24 @@ class KvstorePeer(Peer):
             return await asyncio.gather(*[worker(w) for w in range(depth)],
                                         return_exceptions=True)
 
-        kv = AsyncKVClient(self.store_master)
+        tcp = AsyncKVClient(self.store_master, prefer_shm=False)
+        shm = AsyncKVClient(self.store_master, prefer_shm=True)
         try:
-            run(kv.start())
             n = len(keys)
-            for j in range(0, n, 1000):          # warm its metadata cache, as the sync rows do
-                run(kv.lookup_cached(keys[j:j + 1000]))
-            for path, depth in ((DataPath.ASYNC_16, 16), (DataPath.ASYNC_64, 64)):
+            for kv in (tcp, shm):
+                run(kv.start())
+                for j in range(0, n, 1000):      # warm its metadata cache, as the sync rows do
+                    run(kv.lookup_cached(keys[j:j + 1000]))
+            run(shm.warm_up())
+            for path, depth, kv in ((DataPath.ASYNC_16, 16, tcp), (DataPath.ASYNC_64, 64, tcp),
+                                    (DataPath.ASYNC_16_SHM, 16, shm)):
                 p = f"{prefix}put-{path}/"
                 per = max(1, min(8, _ASYNC_STEP_BYTES // (depth * size)))
                 # Puts: at most max_iters keys in all, in two steps at least.
                 per_put = max(1, min(per, max_iters // (2 * depth)))
                 cfg.progress(f"kvstore {path} put {format_size(size)}")
 
-                async def put_one(j: int, _w: int) -> None:
+                async def put_one(j: int, _w: int, kv=kv) -> None:
                     await kv.put(f"{p}{j}", src[j])
 
                 def put_step(i: int) -> None:
@@ -420,7 +426,7 @@ class KvstorePeer(Peer):
                 self._remove([f"{p}{j}" for j in range(t.total * depth * per_put)])
                 cfg.progress(f"kvstore {path} get {format_size(size)}")
 
-                async def get_one(j: int, w: int) -> None:
+                async def get_one(j: int, w: int, kv=kv) -> None:
                     await kv.get_into(keys[j % n], dst[w])
 
                 def get_step(i: int) -> None:
@@ -428,7 +434,8 @@ class KvstorePeer(Peer):
                 rows.append(timed_row(System.KVSTORE, path, Op.GET, size,
                                       cfg.timed(get_step, cpu=self.cpu), depth * per))
         finally:
-            run(kv.close())
+            for kv in (tcp, shm):
+                run(kv.close())
             loop.call_soon_threadsafe(loop.stop)
             thread.join(timeout=10)
         return rows

@@ -84,6 +84,7 @@ _TARGET_OF = {t.name: t for t in TARGETS}
 
 #: Ratio columns: kvstore (path) -> baseline (system, path); the memcpy row serves both ops.
 _LIMIT_OF = {DataPath.SHM: (System.MEMCPY, DataPath.COLD),
+             DataPath.ASYNC_16_SHM: (System.MEMCPY, DataPath.COLD),
              DataPath.TCP: (System.SOCKET, DataPath.REQRESP),
              DataPath.TCP_BATCH: (System.SOCKET, DataPath.STREAM),
              DataPath.ASYNC_16: (System.SOCKET, DataPath.STREAM),
