@@ -38,7 +38,8 @@ from kvstore.client.forks import in_forked_child
 from kvstore.client.meta_cache import MetaCache
 from kvstore.client.stubs import MasterStubs
 from kvstore.client.suspects import Suspects, fallback_after_s
-from kvstore.errors import InvalidArgument, KVStoreError, Unavailable, from_rpc_error, unwrap
+from kvstore.errors import (InvalidArgument, KVStoreError, NoSpace, Unavailable, from_rpc_error,
+                            unwrap)
 from kvstore.keys import key_list, validate_key
 from kvstore.rpc import ClientCredentials, aio_channel
 from kvstore.tls import client_context
@@ -155,9 +156,9 @@ class AsyncKVClient:
                                        for r in self.shard_map.ranges))
         for node in {n.address.node_id: n.address for st in map(wire.shard_status, stats)
                      for n in st.nodes if n.alive}.values():
-            await self._conns.get(node, self.timeout_s)
+            conn = await self._conns.get(node, self.timeout_s)
             if self._shms is not None:
-                self._shms.of(node)
+                self._shms.of(node, conn)
         if self._shms is None:
             return True
         return await asyncio.to_thread(self._shms.wait_prefaulted, timeout_s)
@@ -348,24 +349,37 @@ class AsyncKVClient:
     async def _get_from(self, node: NodeAddress, meta: ObjectMeta, dest: memoryview | None,
                         wait_s: float):
         """``meta``'s value from ``node`` (into ``dest`` when given), or the error: through
-        the node's segment when it is on this host, else its TCP connection (hashed)."""
-        shm = self._shms.of(node) if self._shms is not None else None
-        if shm is None:
-            reply = await self._request(node, Op.GET, meta.key, meta.object_id, timeout_s=wait_s,
-                                        max_value_bytes=meta.size_bytes, into=dest)
-            if isinstance(reply, KVStoreError):
-                return reply
-            return replies.value_error(reply, meta) or reply.value
-        conn = self._conns.ready(node)
-        got = shm.read_known(conn, meta.key, meta.object_id, meta.size_bytes, dest)
-        if got is not None:
-            return got
+        the node's segment when it is on this host, else (and for an object the node
+        cannot bring into DRAM: NO_SPACE) over its TCP connection, hashed."""
+        if self._shms is not None and self._shms.local(node):
+            shm = await self._shm_path(node, meta.key, wait_s)
+            if isinstance(shm, KVStoreError):
+                return shm
+            if shm is not None:
+                got = shm.read_known(meta.key, meta.object_id, meta.size_bytes, dest)
+                if got is not None:
+                    return got
+                try:
+                    got = await shm.read(meta.key, meta.object_id, meta.size_bytes, dest, wait_s)
+                except KVStoreError as err:
+                    got = err
+                got = await self._answered(node, meta.key, got)
+                if not isinstance(got, NoSpace):
+                    return got
+        reply = await self._request(node, Op.GET, meta.key, meta.object_id, timeout_s=wait_s,
+                                    max_value_bytes=meta.size_bytes, into=dest)
+        if isinstance(reply, KVStoreError):
+            return reply
+        return replies.value_error(reply, meta) or reply.value
+
+    async def _shm_path(self, node: NodeAddress, key: str, wait_s: float):
+        """``node``'s segment path on its connection now (connected within ``wait_s``),
+        None (TCP then), or the error connecting failed with (reported)."""
         try:
-            conn = conn or await self._conns.get(node, wait_s)
-            got = await shm.read(conn, meta.key, meta.object_id, meta.size_bytes, dest, wait_s)
+            conn = self._conns.ready(node) or await self._conns.get(node, wait_s)
         except KVStoreError as err:
-            got = err
-        return await self._answered(node, meta.key, got)
+            return await self._answered(node, key, err)
+        return self._shms.of(node, conn)
 
     # ---- puts ----
     @_one_deadline
@@ -412,7 +426,7 @@ class AsyncKVClient:
             except KVStoreError as err:
                 step = attempt.place_failed(err, dl)
             else:
-                if checksum is None and (len(targets) > 1 or self._shms.of(targets[0]) is None):
+                if checksum is None and (len(targets) > 1 or not self._shms.local(targets[0])):
                     checksum = codec.value_hash(view)
                 answers = await _all(self._put_to(t, key, oid, view, checksum, parent,
                                                   replica_num, dl.bound(self.timeout_s))
@@ -442,17 +456,21 @@ class AsyncKVClient:
         """One replica's write: its answer (a Reply) or its error; through the node's
         segment when it is on this host (``checksum`` None: hashed on the way), else
         its TCP connection."""
-        shm = self._shms.of(node) if self._shm_bound(len(view)) else None
-        if shm is None:
-            return await self._request(node, Op.PUT, key, oid, len(view), checksum, view,
-                                       parent, replica_num, timeout_s=timeout_s)
-        try:
-            conn = self._conns.ready(node) or await self._conns.get(node, timeout_s)
-            answer = await shm.write(conn, key, oid, view, checksum, parent, replica_num,
-                                     timeout_s)
-        except KVStoreError as err:
-            answer = err
-        return await self._answered(node, key, answer)
+        if self._shm_bound(len(view)) and self._shms.local(node):
+            shm = await self._shm_path(node, key, timeout_s)
+            if isinstance(shm, KVStoreError):
+                return shm
+            if shm is not None:
+                try:
+                    answer = await shm.write(key, oid, view, checksum, parent, replica_num,
+                                             timeout_s)
+                except KVStoreError as err:
+                    answer = err
+                return await self._answered(node, key, answer)
+        if checksum is None:      # the segment could not be mapped after all
+            checksum = codec.value_hash(view)
+        return await self._request(node, Op.PUT, key, oid, len(view), checksum, view,
+                                   parent, replica_num, timeout_s=timeout_s)
 
     def _placed(self, slot, key: str, size_bytes: int, exclude):
         """An object id and targets while the shard's grant serves the put (a refresh

@@ -19,9 +19,19 @@ Reads are not hashed: the node verified the bytes at the commit, and a read
 reference (or the read slots, checked before and after the copy) keeps them
 from changing during the copy, as for the sync SDK's shared-memory reads.
 
-A read reference taken for a coroutine cancelled while the answer was on its
-way is released all the same (a release of what was not taken is answered
-NOT_FOUND and dropped); a reservation whose commit was not sent is aborted.
+A read reference asked for by a coroutine cancelled (or timed out) while the
+answer was on its way is released all the same (a release of what was not
+taken is answered NOT_FOUND and dropped), and a reservation whose commit was
+not sent is aborted; a frame never queued (cancelled while the connection's
+writing was paused) is followed by nothing. An object the node cannot bring
+into DRAM (SHM_ACQUIRE answers NO_SPACE) is read over the connection instead.
+
+A mapping serves one connection to its node: a new connection (the old one
+broke: the node may have restarted, on the same address, with a new segment)
+retires it, and the next use maps the segment the node's address names again,
+if that file is still there (a restarted node's is not: a node removes the
+segments of dead nodes at start); until the client learns the new address,
+values go over TCP.
 
 Thread safety: one event loop, as the connections'.
 """
@@ -55,9 +65,10 @@ class AsyncShm:
         maps: the client's mappings (released there by :meth:`close`).
     """
 
-    def __init__(self, segment: ShmSegment, maps: SegmentMaps):
+    def __init__(self, segment: ShmSegment, maps: SegmentMaps, conn: AsyncNodeConnection):
         self.segment = segment
         self._maps = maps
+        self.conn = conn            # the connection to the node this mapping serves
         self.slots = ReadSlots.attach(segment.view)
         self._where: OrderedDict[tuple[str, int], tuple[int, int, int]] = OrderedDict()
         self.unreferenced = 0       # reads with no round trip (checked in the read slots)
@@ -67,14 +78,14 @@ class AsyncShm:
         """Whether the mapping is still there (a retired one: the node restarted or failed)."""
         return not self.segment.closed
 
-    def read_known(self, conn: AsyncNodeConnection | None, key: str, object_id: int,
-                   size_bytes: int, dest: memoryview | None) -> memoryview | bytearray | None:
+    def read_known(self, key: str, object_id: int, size_bytes: int,
+                   dest: memoryview | None) -> memoryview | bytearray | None:
         """The value copied from the location a read learnt, if the read slots show it
-        in service throughout (its SHM_TOUCH queued on ``conn``): no await. None:
-        nothing is known about ``dest`` (read it with :meth:`read`)."""
+        in service throughout (its SHM_TOUCH queued on the connection): no await.
+        None: nothing is known about ``dest`` (read it with :meth:`read`)."""
         loc = self._where.get((key, object_id))
         slots = self.slots
-        if loc is None or slots is None or conn is None or conn.broken is not None:
+        if loc is None or slots is None or self.conn.broken is not None:
             return None
         offset, size, serial = loc
         if size != size_bytes or (dest is not None and len(dest) < size):
@@ -89,11 +100,11 @@ class AsyncShm:
         if not slots.still(serial):
             return None
         self.unreferenced += 1
-        conn.send_only(Op.SHM_TOUCH, key, object_id)
+        self.conn.send_only(Op.SHM_TOUCH, key, object_id)
         return out
 
-    async def read(self, conn: AsyncNodeConnection, key: str, object_id: int, size_bytes: int,
-                   dest: memoryview | None, timeout_s: float) -> memoryview | bytearray | KVStoreError:
+    async def read(self, key: str, object_id: int, size_bytes: int, dest: memoryview | None,
+                   timeout_s: float) -> memoryview | bytearray | KVStoreError:
         """The value through a read reference (SHM_ACQUIRE, the copy, SHM_RELEASE), or
         the node's answer as an error (NotFound...); ``dest`` (when given) holds
         ``size_bytes`` at least.
@@ -102,12 +113,13 @@ class AsyncShm:
             Unavailable: the connection broke, the answer did not come in time, or
                 the mapping was retired meanwhile.
         """
-        released = False
+        conn, asked = self.conn, []
         try:
-            reply = await conn.request(Op.SHM_ACQUIRE, key, object_id, timeout_s=timeout_s)
+            reply = await conn.request(Op.SHM_ACQUIRE, key, object_id, timeout_s=timeout_s,
+                                       on_queued=lambda: asked.append(True))
             err = reply.error(key)
             if err is not None:
-                released = True              # nothing was taken
+                asked.clear()                # nothing was taken
                 return err
             size = reply.size
             if size != size_bytes or reply.offset + size > self.segment.size_bytes:
@@ -124,12 +136,11 @@ class AsyncShm:
             self._remember(key, object_id, (reply.offset, size, reply.serial))
             return out
         finally:
-            if not released:
+            if asked:
                 conn.send_only(Op.SHM_RELEASE, key, object_id)
 
-    async def write(self, conn: AsyncNodeConnection, key: str, object_id: int, value: memoryview,
-                    checksum: int | None, parent: str, replica_num: int, timeout_s: float
-                    ) -> Reply:
+    async def write(self, key: str, object_id: int, value: memoryview, checksum: int | None,
+                    parent: str, replica_num: int, timeout_s: float) -> Reply:
         """Put ``value`` (``checksum`` its XXH3-64; None: hashed as it is copied, named
         with SHM_COMMIT) through a reservation: the commit's answer (or SHM_ALLOC's, an
         error or "this version is stored already"); an OK one names the checksum.
@@ -138,13 +149,14 @@ class AsyncShm:
             Unavailable: the connection broke, an answer did not come in time, or
                 the mapping was retired meanwhile.
         """
-        n = len(value)
-        reply = await conn.request(Op.SHM_ALLOC, key, object_id, n, checksum or 0, parent=parent,
-                                   flags=replica_num, timeout_s=timeout_s)
-        if not reply.ok or reply.offset == ALREADY_PRESENT_OFFSET:
-            return reply
-        committing = False
+        n, conn, reserving = len(value), self.conn, []
         try:
+            reply = await conn.request(Op.SHM_ALLOC, key, object_id, n, checksum or 0,
+                                       parent=parent, flags=replica_num, timeout_s=timeout_s,
+                                       on_queued=lambda: reserving.append(True))
+            if not reply.ok or reply.offset == ALREADY_PRESENT_OFFSET:
+                reserving.clear()            # nothing is reserved
+                return reply
             if reply.offset + n > self.segment.size_bytes:
                 raise Unavailable(f"the node reserved {n} B at {reply.offset}, past the "
                                   f"end of its segment {self.segment.name} as mapped here")
@@ -160,11 +172,11 @@ class AsyncShm:
             finally:
                 dst.release()
                 self._maps.leave(self.segment)
-            committing = True
+            reserving.clear()                # the commit ends it, whatever comes back
             return await conn.request(Op.SHM_COMMIT, key, object_id, 0,
                                       late if checksum is None else 0, timeout_s=timeout_s)
         finally:
-            if not committing:
+            if reserving:
                 conn.send_only(Op.SHM_ABORT, key, object_id)
 
     def _remember(self, key: str, object_id: int, loc: tuple[int, int, int]) -> None:
@@ -191,25 +203,35 @@ class AsyncShms:
         self.host_id = host_id
         self._maps = SegmentMaps(prefault_bytes)
         self._by_node: dict[str, AsyncShm] = {}
-        self._refused: set[str] = set()     # segments that could not be mapped (TCP then)
+        self._gone: set[str] = set()        # segment files not there (TCP for those names)
 
-    def of(self, node) -> AsyncShm | None:
-        """The path to ``node`` (a :class:`~kvstore.types.NodeAddress`) through its
-        segment, or None: not on this host, no segment, or it cannot be mapped here."""
-        name = node.shm_name
-        if not name or node.host_id != self.host_id or name in self._refused:
-            return None
+    def local(self, node) -> bool:
+        """Whether ``node`` (a :class:`~kvstore.types.NodeAddress`) is on this host with a
+        segment that may be there."""
+        return bool(node.shm_name) and node.host_id == self.host_id and (
+            node.shm_name not in self._gone)
+
+    def of(self, node, conn: AsyncNodeConnection) -> AsyncShm | None:
+        """The path to ``node`` through its segment for ``conn``, the connection to it
+        now; None: not on this host, or its segment cannot be mapped here (TCP then)."""
         shm = self._by_node.get(node.node_id)
-        if shm is not None and shm.segment.name == name and shm.usable:
+        if (shm is not None and shm.conn is conn and shm.segment.name == node.shm_name
+                and shm.usable):
             return shm
-        try:
-            segment = self._maps.acquire(name, node.node_id)
-        except OSError:
-            self._refused.add(name)
+        if not self.local(node):
             return None
-        if shm is not None:
+        if shm is not None:                  # another connection, or another segment
+            del self._by_node[node.node_id]
             shm.close()
-        shm = self._by_node[node.node_id] = AsyncShm(segment, self._maps)
+            self._maps.retire_node(node.node_id)
+        try:
+            segment = self._maps.acquire(node.shm_name, node.node_id)
+        except FileNotFoundError:
+            self._gone.add(node.shm_name)
+            return None
+        except OSError:
+            return None                      # tried again at the next use
+        shm = self._by_node[node.node_id] = AsyncShm(segment, self._maps, conn)
         return shm
 
     def wait_prefaulted(self, timeout_s: float) -> bool:

@@ -159,7 +159,7 @@ class AsyncNodeConnection(asyncio.BufferedProtocol):
                       checksum: int = 0, payload=None, parent: str = "",
                       flags: int = 0, max_value_bytes: int = MAX_MESSAGE_BYTES,
                       into: memoryview | None = None,
-                      timeout_s: float | None = None) -> Reply:
+                      timeout_s: float | None = None, on_queued=None) -> Reply:
         """Send one frame (with ``payload``, a bytes-like of ``size`` bytes) and await
         its answer. A value answered (GET, STATS, AUTH_HELLO) may have at most
         ``max_value_bytes`` (``len(into)`` with ``into``), else the connection breaks;
@@ -167,6 +167,8 @@ class AsyncNodeConnection(asyncio.BufferedProtocol):
 
         Args:
             timeout_s: wait this long at most when less than the connection's timeout.
+            on_queued: called once the frame is queued (its answer will come, whether
+                or not this coroutine still waits for it).
 
         Raises:
             Unavailable: the connection broke or the answer did not come in time.
@@ -191,6 +193,8 @@ class AsyncNodeConnection(asyncio.BufferedProtocol):
             self._out_scheduled = True     # the frames of this loop iteration, one send
             self._loop.call_soon(self._write_out)
         self._reader.expect(fut, op, max_value_bytes, into)
+        if on_queued is not None:
+            on_queued()
         if timeout_s is None or timeout_s >= self.timeout_s:
             timer = None                   # the connection's own timer watches it
         else:                              # a plain timer: asyncio.timeout costs twice as much

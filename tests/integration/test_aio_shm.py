@@ -10,6 +10,7 @@ all the same, and a removed key is NotFound, not the old bytes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import numpy as np
 import pytest
@@ -19,6 +20,8 @@ from kvstore.client.aio import AsyncKVClient
 from kvstore.errors import KeyConflict, NotFound
 from kvstore.keys import value_checksum
 from kvstore.transfer.aio_shm import PUT_MIN_BYTES, AsyncShm
+from kvstore.transfer.aio_tcp import AsyncNodeConnection
+from kvstore.transfer.protocol import Op
 from kvtest import cluster_running, node_stats, wait_for
 
 MiB = 1 << 20
@@ -42,9 +45,9 @@ def test_values_go_through_the_segment_and_a_known_read_sends_nothing(one_node, 
     writes = []
     real_write = AsyncShm.write
 
-    async def counted(self, conn, key, *args):
+    async def counted(self, key, *args):
         writes.append(key)
-        return await real_write(self, conn, key, *args)
+        return await real_write(self, key, *args)
     monkeypatch.setattr(AsyncShm, "write", counted)
 
     async def go():
@@ -62,7 +65,7 @@ def test_values_go_through_the_segment_and_a_known_read_sends_nothing(one_node, 
 
             (meta,) = await kv.lookup_cached(["big"])
             node = meta.replicas[0].node
-            shm = kv._shms.of(node)
+            shm = kv._shms.of(node, kv._conns.ready(node))
             dest = bytearray(BIG)
             assert await kv.get_into("big", dest) == BIG and dest == value(BIG, 1)
             assert shm.unreferenced == 0                    # learnt under a reference
@@ -122,4 +125,78 @@ def test_a_cancelled_read_leaves_no_reference_behind(one_node):
                 wait_for(lambda: node_stats(other)["n0"].used_bytes == 0,
                          what="the removed objects' memory freed")
             assert kv._conns.ready(node) is not None        # released, not disconnected
+    asyncio.run(go())
+
+
+def test_a_put_cancelled_after_its_reservation_was_asked_leaves_nothing_reserved(
+        one_node, monkeypatch):
+    real = AsyncNodeConnection.request
+
+    async def go():
+        asked = asyncio.Event()
+
+        async def spy(self, op, *args, **kwargs):
+            if op == Op.SHM_ALLOC:
+                asked.set()
+            return await real(self, op, *args, **kwargs)
+        monkeypatch.setattr(AsyncNodeConnection, "request", spy)
+        async with AsyncKVClient(one_node.master) as kv:
+            task = asyncio.ensure_future(kv.put("cancelled", value(4 * MiB, 4)))
+            await asked.wait()
+            task.cancel()                   # its SHM_ALLOC is out, the answer not yet in
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            with KVClient(one_node.master) as other:   # aborted: nothing held, live
+                await asyncio.to_thread(wait_for, lambda: other.node_stats()["n0"]["tiers"][0][
+                    "used_bytes"] == 0, what="the reservation given back")
+            assert not await kv.exists("cancelled")
+    asyncio.run(go())
+
+
+def test_a_read_cancelled_before_its_frame_was_queued_releases_nothing(one_node):
+    """Cancelled while the connection's writing is paused (its SHM_ACQUIRE never
+    queued): no SHM_RELEASE follows, which would drop another read's reference."""
+    async def go():
+        async with AsyncKVClient(one_node.master) as kv:
+            await kv.put("paused", value(BIG, 5))
+            (meta,) = await kv.lookup(["paused"])
+            node = meta.replicas[0].node
+            conn = await kv._conns.get(node, 5)
+            shm = kv._shms.of(node, conn)
+            sent = []
+            real_send_only = conn.send_only
+            conn.send_only = lambda op, *a: sent.append(op) or real_send_only(op, *a)
+            conn.pause_writing()
+            task = asyncio.ensure_future(shm.read("paused", meta.object_id, BIG, None, 5))
+            await asyncio.sleep(0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            conn.resume_writing()
+            assert sent == []
+            got = await shm.read("paused", meta.object_id, BIG, None, 5)
+            assert got == value(BIG, 5) and sent == [Op.SHM_RELEASE]
+            await kv.remove("paused")
+    asyncio.run(go())
+
+
+def test_a_new_connection_maps_the_segment_again_and_a_gone_one_is_tcp(one_node):
+    """A mapping serves one connection: after the connection broke (the node may have
+    restarted with another segment), the segment is looked up and mapped again; a
+    segment file that is gone sends the node's values over TCP."""
+    async def go():
+        async with AsyncKVClient(one_node.master) as kv:
+            await kv.put("again", value(BIG, 6))
+            (meta,) = await kv.lookup_cached(["again"])
+            node = meta.replicas[0].node
+            assert await kv.get("again") == value(BIG, 6)
+            first = kv._shms.of(node, kv._conns.ready(node))
+            kv._conns.ready(node).close()           # the connection breaks
+            assert await kv.get("again") == value(BIG, 6)
+            second = kv._shms.of(node, kv._conns.ready(node))
+            assert second is not first and first.segment.closed
+            gone = dataclasses.replace(node, shm_name=node.shm_name + "-gone")
+            assert kv._shms.of(gone, kv._conns.ready(node)) is None
+            assert not kv._shms.local(gone)
+            await kv.remove("again")
     asyncio.run(go())
