@@ -32,7 +32,8 @@ from kvstore.transfer import codec
 from kvstore.transfer.base import ReadItem, Transport, WriteItem
 from kvstore.transfer.protocol import Op
 from kvstore.transfer.shm_slots import ReadSlots
-from kvstore.transfer.tcp import Location, NodeConnection, check_read, read_by_reference
+from kvstore.transfer.tcp import (Location, NodeConnection, TcpTransport, check_read,
+                                  read_by_reference)
 from kvstore.types import TransportKind
 
 SHM_DIR = "/dev/shm"
@@ -328,6 +329,10 @@ def _copy(dest: memoryview, src: memoryview, verify: bool) -> int | None:
     return None
 
 
+#: Puts of smaller values go as PUT frames on the control connection: one round
+#: trip carrying the value beats two around a copy (see ShmTransport.write_many).
+SEGMENT_PUT_MIN_BYTES = 1 << 20
+
 #: SHM_ALLOC's offset when the exact version is already stored.
 ALREADY_PRESENT_OFFSET = 2**64 - 1
 
@@ -390,8 +395,22 @@ class ShmTransport(Transport):
         return nullcontext(self.segment.view)
 
     def write_many(self, items: list[WriteItem]) -> list[KVStoreError | None]:
-        with self.using() as seg:
-            return self._write_many(seg, items)
+        """Values under :data:`SEGMENT_PUT_MIN_BYTES` go with PUT frames on the control
+        connection (one round trip each way for the batch, the bytes through the
+        socket), the others through the segment (two, around the copies)."""
+        small = [i for i, it in enumerate(items) if len(it.data) < SEGMENT_PUT_MIN_BYTES]
+        if not small:
+            with self.using() as seg:
+                return self._write_many(seg, items)
+        out: list[KVStoreError | None] = [None] * len(items)
+        for i, err in zip(small, TcpTransport(self.conn).write_many([items[i] for i in small])):
+            out[i] = err
+        large = [i for i in range(len(items)) if len(items[i].data) >= SEGMENT_PUT_MIN_BYTES]
+        if large:
+            with self.using() as seg:
+                for i, err in zip(large, self._write_many(seg, [items[i] for i in large])):
+                    out[i] = err
+        return out
 
     def read_many(self, items: list[ReadItem], verify: bool = True) -> list[KVStoreError | None]:
         with self.using() as seg:

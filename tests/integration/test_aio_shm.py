@@ -1,4 +1,5 @@
-"""The asyncio SDK's same-host path: values copied through the node's segment.
+"""The same-host paths: values copied through the node's segment (the asyncio SDK's,
+and which puts the sync SDK sends that way).
 
 One node on this host: puts of PUT_MIN_BYTES or more and every get go through
 its shared memory (SHM_ALLOC / SHM_COMMIT, SHM_ACQUIRE / SHM_RELEASE on the
@@ -22,6 +23,7 @@ from kvstore.keys import value_checksum
 from kvstore.transfer.aio_shm import PUT_MIN_BYTES, AsyncShm
 from kvstore.transfer.aio_tcp import AsyncNodeConnection
 from kvstore.transfer.protocol import Op
+from kvstore.transfer.shm import SEGMENT_PUT_MIN_BYTES, ShmTransport
 from kvtest import cluster_running, node_stats, wait_for
 
 MiB = 1 << 20
@@ -200,3 +202,30 @@ def test_a_new_connection_maps_the_segment_again_and_a_gone_one_is_tcp(one_node)
             assert not kv._shms.local(gone)
             await kv.remove("again")
     asyncio.run(go())
+
+
+def test_the_sync_sdk_puts_small_values_as_frames_and_large_ones_through_the_segment(
+        one_node, monkeypatch):
+    """``KVClient(prefer_shm=True)`` too: a batch's values under SEGMENT_PUT_MIN_BYTES
+    go as PUT frames on the node's control connection, the others through its
+    segment; every result in input order, a conflict where it belongs."""
+    through_segment = []
+    real = ShmTransport._write_many
+
+    def spy(self, seg, items):
+        through_segment.extend(it.key for it in items)
+        return real(self, seg, items)
+    monkeypatch.setattr(ShmTransport, "_write_many", spy)
+    keys = ["s-small", "s-big", "s-small2", "s-big2"]
+    values = [value(SMALL, 20), value(BIG, 21), value(SMALL, 22), value(BIG, 23)]
+    assert SMALL < SEGMENT_PUT_MIN_BYTES <= BIG
+    with KVClient(one_node.master, prefer_shm=True) as kv:
+        kv.put("s-small2", value(SMALL, 99))                # another value already there
+        assert through_segment == []
+        results = kv.batch_put(keys, values)
+        assert [type(r) for r in results] == [type(None), type(None), KeyConflict, type(None)]
+        assert through_segment == ["s-big", "s-big2"]
+        for k, v in zip(keys, values):
+            if k != "s-small2":
+                assert kv.get(k) == v
+        kv.batch_remove(keys)

@@ -2,7 +2,8 @@
 
 Rows (``kvstore``)::
 
-    shm         get, put   KVClient through the node's shared-memory segment
+    shm         get, put   KVClient through the node's shared-memory segment (puts under
+                           1 MiB as PUT frames on its Unix socket, as the SDK sends them)
     tcp         get, put   KVClient over TCP, one key per call
     tcp-batch   get, put   batch_get_into / batch_put of ``batch_keys`` keys over TCP
     concurrent  get, put   ``clients`` client processes at once (TCP unless concurrent_shm)
