@@ -57,6 +57,14 @@ LOCATIONS = 4096
 PUT_MIN_BYTES = 1 << 20
 
 
+def _copied(view: memoryview, offset: int, size: int,
+            dest: memoryview | None) -> memoryview | bytearray:
+    """``size`` bytes at ``offset`` of ``view``, copied into ``dest`` (or a new bytearray)."""
+    out = bytearray(size) if dest is None else dest[:size]
+    out[:] = view[offset:offset + size]
+    return out
+
+
 class AsyncShm:
     """One node's segment as this client maps it, and the locations it learnt there.
 
@@ -93,8 +101,7 @@ class AsyncShm:
         if not slots.serves(serial) or not self._maps.enter(self.segment):
             return None
         try:
-            out = bytearray(size) if dest is None else dest[:size]
-            out[:] = self.segment.view[offset:offset + size]
+            out = _copied(self.segment.view, offset, size, dest)
         finally:
             self._maps.leave(self.segment)
         if not slots.still(serial):
@@ -125,14 +132,8 @@ class AsyncShm:
             if size != size_bytes or reply.offset + size > self.segment.size_bytes:
                 return ChecksumMismatch(f"the node holds {size} B at {reply.offset}, "
                                         f"{size_bytes} B expected", key=key)
-            if not self._maps.enter(self.segment):
-                raise Unavailable(f"shared memory {self.segment.name} is unmapped: its node "
-                                  "restarted or failed")
-            try:
-                out = bytearray(size) if dest is None else dest[:size]
-                out[:] = self.segment.view[reply.offset:reply.offset + size]
-            finally:
-                self._maps.leave(self.segment)
+            with self._maps.using(self.segment) as view:
+                out = _copied(view, reply.offset, size, dest)
             self._remember(key, object_id, (reply.offset, size, reply.serial))
             return out
         finally:
@@ -160,18 +161,12 @@ class AsyncShm:
             if reply.offset + n > self.segment.size_bytes:
                 raise Unavailable(f"the node reserved {n} B at {reply.offset}, past the "
                                   f"end of its segment {self.segment.name} as mapped here")
-            if not self._maps.enter(self.segment):
-                raise Unavailable(f"shared memory {self.segment.name} is unmapped: its node "
-                                  "restarted or failed")
-            dst = self.segment.view[reply.offset:reply.offset + n]
-            try:
-                if checksum is None:
-                    late = codec.copy_hashed(dst, value)   # one pass, the GIL released
-                elif n:
-                    dst[:] = value
-            finally:
-                dst.release()
-                self._maps.leave(self.segment)
+            with self._maps.using(self.segment) as view:
+                with view[reply.offset:reply.offset + n] as dst:
+                    if checksum is None:
+                        late = codec.copy_hashed(dst, value)   # one pass, the GIL released
+                    elif n:
+                        dst[:] = value
             reserving.clear()                # the commit ends it, whatever comes back
             return await conn.request(Op.SHM_COMMIT, key, object_id, 0,
                                       late if checksum is None else 0, timeout_s=timeout_s)
