@@ -97,6 +97,7 @@ class MasterRetry:
         self.at = leaders.get(addresses, 0)
         self.deadline = deadline
         self._failures = 0     # answers that were neither waited on nor the last
+        self._last: KVStoreError | None = None   # the last error, for the final one
 
     def __iter__(self):
         while True:
@@ -120,8 +121,10 @@ class MasterRetry:
         """
         t = self.deadline.bound(timeout_s)
         if t <= 0.0:
+            last = (f"; the last answer: {type(self._last).__name__}: {self._last.message}"
+                    if self._last is not None else "; no attempt was made")
             raise Unavailable(f"the call's deadline passed before master "
-                              f"{self.address} could be asked")
+                              f"{self.address} could be asked{last}")
         return t
 
     def answered(self, response):
@@ -135,6 +138,7 @@ class MasterRetry:
         Raises:
             KVStoreError: ``err``, when the call gives up.
         """
+        self._last = err
         pause = self.after(err)
         if pause is None:
             raise err

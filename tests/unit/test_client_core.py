@@ -57,6 +57,19 @@ def test_an_attempt_loop_follows_the_named_leader_and_remembers_it():
         retry.failed(NotFound("gone"))
 
 
+def test_a_spent_deadline_says_what_the_master_last_answered():
+    # A call whose deadline is spent before an attempt says so; one that spent it
+    # on attempts names the last answer (a log reader needs the cause, not only
+    # that time ran out).
+    with pytest.raises(Unavailable, match="no attempt was made"):
+        MasterRetry(("a:1",), {}, _dl(-1.0)).timeout_s
+    retry = MasterRetry(("a:1",), {}, _dl(0.05))
+    retry.failed(IndexIncomplete("2 nodes syncing"))
+    time.sleep(0.06)
+    with pytest.raises(Unavailable, match="IndexIncomplete: 2 nodes syncing"):
+        retry.timeout_s
+
+
 # ---- routing ----
 def _two_shards() -> ShardMap:
     half = NUM_SLOTS // 2
