@@ -8,6 +8,7 @@ start their own small cluster with ``kvtest.start_cluster``.
 
 from __future__ import annotations
 
+import os
 import signal
 import uuid
 
@@ -73,6 +74,35 @@ def kv(make_client):
 def key_prefix() -> str:
     """A prefix no other test uses, so tests can share the cluster."""
     return f"t-{uuid.uuid4().hex[:12]}/"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test shows the last lines of the service logs written while it ran
+    (ProcessGroup.RECENT_LOGS): a failure seen only in CI (a master that did not
+    answer, a node that died) is read from its report, not reproduced first."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed or call.when == "teardown":
+        return
+    from kvstore.tools.cluster.processes import RECENT_LOGS
+
+    started = call.start - 1.0
+    tails = []
+    for path in dict.fromkeys(reversed(RECENT_LOGS)):      # newest first, once each
+        try:
+            if os.path.getmtime(path) < started:
+                continue
+            with open(path, "rb") as f:
+                f.seek(max(0, os.path.getsize(path) - 4096))
+                lines = f.read().decode(errors="replace").splitlines()[-15:]
+        except OSError:
+            continue
+        tails.append(f"== {path} (last {len(lines)} lines)\n" + "\n".join(lines))
+        if len(tails) == 6:
+            break
+    if tails:
+        report.sections.append(("service logs written during the test", "\n".join(tails)))
 
 
 def pytest_configure(config):

@@ -9,6 +9,7 @@ READY lines, and stops them all when one dies, on Ctrl-C, or when it exits.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import random
@@ -21,6 +22,10 @@ import time
 from dataclasses import dataclass, field
 
 from kvstore.process import EXIT_WITH_LAUNCHER_ENV, READY_PREFIX
+
+#: The log files of the children started last in this process (newest last): a test
+#: harness shows the tails of those a failed test wrote to (tests/conftest.py).
+RECENT_LOGS: collections.deque[str] = collections.deque(maxlen=64)
 
 #: The module every service process runs (``python -m kvstore.tools.cli.services NAME ...``).
 SERVICES_MODULE = "kvstore.tools.cli.services"
@@ -158,6 +163,7 @@ class ProcessGroup:
         if self.log_dir:
             os.makedirs(self.log_dir, exist_ok=True)
             stderr = open(os.path.join(self.log_dir, f"{name}.log"), "ab")
+            RECENT_LOGS.append(stderr.name)
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", EXIT_WITH_LAUNCHER_ENV: "1",
                     **(env or {})}
         proc = subprocess.Popen([*(prefix or ()), sys.executable, *args],
