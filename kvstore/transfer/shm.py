@@ -398,14 +398,14 @@ class ShmTransport(Transport):
         """Values under :data:`SEGMENT_PUT_MIN_BYTES` go with PUT frames on the control
         connection (one round trip each way for the batch, the bytes through the
         socket), the others through the segment (two, around the copies)."""
-        small = [i for i, it in enumerate(items) if len(it.data) < SEGMENT_PUT_MIN_BYTES]
-        if not small:
-            with self.using() as seg:
-                return self._write_many(seg, items)
+        small: list[int] = []
+        large: list[int] = []
+        for i, it in enumerate(items):
+            (small if len(it.data) < SEGMENT_PUT_MIN_BYTES else large).append(i)
         out: list[KVStoreError | None] = [None] * len(items)
-        for i, err in zip(small, TcpTransport(self.conn).write_many([items[i] for i in small])):
-            out[i] = err
-        large = [i for i in range(len(items)) if len(items[i].data) >= SEGMENT_PUT_MIN_BYTES]
+        if small:
+            for i, err in zip(small, TcpTransport(self.conn).write_many([items[i] for i in small])):
+                out[i] = err
         if large:
             with self.using() as seg:
                 for i, err in zip(large, self._write_many(seg, [items[i] for i in large])):
