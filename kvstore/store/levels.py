@@ -48,6 +48,7 @@ class TierLevel:
     rounds: int = 0             # reclaim rounds run for this level
     evictions: int = 0          # objects evicted from the node to make room here
     blocked: str = ""           # set by a round that could free nothing it needed
+    blocked_round: int = 0      # the round that counted ``blocked`` (kept until RECOUNT_S)
     blocked_logged_s: float = 0.0
     blocked_count: Recount = field(default_factory=Recount)   # when to count ``blocked`` again
     draining: bool = False      # passed ``high``; reclaiming until back at ``low`` (hysteresis)

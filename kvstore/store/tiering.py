@@ -295,8 +295,10 @@ class Tiering:
                 extent = self.allocate_locked(level, record, for_put)
                 if extent is not None:
                     return extent
-                if lv.rounds > start_round + 1 and lv.blocked:
-                    return None   # the mover tried and found nothing more to move
+                if lv.blocked and lv.blocked_round > start_round + 1:
+                    # The mover tried and found nothing more to move: counted by a round
+                    # that saw this want (a reason kept from before it may be stale).
+                    return None
                 if time.monotonic() > deadline:
                     return None
         finally:
@@ -578,14 +580,15 @@ class Tiering:
         # tier with nothing evictable runs one) is counted again only every
         # RECOUNT_S; a round that frees or plans something clears it at once, and
         # moves are only planned by such rounds.
-        if freed or need <= 0:
-            lv.blocked = ""
+        if freed or need <= 0 or (not lv.draining and lv.tier.free_bytes >= need):
+            lv.blocked = ""        # (the last: room for every waiter's want is free already)
         elif not lv.blocked or lv.blocked_count.due(now, RECOUNT_S):
             t0 = time.monotonic()
             # (Nothing is demoted out of the slowest tier: no scan for it there.)
             in_flight = not self._is_bottom(level) and any(
                 o.moving and o.copy(level) is not None for o in self._table.objects.values())
             lv.blocked = "" if in_flight else self.blocked_reason_locked(level, now)
+            lv.blocked_round = lv.rounds
             lv.blocked_count.done(t0)
         if lv.blocked and now - lv.blocked_logged_s > _BLOCKED_LOG_INTERVAL_S:
             lv.blocked_logged_s = now
