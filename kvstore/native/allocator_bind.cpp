@@ -10,6 +10,7 @@
 #include <Python.h>
 #include <structmember.h>
 
+#include "allocation.hpp"
 #include "allocator.hpp"
 #include "module.hpp"
 
@@ -58,17 +59,6 @@ bool field(PyObject* value, const char* name, unsigned long long* out) {
         return false;
     }
     return true;
-}
-
-PyObject* allocation_make(unsigned long long offset, unsigned long long size,
-                          unsigned long long reserved, unsigned long long serial) {
-    auto* a = PyObject_New(AllocationObject, &AllocationType);
-    if (!a) return nullptr;
-    a->offset = offset;
-    a->size = size;
-    a->reserved = reserved;
-    a->serial = serial;
-    return reinterpret_cast<PyObject*>(a);
 }
 
 PyObject* allocation_new(PyTypeObject*, PyObject* args, PyObject* kwargs) {
@@ -126,6 +116,32 @@ void ready_allocation_type() {
     AllocationType.tp_repr = allocation_repr;
     if (PyType_Ready(&AllocationType) < 0) throw py::error_already_set();
 }
+
+}  // namespace
+
+PyObject* allocation_make(unsigned long long offset, unsigned long long size,
+                          unsigned long long reserved, unsigned long long serial) {
+    auto* a = PyObject_New(AllocationObject, &AllocationType);
+    if (!a) return nullptr;
+    a->offset = offset;
+    a->size = size;
+    a->reserved = reserved;
+    a->serial = serial;
+    return reinterpret_cast<PyObject*>(a);
+}
+
+bool allocation_fields(PyObject* h, unsigned long long* offset, unsigned long long* size,
+                       unsigned long long* reserved, unsigned long long* serial) {
+    if (!PyObject_TypeCheck(h, &AllocationType)) return false;
+    auto* a = reinterpret_cast<AllocationObject*>(h);
+    *offset = a->offset;
+    *size = a->size;
+    *reserved = a->reserved;
+    *serial = a->serial;
+    return true;
+}
+
+namespace {
 
 const AllocationObject& as_allocation(py::handle h) {
     if (!PyObject_TypeCheck(h.ptr(), &AllocationType))

@@ -21,7 +21,7 @@ import enum
 import time
 from dataclasses import dataclass
 
-from kvstore._native import StoredObjectBase
+from kvstore._native import StoredObjectBase, untracked_subclass
 from kvstore.store.tiers.base import Extent, ObjectRecord
 
 
@@ -37,7 +37,8 @@ _DOOMED = 8
 _MOVING = 16
 _PROMOTING = 32
 _MANY = 64             # _copy is a list indexed by level (two copies or more)
-_LEVEL_SHIFT = 8       # with one copy: its level, in bits 8..15
+_DRAM = 128            # its DRAM copy (level 0) is inline in the record, not in _copy
+_LEVEL_SHIFT = 8       # with one copy in _copy: its level, in bits 8..15
 
 
 def _flag(bit: int, doc: str) -> property:
@@ -70,12 +71,15 @@ class StoredObject(StoredObjectBase):
 
     Memory (64-bit CPython): 128 bytes, its fields stored inline by the native
     base (``kvstore/native/stored_object.cpp``: object_id, size_bytes, checksum,
-    last_access_s, slot, refs, replica_num and the flags are C numbers, not
-    Python objects of their own), plus the key string and its copies'
-    extents. Compact by layout::
+    last_access_s, slot, refs, replica_num, the flags and the DRAM copy's
+    offset, reserved bytes and serial are C numbers, not Python objects of
+    their own; the type is built without the cyclic GC), plus the key string
+    and its slower copies' extents. Compact by layout::
 
-        _copy    the one copy's extent (its level in _flags), or None;
-                 a list by level only while it has two copies or more
+        DRAM     the DRAM copy (level 0), inline while _flags has _DRAM; copy(0)
+                 hands it out as a new Allocation (equal to the one installed)
+        _copy    the one slower copy's extent (its level in _flags), or None;
+                 a list by level only while it has two copies or more there
         _flags   state, confirmed, staged, doomed, moving, promoting (bits),
                  and the one copy's level
         _extra   None, or an ObjectExtras once pinned or prefetched
@@ -181,6 +185,8 @@ class StoredObject(StoredObjectBase):
 
     def copy(self, level: int) -> Extent | None:
         """The extent of its copy at ``level`` of the node's chain, or None."""
+        if level == 0 and self._flags & _DRAM:
+            return self._dram()
         c = self._copy
         if self._flags & _MANY:
             return c[level] if level < len(c) else None
@@ -188,6 +194,13 @@ class StoredObject(StoredObjectBase):
 
     def set_copy(self, level: int, extent: Extent | None) -> None:
         """Install (``extent``) or forget (None) its copy at ``level``."""
+        if level == 0:
+            if extent is not None and self._set_dram(extent):    # inline: no object kept
+                extent = None
+            else:
+                self._set_dram(None)
+            if extent is None and self._copy is None:
+                return
         flags = self._flags
         if flags & _MANY:
             c = self._copy
@@ -217,10 +230,14 @@ class StoredObject(StoredObjectBase):
 
     def copy_items(self) -> list[tuple[int, Extent]]:
         """(level, extent) of each copy, fastest first."""
-        c = self._copy
-        if self._flags & _MANY:
-            return [(level, e) for level, e in enumerate(c) if e is not None]
-        return [] if c is None else [(self._flags >> _LEVEL_SHIFT, c)]
+        c, flags = self._copy, self._flags
+        if flags & _MANY:
+            out = [(level, e) for level, e in enumerate(c) if e is not None]
+        else:
+            out = [] if c is None else [(flags >> _LEVEL_SHIFT, c)]
+        if flags & _DRAM:
+            out.insert(0, (0, self._dram()))
+        return out
 
     @property
     def alloc(self) -> Extent | None:
@@ -276,6 +293,12 @@ class StoredObject(StoredObjectBase):
                 f"copies={self.copy_items()}, slot={self.slot})")
 
 
+# Rebuilt without the cyclic GC: a class statement's subclass of a native type is
+# always GC-tracked (16 B more per object, and every new object walked by the young
+# collections), though a record never refers back to itself.
+StoredObject = untracked_subclass(StoredObject)
+
+
 @dataclass(slots=True, eq=False)
 class Move:
     """One object's copy from one tier to another, planned under the node's lock.
@@ -309,7 +332,8 @@ def inventory_rows(objects, tiers: list[int]) -> list[tuple]:
         f = o._flags
         if not f & _COMPLETE:
             continue
-        level = f >> _LEVEL_SHIFT if not f & _MANY and o._copy is not None else o.best_level()
+        level = (0 if f & _DRAM else f >> _LEVEL_SHIFT if not f & _MANY and o._copy is not None
+                 else o.best_level())
         out.append((o.key, o.object_id, o.size_bytes, o.checksum, tiers[level],
                     not f & _CONFIRMED, o.replica_num))
     return out

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 
+from kvstore._native import Allocation
 from kvstore.store.objects import ObjectState, StoredObject
 
 
@@ -64,7 +66,38 @@ def test_pins_and_lookahead_are_extras_set_on_demand():
 
 
 def test_the_object_itself_is_small():
-    assert sys.getsizeof(obj()) <= 128       # 12 slots, with the GC header (main: 184)
+    assert sys.getsizeof(obj()) <= 128       # 12 fields and the DRAM copy inline (main: 184)
+
+
+def test_the_object_is_not_tracked_by_the_cyclic_gc():
+    o = obj()
+    assert not gc.is_tracked(o) and isinstance(o, StoredObject)
+    assert type(o).__name__ == "StoredObject" and type(o).__module__ == "kvstore.store.objects"
+
+
+def test_a_dram_copy_is_kept_inline_and_handed_out_equal():
+    o = obj()
+    alloc = Allocation(4096, 64, 128, 77)
+    o.set_copy(0, alloc)
+    assert o._copy is None                                  # no Allocation object kept
+    got = o.copy(0)
+    assert got == alloc and got.serial == 77 and got.reserved_bytes == 128
+    o.set_copy(2, "ssd")
+    assert o.copy_items() == [(0, alloc), (2, "ssd")] and o.best_level() == 0
+    assert not isinstance(o._copy, list)                    # DRAM is not in the list
+    o.set_copy(0, None)
+    assert o.copy(0) is None and o.copy_items() == [(2, "ssd")]
+
+
+def test_an_extent_that_does_not_fit_inline_is_kept_as_it_is():
+    o = obj()
+    other = Allocation(0, 65, 128, 3)            # not size_bytes long: kept as an object
+    o.set_copy(0, other)
+    assert o._copy is other and o.copy(0) is other
+    o.set_copy(0, Allocation(0, 64, 64, 4))      # the inline copy replaces it
+    assert o._copy is None and o.copy(0).serial == 4
+    o.set_copy(0, "dram")                        # and is replaced by any other
+    assert o.copy(0) == "dram" and o.copy_items() == [(0, "dram")]
 
 
 def test_a_chained_block_shares_its_parents_key_string():
