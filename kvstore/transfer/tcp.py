@@ -37,6 +37,12 @@ _READ_AHEAD_BYTES = 8 * 1024
 HASH_WHILE_RECEIVING_BYTES = 256 * 1024
 #: Longest time a deferred frame (SHM_RELEASE) waits for the next request, in seconds.
 DEFER_FLUSH_S = 0.005
+#: Replies to deferred frames its owner reads as soon as this many are owed. A thread
+#: whose gets are all same-host copies (an SHM_TOUCH deferred per get, never a reply
+#: read) left them in its socket until the buffers filled: the node's sends stalled,
+#: then its reads, then this side's sends (a get of 10 s, the socket timeout, every
+#: few hundred thousand gets, and the node dropped the connection as a stalled reader).
+MAX_OWED_REPLIES = 128
 
 
 class NodeConnection:
@@ -153,7 +159,9 @@ class NodeConnection:
 
         It goes out with the next request, or from the flusher within
         :data:`DEFER_FLUSH_S`; its reply must be OK and is checked before the
-        next reply the caller reads.
+        next reply the caller reads, or here once :data:`MAX_OWED_REPLIES` are
+        owed (a refusal or a broken connection then closes it: the owner's
+        next call sees that). Call it from the connection's owner only.
         """
         frame = self._frame(op, key, object_id)
         with self._lock:
@@ -161,8 +169,14 @@ class NodeConnection:
             self._deferred_n += 1
             queue = not self._flush_queued
             self._flush_queued = True
+            drain = self._owed >= MAX_OWED_REPLIES and not self.broken
         if queue:
             _flusher().add(self)
+        if drain:
+            try:
+                self.flush_owed()
+            except (Unavailable, ProtocolError):
+                pass   # closed (broken): the owner sees it at its next call
 
     def flush_deferred(self) -> None:
         """Send the deferred frames now (no-op when there are none or the connection broke)."""
@@ -245,8 +259,18 @@ class NodeConnection:
         """
         while True:
             with self._lock:
-                if not self._owed:
+                n = min(self._owed, MAX_OWED_REPLIES)
+                if not n:
                     return
+            # The common case in one step: every owed reply already buffered, each an
+            # OK header without a message.
+            run = self.reader.peek(n * RESPONSE.size) if n > 1 else None
+            if run is not None and _all_ok(run, n):
+                self.reader.read(n * RESPONSE.size)
+                with self._lock:
+                    self._owed -= n
+                continue
+            with self._lock:
                 self._owed -= 1
             code, *_rest, msg = self._read_header()
             if code != pb.OK:
@@ -261,6 +285,14 @@ class NodeConnection:
             self.sock.close()
         except OSError:
             pass
+
+
+def _all_ok(run: memoryview, n: int) -> bool:
+    """Whether ``run`` (``n`` response headers) holds OK replies without messages only."""
+    size = RESPONSE.size      # code u8 at 0, msg_len u16 at 2 (kvstore.transfer.protocol)
+    zeros = bytes(n)
+    return (pb.OK == 0 and run[0::size].tobytes() == zeros and run[2::size].tobytes() == zeros
+            and run[3::size].tobytes() == zeros)
 
 
 class _Flusher:

@@ -24,7 +24,7 @@ from kvstore.errors import InvalidArgument, KeyConflict, NoSpace, NotFound, Unav
 from kvstore.keys import value_checksum
 from kvstore.transfer.protocol import Op
 from kvstore.transfer.shm import ShmSegment, ShmTransport
-from kvstore.transfer.tcp import DEFER_FLUSH_S, NodeConnection
+from kvstore.transfer.tcp import DEFER_FLUSH_S, MAX_OWED_REPLIES, NodeConnection
 from kvtest import cluster_running, node_stats, wait_for
 
 KiB = 1 << 10
@@ -232,6 +232,28 @@ def test_unreferenced_reads_stop_at_a_removal_and_are_counted(kv, one_node):
     with pytest.raises(NotFound):
         kv.get_into("d", dest)
     assert tr.unreferenced == unref + 3
+
+
+def test_a_reader_of_known_locations_reads_the_touch_replies_it_owes(kv, one_node):
+    """A thread whose gets are all same-host copies never waits for a reply, but each
+    get's SHM_TOUCH is answered: the replies are read once MAX_OWED_REPLIES are owed,
+    so they never fill the socket (which stalled the node's sends, then a get for the
+    socket timeout, 10 s, every few hundred thousand gets), and each get is counted."""
+    kv.put("t", value(17))
+    dest = bytearray(OBJ)
+    kv.get_into("t", dest)                     # learns the location
+    conn = shm_transport(kv).conn
+    with KVClient(one_node.master) as observer:
+        gets = observer.node_stats()["n0"]["counters"]["gets"]
+        n = 6 * MAX_OWED_REPLIES
+        for i in range(n):
+            assert kv.get_into("t", dest) == OBJ
+            assert conn._owed <= 2 * MAX_OWED_REPLIES
+            if i % 100 == 0:
+                conn.flush_deferred()          # as the flusher would, sooner
+        assert dest == value(17) and not conn.broken
+        wait_for(lambda: observer.node_stats()["n0"]["counters"]["gets"] == gets + n,
+                 timeout_s=10)
 
 
 def test_location_of_a_removed_and_rewritten_key(kv, one_node):
