@@ -7,17 +7,19 @@
 // 64-bit hash) and its slot (32 B beyond 256 objects), and a float for its
 // last access (24 B). Here those fields live inline, as C numbers, in a record
 // of the same 128 bytes; a read makes the Python number on demand. Its DRAM
-// copy lives inline too (offset, reserved bytes, serial: 24 B) instead of in an
+// copy lives inline too (offset, serial, reserved bytes: 20 B) instead of in an
 // Allocation of its own (48 B); ``_dram()`` hands it out as one.
 //
 //     key, parent, _copy, _extra     object references (str, str or None, an
 //                                    extent or a list of them, ObjectExtras)
 //     object_id, size_bytes, checksum   unsigned 64-bit
 //     last_access_s                  double (monotonic seconds)
-//     slot                           Py_ssize_t (-1: out of service)
-//     refs, replica_num, _flags      int
-//     dram_offset, dram_reserved,    unsigned 64-bit: its DRAM copy (level 0), valid
-//       dram_serial                  while _flags has kDramInline
+//     dram_offset, dram_serial       unsigned 64-bit: its DRAM copy (level 0), valid
+//       dram_pad                     while _flags has kDramInline (pad: reserved - size)
+//     slot, refs                     32-bit int (slot -1: out of service)
+//     _flags, replica_num            16 and 8 bits
+//
+// 112 bytes in all: a pymalloc size class (a 113-byte record would take 128).
 //
 // Not tracked by the cycle collector: a record refers to strings, extents and
 // ObjectExtras only, none of which refers back to it. A Python class statement
@@ -47,14 +49,16 @@ struct StoredObjectBase {
     unsigned long long size_bytes;
     unsigned long long checksum;
     double last_access_s;
-    Py_ssize_t slot;
-    int refs;
-    int replica_num;
-    int flags;
     unsigned long long dram_offset;
-    unsigned long long dram_reserved;
     unsigned long long dram_serial;
+    int slot;                      // < 2**31 (the eviction core's bound too)
+    int refs;
+    unsigned int dram_pad;         // reserved bytes - size_bytes (< the alignment, or one unit)
+    unsigned short flags;          // the bits of kvstore.store.objects (level in bits 8..15)
+    unsigned char replica_num;     // at most kvstore.rpc's bound (a byte on the wire too)
 };
+
+static_assert(sizeof(StoredObjectBase) == 112, "a node keeps one per object: 112 bytes");
 
 constexpr int kDramInline = 128;   // a _flags bit (kvstore.store.objects._DRAM)
 
@@ -86,8 +90,8 @@ void stored_object_dealloc(PyObject* obj) {
 PyObject* stored_object_dram(PyObject* obj, PyObject*) {
     auto* self = reinterpret_cast<StoredObjectBase*>(obj);
     if (!(self->flags & kDramInline)) Py_RETURN_NONE;
-    return allocation_make(self->dram_offset, self->size_bytes, self->dram_reserved,
-                           self->dram_serial);
+    return allocation_make(self->dram_offset, self->size_bytes,
+                           self->size_bytes + self->dram_pad, self->dram_serial);
 }
 
 // Installs ``extent`` as its inline DRAM copy (True), or forgets it (None: True);
@@ -100,10 +104,11 @@ PyObject* stored_object_set_dram(PyObject* obj, PyObject* extent) {
         Py_RETURN_TRUE;
     }
     unsigned long long offset, size, reserved, serial;
-    if (!allocation_fields(extent, &offset, &size, &reserved, &serial) || size != self->size_bytes)
+    if (!allocation_fields(extent, &offset, &size, &reserved, &serial) ||
+        size != self->size_bytes || reserved < size || reserved - size > 0xFFFFFFFFull)
         Py_RETURN_FALSE;
     self->dram_offset = offset;
-    self->dram_reserved = reserved;
+    self->dram_pad = static_cast<unsigned int>(reserved - size);
     self->dram_serial = serial;
     self->flags |= kDramInline;
     Py_RETURN_TRUE;
@@ -130,10 +135,10 @@ PyMemberDef stored_object_members[] = {
     FIELD("size_bytes", T_ULONGLONG, size_bytes),
     FIELD("checksum", T_ULONGLONG, checksum),
     FIELD("last_access_s", T_DOUBLE, last_access_s),
-    FIELD("slot", T_PYSSIZET, slot),
+    FIELD("slot", T_INT, slot),
     FIELD("refs", T_INT, refs),
-    FIELD("replica_num", T_INT, replica_num),
-    FIELD("_flags", T_INT, flags),
+    FIELD("replica_num", T_UBYTE, replica_num),
+    FIELD("_flags", T_USHORT, flags),
     {nullptr, 0, 0, 0, nullptr},
 };
 

@@ -69,7 +69,7 @@ _NO_EXTRAS = ObjectExtras()   # shared, read-only: what an object without extras
 class StoredObject(StoredObjectBase):
     """One version of an object on this node: its identity, its copies and its state.
 
-    Memory (64-bit CPython): 128 bytes, its fields stored inline by the native
+    Memory (64-bit CPython): 112 bytes, its fields stored inline by the native
     base (``kvstore/native/stored_object.cpp``: object_id, size_bytes, checksum,
     last_access_s, slot, refs, replica_num, the flags and the DRAM copy's
     offset, reserved bytes and serial are C numbers, not Python objects of

@@ -66,7 +66,7 @@ def test_pins_and_lookahead_are_extras_set_on_demand():
 
 
 def test_the_object_itself_is_small():
-    assert sys.getsizeof(obj()) <= 128       # 12 fields and the DRAM copy inline (main: 184)
+    assert sys.getsizeof(obj()) <= 112       # 12 fields and the DRAM copy inline (main: 184)
 
 
 def test_the_object_is_not_tracked_by_the_cyclic_gc():
