@@ -6,9 +6,9 @@
 // 128 bytes, an int object for its object id (32 B), its checksum (40 B: a
 // 64-bit hash) and its slot (32 B beyond 256 objects), and a float for its
 // last access (24 B). Here those fields live inline, as C numbers, in a record
-// of the same 128 bytes; a read makes the Python number on demand. Its DRAM
-// copy lives inline too (offset, serial, reserved bytes: 20 B) instead of in an
-// Allocation of its own (48 B); ``_dram()`` hands it out as one.
+// of 112 bytes (the object header included); a read makes the Python number on
+// demand. Its DRAM copy lives inline too (offset, serial, reserved bytes: 20 B)
+// instead of in an Allocation of its own (48 B); ``_dram()`` hands it out as one.
 //
 //     key, parent, _copy, _extra     object references (str, str or None, an
 //                                    extent or a list of them, ObjectExtras)
