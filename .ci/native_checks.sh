@@ -152,7 +152,8 @@ say "native unit tests against the sanitizer build"
     tests/unit/test_native_allocator.py tests/unit/test_allocator.py \
     tests/unit/test_native_eviction.py tests/unit/test_entry_table.py \
     tests/unit/test_master_index.py tests/unit/test_native_inventory.py \
-    tests/unit/test_native_serving.py tests/integration/test_tcp_put_checksum.py \
+    tests/unit/test_native_serving.py tests/unit/test_stored_object.py \
+    tests/integration/test_tcp_put_checksum.py \
     tests/integration/test_native_gets.py ) >&2 || failed=1
 say "a short kvstore fuzz against the sanitizer build"
 ( cd "$WORK/src" && san_env "$PY" -m kvstore.tools.cli.cli fuzz --inputs 600 --seed 1 --json \
