@@ -45,7 +45,8 @@ from kvstore.rpc import ClientCredentials, aio_channel
 from kvstore.tls import client_context
 from kvstore.transfer import codec
 from kvstore.transfer.aio_call_link import AsyncCallLink
-from kvstore.transfer.aio_shm import PUT_MIN_BYTES as SHM_PUT_MIN_BYTES, AsyncShms
+from kvstore.transfer.aio_shm import PUT_MIN_BYTES as SHM_PUT_MIN_BYTES
+from kvstore.transfer.aio_shm import YIELD_AFTER_UNANSWERED, AsyncShms
 from kvstore.transfer.aio_tcp import AsyncConnections
 from kvstore.transfer.buffers import readable_view, writable_view
 from kvstore.transfer.call_link import CALL_METHODS, port_retry
@@ -358,6 +359,8 @@ class AsyncKVClient:
             if shm is not None:
                 got = shm.read_known(meta.key, meta.object_id, meta.size_bytes, dest)
                 if got is not None:
+                    if shm.conn.unanswered() >= YIELD_AFTER_UNANSWERED:
+                        await asyncio.sleep(0)     # the loop reads the SHM_TOUCH answers
                     return got
                 try:
                     got = await shm.read(meta.key, meta.object_id, meta.size_bytes, dest, wait_s)

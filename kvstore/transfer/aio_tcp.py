@@ -211,6 +211,10 @@ class AsyncNodeConnection(asyncio.BufferedProtocol):
             if timer is not None:
                 timer.cancel()
 
+    def unanswered(self) -> int:
+        """Requests sent or queued whose answers have not been read yet."""
+        return len(self._reader.pending)
+
     def send_only(self, op: Op, key: str, object_id: int = 0) -> None:
         """Queue a value-less frame whose answer nobody waits for (SHM_TOUCH, SHM_RELEASE,
         SHM_ABORT): it goes out with this loop iteration's frames (at once past
