@@ -6,7 +6,8 @@ and out itself, with the control frames on the node's pipelined connection
 (:class:`~kvstore.transfer.aio_tcp.AsyncNodeConnection`), beside the other
 coroutines' requests::
 
-    get   remembered location in service (read slots)  copy, SHM_TOUCH     no await at all
+    get   remembered location in service (read slots)  copy, SHM_TOUCH     no await (but one
+                                                       turn of the loop past YIELD_AFTER_UNANSWERED)
           else                                         SHM_ACQUIRE -> copy -> SHM_RELEASE
     put   SHM_ALLOC -> copy -> SHM_COMMIT (the node verifies the checksum, the master is told)
           of PUT_MIN_BYTES or more (a smaller one goes over the connection with its PUT)
