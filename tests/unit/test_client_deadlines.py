@@ -47,6 +47,26 @@ def _unavailable(msg: str = "down") -> Unavailable:
     return Unavailable(msg)
 
 
+def test_a_deadline_left_behind_long_spent_is_no_running_calls():
+    from kvstore.client import deadline
+    spent = time.monotonic() - 2 * deadline.STALE_AFTER_S
+    token = deadline._CURRENT.set(Deadline(spent, spent))     # a scope that never reset it
+    try:
+        assert current() is None
+        with call_scope(1.0, 2.0):
+            assert current().left_s() > 0                        # a call of its own
+        assert of_call(1.0, 2.0).left_s() > 0
+    finally:
+        deadline._CURRENT.reset(token)
+    just = Deadline(time.monotonic() - 0.1, time.monotonic() - 0.1)
+    token = deadline._CURRENT.set(just)                        # a call over its time: kept
+    try:
+        with call_scope(1.0, 2.0):
+            assert current() is just
+    finally:
+        deadline._CURRENT.reset(token)
+
+
 def test_one_master_is_tried_a_few_times_then_the_call_fails():
     retry = MasterRetry(("a:1",), {("a:1",): 0}, Deadline.after(10.0, 15.0))
     pauses = [retry.after(_unavailable()) for _ in range(_MASTER_ATTEMPTS)]
