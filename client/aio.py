@@ -59,8 +59,12 @@ from kvstore.types import NodeAddress, ObjectMeta, RemoveReason
 def _one_deadline(method):
     @functools.wraps(method)
     async def bounded(self: "AsyncKVClient", *args, **kwargs):
-        with call_scope(self.timeout_s, self.failover_wait_s):
-            return await method(self, *args, **kwargs)
+        scope = call_scope(self.timeout_s, self.failover_wait_s)
+        try:
+            with scope:
+                return await method(self, *args, **kwargs)
+        finally:
+            scope.leave()     # again: a signal handler's exception may have cut __exit__ short
     return bounded
 
 

@@ -45,8 +45,12 @@ def _one_deadline(method):
     its master calls, retries, waits and transfers all end by it."""
     @functools.wraps(method)
     def bounded(self: "KVClient", *args, **kwargs):
-        with call_scope(self._control.timeout_s, self._control.failover_wait_s):
-            return method(self, *args, **kwargs)
+        scope = call_scope(self._control.timeout_s, self._control.failover_wait_s)
+        try:
+            with scope:
+                return method(self, *args, **kwargs)
+        finally:
+            scope.leave()     # again: a signal handler's exception may have cut __exit__ short
     return bounded
 
 

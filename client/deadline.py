@@ -104,14 +104,29 @@ class call_scope:
 
     def __enter__(self) -> None:
         if _running() is None:
-            self._token = _CURRENT.set(Deadline.after(self._timeout_s, self._failover_wait_s))
+            prev = _CURRENT.get()
+            try:
+                self._token = _CURRENT.set(Deadline.after(self._timeout_s, self._failover_wait_s))
+            except BaseException:
+                # An exception from a signal handler (Ctrl-C) can come as the set returns,
+                # before its token is kept: nothing would ever reset it.
+                _CURRENT.set(prev)
+                raise
 
     def __exit__(self, *exc) -> None:
-        if self._token is not None:
+        self.leave()
+
+    def leave(self) -> None:
+        """Reset what :meth:`__enter__` set; idempotent. The SDK calls it again after
+        the ``with``: an exception from a signal handler can cut ``__exit__`` short
+        before it runs a line (tests/integration/test_interrupted_calls.py raises one
+        at random points of calls, hundreds of times)."""
+        token = self._token
+        if token is not None:
             try:
-                _CURRENT.reset(self._token)
-            except ValueError:        # left in another context than it entered: none here
-                _CURRENT.set(None)
+                _CURRENT.reset(token)
+            except (RuntimeError, ValueError):   # reset already (cut short after), another context
+                pass
             self._token = None
 
 

@@ -67,6 +67,16 @@ def test_a_deadline_left_behind_long_spent_is_no_running_calls():
         deadline._CURRENT.reset(token)
 
 
+def test_a_scope_whose_exit_was_cut_short_is_left_by_leave():
+    scope = call_scope(1.0, 2.0)
+    scope.__enter__()
+    assert current() is not None       # __exit__ never ran (a signal handler raised first)
+    scope.leave()
+    assert current() is None
+    scope.leave()                      # idempotent
+    assert current() is None
+
+
 def test_one_master_is_tried_a_few_times_then_the_call_fails():
     retry = MasterRetry(("a:1",), {("a:1",): 0}, Deadline.after(10.0, 15.0))
     pauses = [retry.after(_unavailable()) for _ in range(_MASTER_ATTEMPTS)]
