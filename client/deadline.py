@@ -69,7 +69,8 @@ _CURRENT: ContextVar[Deadline | None] = ContextVar("call_deadline", default=None
 #: past its end, so it was left behind (a scope that never reset it). It is ignored, so
 #: that it cannot fail every later call of its thread at once ("the call's deadline
 #: passed before master ... could be asked; no attempt was made": 90 tests in two CI
-#: runs, each one after the same place, whose cause was not found).
+#: runs, after a call cut short by a signal handler's exception left its deadline,
+#: which :class:`call_scope` now undoes; this stays as the second line).
 STALE_AFTER_S = 1.0
 
 
