@@ -580,8 +580,8 @@ class Tiering:
         # tier with nothing evictable runs one) is counted again only every
         # RECOUNT_S; a round that frees or plans something clears it at once, and
         # moves are only planned by such rounds.
-        if freed or need <= 0 or (not lv.draining and lv.tier.free_bytes >= need):
-            lv.blocked = ""        # (the last: room for every waiter's want is free already)
+        if freed or need <= 0 or (not lv.draining and lv.tier.largest_free_bytes() >= need):
+            lv.blocked = ""        # (the last: one free extent holds every waiter's want)
         elif not lv.blocked or lv.blocked_count.due(now, RECOUNT_S):
             t0 = time.monotonic()
             # (Nothing is demoted out of the slowest tier: no scan for it there.)
