@@ -46,11 +46,11 @@ from kvstore.tls import client_context
 from kvstore.transfer import codec
 from kvstore.transfer.aio_call_link import AsyncCallLink
 from kvstore.transfer.aio_shm import PUT_MIN_BYTES as SHM_PUT_MIN_BYTES
-from kvstore.transfer.aio_shm import YIELD_AFTER_UNANSWERED, AsyncShms
+from kvstore.transfer.aio_shm import AsyncShms
 from kvstore.transfer.aio_tcp import AsyncConnections
 from kvstore.transfer.buffers import readable_view, writable_view
 from kvstore.transfer.call_link import CALL_METHODS, port_retry
-from kvstore.transfer.protocol import Op
+from kvstore.transfer.protocol import MAX_UNANSWERED, Op
 from kvstore.transfer.report_link import LinkBroken
 from kvstore.transfer.shm import host_id
 from kvstore.types import NodeAddress, ObjectMeta, RemoveReason
@@ -363,7 +363,7 @@ class AsyncKVClient:
             if shm is not None:
                 got = shm.read_known(meta.key, meta.object_id, meta.size_bytes, dest)
                 if got is not None:
-                    if shm.conn.unanswered() >= YIELD_AFTER_UNANSWERED:
+                    if shm.conn.unanswered() >= MAX_UNANSWERED:
                         await asyncio.sleep(0)     # the loop reads the SHM_TOUCH answers
                     return got
                 try:

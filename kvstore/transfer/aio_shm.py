@@ -7,7 +7,7 @@ and out itself, with the control frames on the node's pipelined connection
 coroutines' requests::
 
     get   remembered location in service (read slots)  copy, SHM_TOUCH     no await (but one
-                                                       turn of the loop past YIELD_AFTER_UNANSWERED)
+                                                       turn of the loop past protocol.MAX_UNANSWERED)
           else                                         SHM_ACQUIRE -> copy -> SHM_RELEASE
     put   SHM_ALLOC -> copy -> SHM_COMMIT (the node verifies the checksum, the master is told)
           of PUT_MIN_BYTES or more (a smaller one goes over the connection with its PUT)
@@ -56,14 +56,6 @@ LOCATIONS = 4096
 #: put over TCP, 92 through the segment; 256 KiB 96 against 116; 1 MiB even,
 #: 4 MiB 1.05 ms against 0.72), though the segment halves the node's CPU.
 PUT_MIN_BYTES = 1 << 20
-
-
-#: Unanswered frames on a connection past which a read of a known location (which
-#: awaits nothing) is followed by one turn of the event loop. A coroutine whose gets are
-#: all such copies never let the loop run: the SHM_TOUCH answers and their futures piled
-#: up, and the first get that did yield paid for all of them (a worst get of 50 -> 370
-#: ms over 12 s of 64 KiB gets here, growing), while the node's sends stalled.
-YIELD_AFTER_UNANSWERED = 128
 
 
 def _copied(view: memoryview, offset: int, size: int,

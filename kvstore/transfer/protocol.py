@@ -50,6 +50,15 @@ from kvstore.transfer import codec
 REQUEST = struct.Struct("<BBHIQQQ")
 RESPONSE = struct.Struct("<BBHIQQQQQ")
 MAX_KEY_BYTES = 65535
+#: Frames a client may leave unanswered on one connection when it never waits for
+#: their answers (the deferred SHM_TOUCH of a same-host get that copied a known
+#: location): past this many the sync SDK reads the answers it owes
+#: (``NodeConnection.defer``) and the asyncio SDK gives its event loop a turn after
+#: such a get (``AsyncShm``). Left unread, the answers filled the socket: the node's
+#: sends stalled, then its reads, then the client's sends (a sync get of 10 s, the
+#: socket timeout, every few hundred thousand gets, and the node dropped the
+#: connection as a stalled reader; an asyncio get of 50 -> 370 ms, growing).
+MAX_UNANSWERED = 128
 
 
 def hello_nonce_bytes(code: int, size: int, message: str) -> int:

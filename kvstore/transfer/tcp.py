@@ -28,8 +28,8 @@ from kvstore.errors import (ChecksumMismatch, InvalidArgument, KVStoreError, Pro
                             Unavailable, code_name, error_for_code)
 from kvstore.transfer import codec
 from kvstore.transfer.base import ReadItem, Transport, WriteItem
-from kvstore.transfer.protocol import (REQUEST, RESPONSE, FrameReader, Op, hello_nonce_bytes,
-                                       send_parts, tune_socket)
+from kvstore.transfer.protocol import (MAX_UNANSWERED, REQUEST, RESPONSE, FrameReader, Op,
+                                       hello_nonce_bytes, send_parts, tune_socket)
 from kvstore.types import TransportKind
 
 _READ_AHEAD_BYTES = 8 * 1024
@@ -37,13 +37,6 @@ _READ_AHEAD_BYTES = 8 * 1024
 HASH_WHILE_RECEIVING_BYTES = 256 * 1024
 #: Longest time a deferred frame (SHM_RELEASE) waits for the next request, in seconds.
 DEFER_FLUSH_S = 0.005
-#: Replies to deferred frames its owner reads as soon as this many are owed. A thread
-#: whose gets are all same-host copies (an SHM_TOUCH deferred per get, never a reply
-#: read) left them in its socket until the buffers filled: the node's sends stalled,
-#: then its reads, then this side's sends (a get of 10 s, the socket timeout, every
-#: few hundred thousand gets, and the node dropped the connection as a stalled reader).
-MAX_OWED_REPLIES = 128
-
 
 class NodeConnection:
     """A framed connection to one store node.
@@ -159,7 +152,7 @@ class NodeConnection:
 
         It goes out with the next request, or from the flusher within
         :data:`DEFER_FLUSH_S`; its reply must be OK and is checked before the
-        next reply the caller reads, or here once :data:`MAX_OWED_REPLIES` are
+        next reply the caller reads, or here once :data:`MAX_UNANSWERED` are
         owed (a refusal or a broken connection then closes it: the owner's
         next call sees that). Call it from the connection's owner only.
         """
@@ -169,7 +162,7 @@ class NodeConnection:
             self._deferred_n += 1
             queue = not self._flush_queued
             self._flush_queued = True
-            drain = self._owed >= MAX_OWED_REPLIES and not self.broken
+            drain = self._owed >= MAX_UNANSWERED and not self.broken
         if queue:
             _flusher().add(self)
         if drain:
@@ -259,7 +252,7 @@ class NodeConnection:
         """
         while True:
             with self._lock:
-                n = min(self._owed, MAX_OWED_REPLIES)
+                n = min(self._owed, MAX_UNANSWERED)
                 if not n:
                     return
             # The common case in one step: every owed reply already buffered, each an

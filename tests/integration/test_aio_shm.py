@@ -20,9 +20,9 @@ from kvstore.client import KVClient
 from kvstore.client.aio import AsyncKVClient
 from kvstore.errors import KeyConflict, NotFound
 from kvstore.keys import value_checksum
-from kvstore.transfer.aio_shm import PUT_MIN_BYTES, YIELD_AFTER_UNANSWERED, AsyncShm
+from kvstore.transfer.aio_shm import PUT_MIN_BYTES, AsyncShm
 from kvstore.transfer.aio_tcp import AsyncNodeConnection
-from kvstore.transfer.protocol import Op
+from kvstore.transfer.protocol import MAX_UNANSWERED, Op
 from kvstore.transfer.shm import SEGMENT_PUT_MIN_BYTES, ShmTransport
 from kvtest import cluster_running, node_stats, wait_for
 
@@ -93,7 +93,7 @@ def test_values_go_through_the_segment_and_a_known_read_sends_nothing(one_node, 
 
 def test_known_reads_that_await_nothing_still_let_the_loop_read_their_answers(one_node):
     """A coroutine whose gets are all copies from known locations never suspends by
-    itself: past YIELD_AFTER_UNANSWERED unanswered SHM_TOUCH frames each such get
+    itself: past MAX_UNANSWERED unanswered SHM_TOUCH frames each such get
     gives the loop one turn, so the answers are read as they come (they piled up,
     and the first get that did yield paid for all of them), and every get is counted."""
     async def go():
@@ -108,12 +108,12 @@ def test_known_reads_that_await_nothing_still_let_the_loop_read_their_answers(on
             (meta,) = await kv.lookup_cached(["touched"])
             conn = kv._conns.ready(meta.replicas[0].node)
             gets = observer.node_stats()["n0"]["counters"]["gets"]
-            most, n = 0, 8 * YIELD_AFTER_UNANSWERED
+            most, n = 0, 8 * MAX_UNANSWERED
             for _ in range(n):
                 assert await kv.get_into("touched", dest) == SMALL
                 most = max(most, conn.unanswered())
             assert dest == value(SMALL, 4) and conn.broken is None
-            assert most <= 4 * YIELD_AFTER_UNANSWERED, most
+            assert most <= 4 * MAX_UNANSWERED, most
             await asyncio.sleep(0.05)
             wait_for(lambda: observer.node_stats()["n0"]["counters"]["gets"] >= gets + n,
                      timeout_s=10)

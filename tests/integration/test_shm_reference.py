@@ -22,9 +22,9 @@ import pytest
 from kvstore.client import KVClient
 from kvstore.errors import InvalidArgument, KeyConflict, NoSpace, NotFound, Unavailable
 from kvstore.keys import value_checksum
-from kvstore.transfer.protocol import Op
+from kvstore.transfer.protocol import MAX_UNANSWERED, Op
 from kvstore.transfer.shm import ShmSegment, ShmTransport
-from kvstore.transfer.tcp import DEFER_FLUSH_S, MAX_OWED_REPLIES, NodeConnection
+from kvstore.transfer.tcp import DEFER_FLUSH_S, NodeConnection
 from kvtest import cluster_running, node_stats, wait_for
 
 KiB = 1 << 10
@@ -236,7 +236,7 @@ def test_unreferenced_reads_stop_at_a_removal_and_are_counted(kv, one_node):
 
 def test_a_reader_of_known_locations_reads_the_touch_replies_it_owes(kv, one_node):
     """A thread whose gets are all same-host copies never waits for a reply, but each
-    get's SHM_TOUCH is answered: the replies are read once MAX_OWED_REPLIES are owed,
+    get's SHM_TOUCH is answered: the replies are read once MAX_UNANSWERED are owed,
     so they never fill the socket (which stalled the node's sends, then a get for the
     socket timeout, 10 s, every few hundred thousand gets), and each get is counted."""
     kv.put("t", value(17))
@@ -245,10 +245,10 @@ def test_a_reader_of_known_locations_reads_the_touch_replies_it_owes(kv, one_nod
     conn = shm_transport(kv).conn
     with KVClient(one_node.master) as observer:
         gets = observer.node_stats()["n0"]["counters"]["gets"]
-        n = 6 * MAX_OWED_REPLIES
+        n = 6 * MAX_UNANSWERED
         for i in range(n):
             assert kv.get_into("t", dest) == OBJ
-            assert conn._owed <= 2 * MAX_OWED_REPLIES
+            assert conn._owed <= 2 * MAX_UNANSWERED
             if i % 100 == 0:
                 conn.flush_deferred()          # as the flusher would, sooner
         assert dest == value(17) and not conn.broken
