@@ -7,7 +7,7 @@ and out itself, with the control frames on the node's pipelined connection
 coroutines' requests::
 
     get   remembered location in service (read slots)  copy, SHM_TOUCH     no await (but one
-                                                       turn of the loop past protocol.MAX_UNANSWERED)
+                                                       turn of the loop past MAX_UNANSWERED)
           else                                         SHM_ACQUIRE -> copy -> SHM_RELEASE
     put   SHM_ALLOC -> copy -> SHM_COMMIT (the node verifies the checksum, the master is told)
           of PUT_MIN_BYTES or more (a smaller one goes over the connection with its PUT)
