@@ -153,6 +153,7 @@ say "native unit tests against the sanitizer build"
     tests/unit/test_native_eviction.py tests/unit/test_entry_table.py \
     tests/unit/test_master_index.py tests/unit/test_native_inventory.py \
     tests/unit/test_native_serving.py tests/unit/test_stored_object.py \
+    tests/unit/test_key_map.py tests/unit/test_store_node.py \
     tests/integration/test_tcp_put_checksum.py \
     tests/integration/test_native_gets.py ) >&2 || failed=1
 say "a short kvstore fuzz against the sanitizer build"

@@ -39,6 +39,8 @@ _PROMOTING = 32
 _MANY = 64             # _copy is a list indexed by level (two copies or more)
 _DRAM = 128            # its DRAM copy (level 0) is inline in the record, not in _copy
 _LEVEL_SHIFT = 8       # with one copy in _copy: its level, in bits 8..15
+KEY_BYTES = 1          # _key_form bits (read-only): the key is kept as its 16 bytes, ...
+PARENT_BYTES = 2       # ... the parent's key too (32 lowercase hex characters each)
 
 
 def _flag(bit: int, doc: str) -> property:
@@ -69,12 +71,14 @@ _NO_EXTRAS = ObjectExtras()   # shared, read-only: what an object without extras
 class StoredObject(StoredObjectBase):
     """One version of an object on this node: its identity, its copies and its state.
 
-    Memory (64-bit CPython): 112 bytes, its fields stored inline by the native
+    Memory (64-bit CPython): 128 bytes, its fields stored inline by the native
     base (``kvstore/native/stored_object.cpp``: object_id, size_bytes, checksum,
     last_access_s, slot, refs, replica_num, the flags and the DRAM copy's
     offset, reserved bytes and serial are C numbers, not Python objects of
-    their own; the type is built without the cyclic GC), plus the key string
-    and its slower copies' extents. Compact by layout::
+    their own; a key and a parent key of 32 lowercase hex characters, as
+    :mod:`kvstore.keys` makes them, are kept as their 16 bytes and read as a new
+    string; the type is built without the cyclic GC), plus its slower copies'
+    extents. Compact by layout::
 
         DRAM     the DRAM copy (level 0), inline while _flags has _DRAM; copy(0)
                  hands it out as a new Allocation (equal to the one installed)

@@ -4,7 +4,9 @@ The table is the state the node's parts share: its operations
 (:class:`~kvstore.store.node.StoreNode`) and its tier movement
 (:class:`~kvstore.store.tiering.Tiering`) both work on it::
 
-    objects          key -> the version in service (WRITING or COMPLETE)
+    objects          key -> the version in service (WRITING or COMPLETE): a native map
+                     (kvstore/native/key_map.cpp) of 8 B an entry that reads each key
+                     from the record at its slot
     slots            the same objects, each at a fixed position (``obj.slot``), None where
                      one left service: an inventory reads them a chunk at a time, taking
                      the lock per chunk, with no copy of the whole table (see
@@ -46,10 +48,10 @@ import threading
 import time
 from typing import Iterator
 
-from kvstore.bigmap import BigMap
+from kvstore._native import KeyMap
 from kvstore.store.events import EventLog, Ticket
 from kvstore.store.levels import TierLevel
-from kvstore.store.objects import ObjectState, StoredObject
+from kvstore.store.objects import PARENT_BYTES, ObjectState, StoredObject
 from kvstore.store.stats import NodeCounter
 from kvstore.store.tenant_shares import TenantShares
 from kvstore.types import EventKind, NodeEvent, TierKind
@@ -68,8 +70,9 @@ class ObjectTable:
         self.levels = levels
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
-        self.objects: BigMap[str, StoredObject] = BigMap()   # its growth copies a 256th
         self.slots: list[StoredObject | None] = []
+        # key -> the record at its slot: 8 B an entry, no key string (kvstore/native/key_map.cpp)
+        self.objects: KeyMap = KeyMap(self.slots)
         self._free_slots: list[int] = []              # positions of slots that are None
         self.staged: dict[tuple[str, int], StoredObject] = {}
         self.doomed: set[StoredObject] = set()
@@ -86,21 +89,22 @@ class ObjectTable:
         misses it, which is right, as its STORED event (or, for a recovered
         object, nothing since) is delivered after the inventory.
         """
-        self.objects[obj.key] = obj
-        if self.tenants.active:
-            self.tenants.add(obj.key, obj.size_bytes)
-        if obj.parent is not None:
-            # The parent's own key string, when it is here: one string per key, not
-            # two (a chained block's parent key costs 81 bytes otherwise).
-            parent = self.objects.get(obj.parent)
-            if parent is not None:
-                obj.parent = parent.key
         if self._free_slots:
             obj.slot = self._free_slots.pop()
             self.slots[obj.slot] = obj
         else:
             obj.slot = len(self.slots)
             self.slots.append(obj)
+        self.objects[obj.key] = obj           # (the map reads the key from slots[obj.slot])
+        if self.tenants.active:
+            self.tenants.add(obj.key, obj.size_bytes)
+        if obj.parent is not None and not obj._key_form & PARENT_BYTES:
+            # The parent's own key string, when it is here: one string per key, not
+            # two (a chained block's parent key costs 88 bytes otherwise; a key of
+            # 32 hex characters is kept as its 16 bytes, no string at all).
+            parent = self.objects.get(obj.parent)
+            if parent is not None:
+                obj.parent = parent.key
 
     def slot_of(self, key: str | None) -> int:
         """The slot of the object in service under ``key`` (an eviction policy's
@@ -111,7 +115,7 @@ class ObjectTable:
         return -1 if obj is None else obj.slot
 
     def _leave(self, obj: StoredObject) -> None:
-        del self.objects[obj.key]
+        del self.objects[obj.key]             # before its slot is emptied: read from there
         if self.tenants.active:
             self.tenants.sub(obj.key, obj.size_bytes)
         self.slots[obj.slot] = None

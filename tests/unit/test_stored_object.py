@@ -5,8 +5,10 @@ from __future__ import annotations
 import gc
 import sys
 
+import pytest
+
 from kvstore._native import Allocation
-from kvstore.store.objects import ObjectState, StoredObject
+from kvstore.store.objects import KEY_BYTES, PARENT_BYTES, ObjectState, StoredObject
 
 
 def obj(**kw) -> StoredObject:
@@ -66,7 +68,27 @@ def test_pins_and_lookahead_are_extras_set_on_demand():
 
 
 def test_the_object_itself_is_small():
-    assert sys.getsizeof(obj()) <= 112       # 12 fields and the DRAM copy inline (main: 184)
+    # 12 fields, the DRAM copy and two 16-byte keys inline (main: 184, and a key string)
+    assert sys.getsizeof(obj()) <= 128
+
+
+HEX = "0123456789abcdef" * 2
+
+
+def test_a_hex_key_and_parent_are_kept_as_their_bytes():
+    o = StoredObject("".join([HEX[:16], HEX[16:]]), 7, 64, 0, HEX[::-1])
+    assert o._key_form == KEY_BYTES | PARENT_BYTES
+    assert o.key == HEX and o.parent == HEX[::-1] and type(o.key) is str
+    for key in (HEX.upper(), HEX[:31], HEX + "0", "k", HEX[:31] + "g", HEX[:31] + "\u00e9"):
+        o.key = key                                  # any other key: kept as its string
+        assert o.key == key and not o._key_form & KEY_BYTES
+    o.parent = None
+    assert o.parent is None and o._key_form == 0
+    with pytest.raises(TypeError):
+        o.key = None
+    with pytest.raises(TypeError):
+        o.parent = b"bytes"
+    assert o.key == HEX[:31] + "\u00e9"            # a refused value changed nothing
 
 
 def test_the_object_is_not_tracked_by_the_cyclic_gc():
@@ -101,6 +123,7 @@ def test_an_extent_that_does_not_fit_inline_is_kept_as_it_is():
 
 
 def test_a_chained_block_shares_its_parents_key_string():
+    """(A key that is not 32 hex characters: those are kept as bytes, no string.)"""
     from kvstore.keys import value_checksum
     from kvstore.store.node import StoreNode
     from kvstore.store.tiers.dram import DramTier
