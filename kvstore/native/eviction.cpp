@@ -111,7 +111,7 @@ void EvictionCore::reach(int64_t slot) {
     while (slots() <= size_t(slot)) {
         std::unique_ptr<Entry[]> chunk(new Entry[kChunk]);
         for (size_t i = 0; i < kChunk; ++i)
-            chunk[i] = Entry{0.0, 0.0, 0, 0, 0, -1, 0, 0, 0, 0, -1};
+            chunk[i] = Entry{0.0, 0.0, 0, 0, -1, 0, 0, 0, 0, -1};
         chunks_.push_back(std::move(chunk));
     }
 }
@@ -163,7 +163,7 @@ void EvictionCore::insert(int64_t slot, uint64_t size, double now, int64_t paren
     reach(slot);
     const int32_t par = tracked(parent) ? int32_t(parent) : -1;
     Entry& e = at(slot);
-    e = Entry{now, 0.0, ++seq_, size, fp, par, par >= 0 ? at(par).gen : 0, e.gen + 1, 0, 1, -1};
+    e = Entry{now, 0.0, ++seq_, size, par, par >= 0 ? at(par).gen : 0, e.gen + 1, 0, 1, -1};
     ++count_;
     used_ += size;
     if (par >= 0) {
@@ -194,7 +194,7 @@ void EvictionCore::prefetch(int64_t slot, double now) {
     push(int32_t(slot));
 }
 
-void EvictionCore::remove(int64_t slot) {
+void EvictionCore::remove(int64_t slot, uint64_t fp) {
     if (p_.kind == PolicyKind::NONE) {
         if (!contains(slot)) return;
         used_ -= none_size_[size_t(slot)] - 1;
@@ -221,8 +221,8 @@ void EvictionCore::remove(int64_t slot) {
         --pe.children;
         if (p_.leaf_first && pe.children == 0) push(par);   // a leaf again
     }
-    if (p_.kind == PolicyKind::DEFAULT && p_.ghost_factor > 0 && e.fp) {   // fp 0: no key given
-        ghosts_.put(e.fp, e.freq);
+    if (p_.kind == PolicyKind::DEFAULT && p_.ghost_factor > 0 && fp) {   // fp 0: no key given
+        ghosts_.put(fp, e.freq);
         size_t limit = std::max<size_t>(size_t(p_.ghost_factor * double(count_)), 64);
         ghosts_.trim(limit);
     }

@@ -9,8 +9,8 @@
 // Objects are named by their slot in the node's object table (a small
 // non-negative int, reused once the object leaves service). Per slot:
 //
-//     entries_[slot]  last_access, score, seq, size, fp, parent, parent_gen,
-//                     gen, children, freq, heap_pos        64 bytes (chunks of 4096)
+//     entries_[slot]  last_access, score, seq, size, parent, parent_gen,
+//                     gen, children, freq, heap_pos        56 bytes (chunks of 4096)
 //     heap_           the slots in the heap                  4 bytes each
 //
 // seq == 0 marks an untracked slot. The priority, smallest first:
@@ -35,7 +35,9 @@
 //
 // Ghost history (DEFAULT): the use counts of the last ghost_factor * n removed
 // objects, by a 64-bit fingerprint of the key (FNV-1a), in an open-addressing
-// table with a FIFO of (fingerprint, stamp): about 40 bytes per ghost.
+// table with a FIFO of (fingerprint, stamp): about 40 bytes per ghost. The
+// fingerprint comes with the insert (a ghost's count back) and with the
+// remove (a new ghost); a slot does not keep it (8 B an object less).
 //
 // NONE tracks only which slots it holds and their sizes (8 bytes a slot) and
 // proposes nothing.
@@ -100,13 +102,15 @@ class EvictionCore {
 
     // A new object is resident at `slot` (a tracked slot: an access instead).
     // parent: the slot of the previous block of its prefix chain, or -1;
-    // ignored when not tracked. fp: its key's fingerprint (ghost history; 0:
-    // no key, kept out of the history).
+    // ignored when not tracked. fp: its key's fingerprint (its ghost's use
+    // count is taken back; 0: no key).
     // Raises std::invalid_argument: slot < 0 or > kMaxSlot.
     void insert(int64_t slot, uint64_t size, double now, int64_t parent, uint64_t fp);
     void access(int64_t slot, double now);      // untracked: ignored
     void prefetch(int64_t slot, double now);    // DEFAULT only: recency, not a use
-    void remove(int64_t slot);                  // untracked: ignored
+    // fp: the key's fingerprint, remembered with its use count by the ghost
+    // history (0: no key, kept out of it). Untracked: ignored.
+    void remove(int64_t slot, uint64_t fp = 0);
 
     int64_t pop();                              // best slot out of the heap, or -1
     void propose(int64_t slot) { proposed_ = slot; }   // its remove() is an eviction
@@ -132,7 +136,6 @@ class EvictionCore {
         double score;        // DEFAULT: the credit fixed at its last (re)queue
         uint64_t seq;        // 0: untracked
         uint64_t size;
-        uint64_t fp;
         int32_t parent;      // -1: none
         uint32_t parent_gen;
         uint32_t gen;
@@ -140,6 +143,7 @@ class EvictionCore {
         uint32_t freq;
         int32_t heap_pos;    // -1: not in the heap
     };
+    static_assert(sizeof(Entry) == 56, "one per slot: 56 bytes");
 
     static constexpr size_t kChunk = 4096;    // entries per chunk: no 2x growth at 10M slots
     Entry& at(int64_t slot) { return chunks_[size_t(slot) / kChunk][size_t(slot) % kChunk]; }

@@ -40,7 +40,12 @@ static void register_eviction(py::module_& m) {
              "A new object at slot (tracked: an access); key feeds the ghost history.")
         .def("access", &EvictionCore::access, py::arg("slot"), py::arg("now"))
         .def("prefetch", &EvictionCore::prefetch, py::arg("slot"), py::arg("now"))
-        .def("remove", &EvictionCore::remove, py::arg("slot"))
+        .def("remove",
+             [](EvictionCore& c, int64_t slot, std::string_view key) {
+                 c.remove(slot, key.empty() ? 0 : fnv1a64(key));
+             },
+             py::arg("slot"), py::arg("key") = std::string_view(),
+             "The object at slot left (untracked: ignored); key feeds the ghost history.")
         .def("pop", &EvictionCore::pop, "The best slot, out of the heap; -1 when empty.")
         .def("propose", &EvictionCore::propose, py::arg("slot"))
         .def("restore", &EvictionCore::restore, py::arg("held"))

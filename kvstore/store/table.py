@@ -146,7 +146,7 @@ class ObjectTable:
         elif obj.state is ObjectState.COMPLETE:
             for level, extent in obj.copy_items():
                 if extent is not None:
-                    self.levels[level].policy.on_remove(slot)
+                    self.levels[level].policy.on_remove(slot, obj.key)
         if obj.refs > 0:
             self.doomed.add(obj)
         else:

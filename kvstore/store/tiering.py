@@ -556,7 +556,7 @@ class Tiering:
         was_best = obj.best_level() == level
         extent = obj.copy(level)
         obj.set_copy(level, None)
-        self._levels[level].policy.on_remove(obj.slot)
+        self._levels[level].policy.on_remove(obj.slot, obj.key)
         self._levels[level].tier.free(extent)
         if was_best:
             self._table.emit(EventKind.DEMOTED, obj, self._levels[obj.best_level()].tier.kind)

@@ -50,7 +50,7 @@ class Pair:
         self.py.on_remove(key)
         slot = self.slot.pop(key)
         del self.key[slot]
-        self.nat.on_remove(slot)
+        self.nat.on_remove(slot, key)
         self.free.append(slot)
 
     def evict(self, n_bytes, pinned, keep_every=0):
@@ -156,7 +156,7 @@ def test_native_bytes_per_object_are_small():
     assert n.native_bytes / 100_000 < 17
 
 
-def test_objects_inserted_without_a_key_stay_out_of_the_ghost_history():
+def test_objects_removed_without_a_key_stay_out_of_the_ghost_history():
     p = make_slot_policy("default", ghost_factor=4.0)
     for round_ in range(3):
         for slot in range(200):
@@ -167,7 +167,7 @@ def test_objects_inserted_without_a_key_stay_out_of_the_ghost_history():
         p.check_invariants()
     assert p._core.ghosts == 0 and len(p) == 0
     p.on_insert(0, 1, 5000.0, key="k")
-    p.on_remove(0)
+    p.on_remove(0, "k")                 # the key comes with the remove: a slot keeps none
     assert p._core.ghosts == 1
     p.on_insert(7, 1, 5001.0, key="k")
     assert p.freq(7) == 2 and p._core.ghosts == 0

@@ -13,7 +13,7 @@ validates them) and asks it for its native kind.
 The contract is the key-based one of ``base`` with slots for keys::
 
     on_insert(slot, size_bytes, now, parent_slot, key)    key: its ghost history
-    on_access(slot, now) / on_prefetch(slot, now) / on_remove(slot)
+    on_access(slot, now) / on_prefetch(slot, now) / on_remove(slot, key)
     victims(n_bytes_needed, count=, can_evict=slot -> bool)  -> slots, best first
 
 A slot is reused once its object leaves service: the node calls ``on_remove``
@@ -74,9 +74,14 @@ class SlotPolicy:
         """Queue lookahead announced a read of it (only ``default`` refreshes its recency)."""
         self._core.prefetch(slot, now)
 
-    def on_remove(self, slot: int) -> None:
-        """The object left this tier (evicted, dropped or demoted); untracked slots are ignored."""
-        self._core.remove(slot)
+    def on_remove(self, slot: int, key: str = "") -> None:
+        """The object left this tier (evicted, dropped or demoted); untracked slots are ignored.
+
+        Args:
+            key: its key, remembered with its use count by the ghost history
+                ("": not remembered).
+        """
+        self._core.remove(slot, key)
 
     def victims(self, n_bytes_needed: int | None = None, *, count: int | None = None,
                 can_evict: SlotVeto | None = None) -> Iterator[int]:
