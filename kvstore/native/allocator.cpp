@@ -17,6 +17,9 @@ OffsetAllocatorCore::OffsetAllocatorCore(uint64_t capacity, uint64_t alignment)
         throw std::invalid_argument("alignment must be a power of two, got " +
                                     std::to_string(alignment));
     while ((uint64_t(1) << align_shift_) != alignment) ++align_shift_;
+    if ((capacity >> align_shift_) >= kEmptyUnits)
+        throw std::invalid_argument("capacity / alignment must be under 2**40 - 1, got " +
+                                    std::to_string(capacity) + " / " + std::to_string(alignment));
     if (capacity) add_free(0, capacity);
 }
 
@@ -43,7 +46,8 @@ bool OffsetAllocatorCore::allocate(uint64_t size, Allocation* out) {
     if (length > reserved) add_free(start + reserved, length - reserved);
     used_ += reserved;
     const uint64_t serial = last_serial.fetch_add(1, std::memory_order_relaxed) + 1;
-    insert_live({start, serial});
+    if (serial > kMaxSerial) throw std::overflow_error("allocation serials ran out");
+    insert_live(Slot::make(start >> align_shift_, serial));
     *out = Allocation{start, size, reserved, serial};
     return true;
 }
@@ -57,7 +61,7 @@ uint64_t OffsetAllocatorCore::reserved_for(uint64_t offset, uint64_t size) const
 
 void OffsetAllocatorCore::free(uint64_t offset, uint64_t serial, uint64_t size, uint64_t reserved) {
     size_t i = find_live(offset);
-    if (i == live_.size() || live_[i].serial != serial || reserved != reserved_for(offset, size))
+    if (i == live_.size() || live_[i].serial() != serial || reserved != reserved_for(offset, size))
         throw std::invalid_argument(
             "free of an allocation that is not live here (double free or foreign): offset " +
             std::to_string(offset) + ", serial " + std::to_string(serial));
@@ -93,26 +97,27 @@ void OffsetAllocatorCore::remove_free(uint64_t start, uint64_t length) {
 
 // ---------------------------------------------------------------- live table
 
-size_t OffsetAllocatorCore::home(uint64_t offset) const {
+size_t OffsetAllocatorCore::home(uint64_t units) const {
     // Fibonacci hashing of the offset in alignment units (Knuth, TAOCP vol. 3, 6.4).
-    const uint64_t h = (offset >> align_shift_) * 0x9E3779B97F4A7C15ull;
+    const uint64_t h = units * 0x9E3779B97F4A7C15ull;
     return size_t(h >> 32) & (live_.size() - 1);
 }
 
 size_t OffsetAllocatorCore::find_live(uint64_t offset) const {
-    if (live_.empty()) return 0;
+    if (live_.empty() || (offset & (alignment_ - 1)) || offset >= capacity_) return live_.size();
+    const uint64_t units = offset >> align_shift_;
     const size_t mask = live_.size() - 1;
-    for (size_t i = home(offset);; i = (i + 1) & mask) {
-        if (live_[i].offset == offset) return i;
-        if (live_[i].offset == kEmpty) return live_.size();
+    for (size_t i = home(units);; i = (i + 1) & mask) {
+        if (live_[i].units() == units) return i;
+        if (live_[i].empty()) return live_.size();
     }
 }
 
 void OffsetAllocatorCore::insert_live(const Slot& s) {
     if ((live_count_ + 1) * 4 > live_.size() * 3) grow_live();
     const size_t mask = live_.size() - 1;
-    size_t i = home(s.offset);
-    while (live_[i].offset != kEmpty) i = (i + 1) & mask;
+    size_t i = home(s.units());
+    while (!live_[i].empty()) i = (i + 1) & mask;
     live_[i] = s;
     ++live_count_;
 }
@@ -121,8 +126,8 @@ void OffsetAllocatorCore::erase_live(size_t i) {
     // Backward-shift deletion: no tombstones, so probe lengths stay those of the live keys.
     const size_t mask = live_.size() - 1;
     size_t hole = i;
-    for (size_t j = (i + 1) & mask; live_[j].offset != kEmpty; j = (j + 1) & mask) {
-        size_t h = home(live_[j].offset);
+    for (size_t j = (i + 1) & mask; !live_[j].empty(); j = (j + 1) & mask) {
+        size_t h = home(live_[j].units());
         // j may move to the hole unless its home lies cyclically in (hole, j].
         bool stays = hole <= j ? (hole < h && h <= j) : (hole < h || h <= j);
         if (!stays) {
@@ -130,17 +135,17 @@ void OffsetAllocatorCore::erase_live(size_t i) {
             hole = j;
         }
     }
-    live_[hole].offset = kEmpty;
+    live_[hole] = Slot::make(kEmptyUnits, 0);
     --live_count_;
 }
 
 void OffsetAllocatorCore::grow_live() {
     std::vector<Slot> old;
     old.swap(live_);
-    live_.assign(old.empty() ? 16 : old.size() * 2, Slot{kEmpty, 0});
+    live_.assign(old.empty() ? 16 : old.size() * 2, Slot::make(kEmptyUnits, 0));
     live_count_ = 0;
     for (const Slot& s : old)
-        if (s.offset != kEmpty) insert_live(s);
+        if (!s.empty()) insert_live(s);
 }
 
 std::string OffsetAllocatorCore::check() const {
@@ -156,10 +161,11 @@ std::string OffsetAllocatorCore::check() const {
         free_sum += length;
     }
     for (const Slot& s : live_) {
-        if (s.offset == kEmpty) continue;
-        if (find_live(s.offset) == live_.size()) return "live slot unreachable by probing";
-        if (s.serial == 0 || s.serial > last_serial.load()) return "serial out of range";
-        starts.push_back({s.offset, 0, false});
+        if (s.empty()) continue;
+        const uint64_t offset = s.units() << align_shift_;
+        if (find_live(offset) == live_.size()) return "live slot unreachable by probing";
+        if (s.serial() == 0 || s.serial() > last_serial.load()) return "serial out of range";
+        starts.push_back({offset, 0, false});
         ++live_n;
     }
     if (live_n != live_count_) return "live count drifted";

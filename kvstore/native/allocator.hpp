@@ -21,9 +21,11 @@
 //   by_start_  std::map<start, length>     neighbours of a freed range   O(log f)
 //   live_      open-addressing table       offset -> serial              O(1)
 //              (linear probing, backward-shift deletion: Knuth, TAOCP
-//              vol. 3, 6.4, Algorithm R), 16 bytes a slot, at most 3/4 full
-// A live allocation costs 21-43 bytes here (the table's slot over its load),
-// with no allocation of its own; a free extent costs two tree nodes.
+//              vol. 3, 6.4, Algorithm R), 12 bytes a slot (the offset in
+//              alignment units, 40 bits, and the serial, 56), at most 3/4 full
+// A live allocation costs 16-32 bytes here (the table's slot over its load),
+// with no allocation of its own; a free extent costs two tree nodes. So
+// capacity / alignment must stay under 2**40 - 1 (64 TiB at 64-byte alignment).
 //
 // The reserved bytes of a live allocation are not stored: they follow from its
 // offset and size by the rounding rule below, and free() is handed the size by
@@ -61,7 +63,8 @@ struct Allocation {
 
 class OffsetAllocatorCore {
  public:
-    // Raises std::invalid_argument: alignment is not a power of two.
+    // Raises std::invalid_argument: alignment is not a power of two, or
+    // capacity / alignment is 2**40 - 1 or more.
     OffsetAllocatorCore(uint64_t capacity, uint64_t alignment);
 
     // Reserves room for `size` bytes; false (and *out untouched) when no free
@@ -94,15 +97,24 @@ class OffsetAllocatorCore {
     std::string check() const;
 
  private:
+    // A live table slot in 12 bytes: the offset in alignment units (kEmptyUnits:
+    // unused) in 40 bits, the serial in 56.
     struct Slot {
-        uint64_t offset;    // kEmpty: unused
-        uint64_t serial;
+        uint32_t w[3];
+        uint64_t units() const { return w[0] | uint64_t(w[1] & 0xFF) << 32; }
+        uint64_t serial() const { return uint64_t(w[1] >> 8) | uint64_t(w[2]) << 24; }
+        bool empty() const { return units() == kEmptyUnits; }
+        static Slot make(uint64_t units, uint64_t serial) {
+            return Slot{{uint32_t(units), uint32_t(units >> 32 & 0xFF) | uint32_t(serial << 8),
+                         uint32_t(serial >> 24)}};
+        }
     };
-    static constexpr uint64_t kEmpty = ~uint64_t(0);
+    static constexpr uint64_t kEmptyUnits = (uint64_t(1) << 40) - 1;
+    static constexpr uint64_t kMaxSerial = (uint64_t(1) << 56) - 1;
 
     void add_free(uint64_t start, uint64_t length);
     void remove_free(uint64_t start, uint64_t length);
-    size_t home(uint64_t offset) const;
+    size_t home(uint64_t units) const;
     size_t find_live(uint64_t offset) const;  // its slot, or live_.size() when absent
     void insert_live(const Slot& s);
     void erase_live(size_t i);

@@ -20,7 +20,7 @@ Layout and invariants::
 The algorithm lives in C++ (``kvstore/native/allocator.hpp``: a size-ordered
 set for best fit, a start-ordered map for coalescing, an open-addressing
 table of live allocations), so the allocator itself keeps no Python object per
-allocation: 21-43 bytes of native memory per live allocation. Allocate
+allocation: 16-32 bytes of native memory per live allocation. Allocate
 is a best-fit lookup, free coalesces with both neighbours; both are O(log n)
 in the number of free extents. This module is its Python face: the
 :class:`Allocation` handle the tiers pass around, and the same contract.
@@ -74,7 +74,8 @@ class OffsetAllocator:
             a power of two.
 
     Raises:
-        ValueError: an argument is out of range.
+        ValueError: an argument is out of range, or the range holds 2**40 - 1
+            alignment units or more (64 TiB at the default 64 B).
 
     Thread safety: not thread-safe; the owner serialises calls.
     """
