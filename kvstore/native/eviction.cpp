@@ -19,84 +19,119 @@ uint64_t fnv1a64(std::string_view bytes) {
 
 // ------------------------------------------------------------------ ghosts
 
+size_t GhostHistory::home(uint64_t fp) const {
+    return size_t((fp * 0x9E3779B97F4A7C15ull) >> 32) & (index_.size() - 1);
+}
+
 size_t GhostHistory::find(uint64_t fp) const {
-    if (cells_.empty()) return 0;
-    const size_t mask = cells_.size() - 1;
-    for (size_t i = size_t((fp * 0x9E3779B97F4A7C15ull) >> 32) & mask;; i = (i + 1) & mask) {
-        if (cells_[i].fp == fp) return i;
-        if (cells_[i].fp == 0) return cells_.size();
+    if (index_.empty()) return 0;
+    const size_t mask = index_.size() - 1;
+    for (size_t i = home(fp);; i = (i + 1) & mask) {
+        if (index_[i] == 0) return index_.size();
+        if (fps_[index_[i] - 1] == fp) return i;
     }
 }
 
-void GhostHistory::erase(size_t i) {
-    // Backward-shift deletion (Knuth, TAOCP vol. 3, 6.4, Algorithm R).
-    const size_t mask = cells_.size() - 1;
-    size_t hole = i;
-    for (size_t j = (i + 1) & mask; cells_[j].fp != 0; j = (j + 1) & mask) {
-        size_t h = size_t((cells_[j].fp * 0x9E3779B97F4A7C15ull) >> 32) & mask;
-        bool stays = hole <= j ? (hole < h && h <= j) : (hole < h || h <= j);
+void GhostHistory::unindex(size_t cell) {
+    const size_t mask = index_.size() - 1;
+    size_t hole = cell;
+    for (size_t j = (cell + 1) & mask; index_[j] != 0; j = (j + 1) & mask) {
+        const size_t h = home(fps_[index_[j] - 1]);
+        const bool stays = hole <= j ? (hole < h && h <= j) : (hole < h || h <= j);
         if (!stays) {
-            cells_[hole] = cells_[j];
+            index_[hole] = index_[j];
             hole = j;
         }
     }
-    cells_[hole].fp = 0;
+    index_[hole] = 0;
+}
+
+void GhostHistory::forget(size_t cell) {
+    fps_[index_[cell] - 1] = 0;
+    unindex(cell);
     --live_;
 }
 
-void GhostHistory::grow() {
-    std::vector<Cell> old;
-    old.swap(cells_);
-    cells_.assign(old.empty() ? 64 : old.size() * 2, Cell{0, 0, 0});
-    const size_t mask = cells_.size() - 1;
-    for (const Cell& c : old) {
-        if (c.fp == 0) continue;
-        size_t i = size_t((c.fp * 0x9E3779B97F4A7C15ull) >> 32) & mask;
-        while (cells_[i].fp != 0) i = (i + 1) & mask;
-        cells_[i] = c;
+void GhostHistory::reindex(size_t cells) {
+    index_.assign(cells, 0);
+    const size_t ring_mask = fps_.size() - 1, mask = cells - 1;
+    for (uint64_t p = head_; p < tail_; ++p) {
+        const size_t r = size_t(p) & ring_mask;
+        if (fps_[r] == 0) continue;
+        size_t i = home(fps_[r]);
+        while (index_[i] != 0) i = (i + 1) & mask;
+        index_[i] = uint32_t(r + 1);
     }
 }
 
+void GhostHistory::relayout(size_t capacity) {
+    std::vector<uint64_t> fps(capacity, 0);
+    std::vector<uint32_t> freqs(capacity, 0);
+    size_t n = 0;
+    for (uint64_t p = head_; p < tail_; ++p) {
+        const size_t r = size_t(p) & (fps_.size() - 1);
+        if (fps_[r] == 0) continue;
+        fps[n] = fps_[r];
+        freqs[n++] = freqs_[r];
+    }
+    fps_.swap(fps);
+    freqs_.swap(freqs);
+    head_ = 0;
+    tail_ = n;
+    reindex(index_.empty() ? 16 : index_.size());
+}
+
 uint32_t GhostHistory::take(uint64_t fp) {
-    size_t i = find(fp);
-    if (i == cells_.size()) return 0;
-    uint32_t freq = cells_[i].freq;
-    erase(i);   // its FIFO entry is dead now
+    const size_t cell = find(fp);
+    if (cell == index_.size()) return 0;
+    const uint32_t freq = freqs_[index_[cell] - 1];
+    forget(cell);
     return freq;
 }
 
 void GhostHistory::put(uint64_t fp, uint32_t freq) {
-    ++stamp_;
-    size_t i = find(fp);
-    if (i == cells_.size()) {
-        if ((live_ + 1) * 4 > cells_.size() * 3) grow();
-        const size_t mask = cells_.size() - 1;
-        i = size_t((fp * 0x9E3779B97F4A7C15ull) >> 32) & mask;
-        while (cells_[i].fp != 0) i = (i + 1) & mask;
-        cells_[i].fp = fp;
-        ++live_;
+    const size_t cell = find(fp);
+    if (cell != index_.size()) forget(cell);          // refreshed: the newest now
+    const size_t capacity = fps_.size();
+    while (head_ < tail_ && fps_[size_t(head_) & (capacity - 1)] == 0) ++head_;
+    if (tail_ - head_ == capacity) {
+        // Full: compact in place when half of it is dead, else twice the room.
+        relayout(capacity == 0 ? 16 : live_ * 2 <= capacity ? capacity : capacity * 2);
     }
-    cells_[i].freq = freq;
-    cells_[i].stamp = stamp_;   // the newest: an older FIFO entry of fp is dead
-    fifo_.push_back({fp, stamp_});
-    if (fifo_.size() > 2 * live_ + 64) {
-        // Drop dead entries; this bounds how old a FIFO entry gets, so 32-bit stamps never wrap into a match.
-        std::deque<Fifo> keep;
-        for (const Fifo& f : fifo_) {
-            size_t c = find(f.fp);
-            if (c != cells_.size() && cells_[c].stamp == f.stamp) keep.push_back(f);
-        }
-        fifo_.swap(keep);
-    }
+    if ((live_ + 1) * 4 > index_.size() * 3) reindex(index_.empty() ? 16 : index_.size() * 2);
+    const size_t r = size_t(tail_++) & (fps_.size() - 1);
+    fps_[r] = fp;
+    freqs_[r] = freq;
+    const size_t mask = index_.size() - 1;
+    size_t i = home(fp);
+    while (index_[i] != 0) i = (i + 1) & mask;
+    index_[i] = uint32_t(r + 1);
+    ++live_;
 }
 
 void GhostHistory::trim(size_t limit) {
-    while (live_ > limit && !fifo_.empty()) {
-        Fifo f = fifo_.front();
-        fifo_.pop_front();
-        size_t c = find(f.fp);
-        if (c != cells_.size() && cells_[c].stamp == f.stamp) erase(c);
+    while (live_ > limit && head_ < tail_) {
+        const uint64_t fp = fps_[size_t(head_++) & (fps_.size() - 1)];
+        if (fp != 0) forget(find(fp));
     }
+}
+
+std::string GhostHistory::check() const {
+    if (fps_.size() & (fps_.size() - 1)) return "ghost ring not a power of two";
+    if (tail_ - head_ > fps_.size()) return "ghost ring overfull";
+    size_t n = 0;
+    for (uint64_t p = head_; p < tail_; ++p) {
+        const uint64_t fp = fps_[size_t(p) & (fps_.size() - 1)];
+        if (fp == 0) continue;
+        ++n;
+        const size_t cell = find(fp);
+        if (cell == index_.size() || index_[cell] - 1 != (size_t(p) & (fps_.size() - 1)))
+            return "ghost not indexed at its ring position";
+    }
+    size_t cells = 0;
+    for (uint32_t c : index_) cells += c != 0;
+    if (n != live_ || cells != live_) return "ghost count drifted";
+    return "";
 }
 
 // ------------------------------------------------------------------ core
@@ -371,7 +406,7 @@ std::string EvictionCore::check() const {
         if (at(heap_[i]).heap_pos != int32_t(i)) return "heap position drifted";
         if (i > 0 && less(heap_[i], heap_[(i - 1) / 2])) return "heap order broken";
     }
-    return "";
+    return ghosts_.check();
 }
 
 }  // namespace kvstore_native

@@ -34,8 +34,11 @@
 // removed and reused (parent_gen != gen[parent]) no longer counts on it.
 //
 // Ghost history (DEFAULT): the use counts of the last ghost_factor * n removed
-// objects, by a 64-bit fingerprint of the key (FNV-1a), in an open-addressing
-// table with a FIFO of (fingerprint, stamp): about 40 bytes per ghost. The
+// objects, by a 64-bit fingerprint of the key (FNV-1a), oldest first in a ring
+// of (fingerprint, count) with an open-addressing index of ring positions:
+// 17-35 bytes per ghost (it was a table of 16-byte cells and a FIFO of 16-byte
+// entries, 58 B a ghost: with the default ghost_factor of 4, 232 B for every
+// object a full node holds, more than the rest of its bookkeeping). The
 // fingerprint comes with the insert (a ghost's count back) and with the
 // remove (a new ghost); a slot does not keep it (8 B an object less).
 //
@@ -50,7 +53,6 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -76,23 +78,35 @@ class GhostHistory {
  public:
     // The use count remembered for fp, forgotten now; 0 when none.
     uint32_t take(uint64_t fp);
-    // Remembers (or refreshes, as the newest) fp's use count.
+    // Remembers (or refreshes, as the newest) fp's use count. fp != 0.
     void put(uint64_t fp, uint32_t freq);
     // Forgets the oldest until at most `limit` remain.
     void trim(size_t limit);
     size_t size() const { return live_; }
-    size_t bytes() const { return cells_.capacity() * sizeof(Cell) + fifo_.size() * sizeof(Fifo); }
+    size_t bytes() const {
+        return fps_.capacity() * sizeof(uint64_t) + freqs_.capacity() * sizeof(uint32_t) +
+               index_.capacity() * sizeof(uint32_t);
+    }
+    std::string check() const;        // "" when the ring and its index agree
 
  private:
-    struct Cell { uint64_t fp; uint32_t freq; uint32_t stamp; };   // fp 0: empty
-    struct Fifo { uint64_t fp; uint32_t stamp; };
-    size_t find(uint64_t fp) const;   // its cell, or cells_.size()
-    void erase(size_t i);
-    void grow();
-    std::vector<Cell> cells_;
-    std::deque<Fifo> fifo_;           // oldest first; entries whose cell moved on are dead
+    // The ring: ghosts oldest first at absolute positions head_ .. tail_ - 1 (at
+    // index p & (capacity - 1), a power of two); fingerprint 0 marks one taken or
+    // refreshed since (dead), skipped at the head and dropped by a relayout.
+    std::vector<uint64_t> fps_;
+    std::vector<uint32_t> freqs_;
+    uint64_t head_ = 0, tail_ = 0;
+    // fingerprint -> its ring index + 1 (0: empty); linear probing, at most 3/4
+    // full, backward-shift deletion (Knuth, TAOCP vol. 3, 6.4, Algorithm R).
+    std::vector<uint32_t> index_;
     size_t live_ = 0;
-    uint32_t stamp_ = 0;
+
+    size_t home(uint64_t fp) const;
+    size_t find(uint64_t fp) const;   // its index cell, or index_.size()
+    void unindex(size_t cell);
+    void reindex(size_t cells);       // an index of `cells` over the live ring
+    void relayout(size_t capacity);   // the live ghosts, in order, into a new ring
+    void forget(size_t cell);         // the ghost of an index cell: dead, unindexed
 };
 
 class EvictionCore {

@@ -149,7 +149,7 @@ def test_native_bytes_per_object_are_small():
     p = make_slot_policy("default")
     for slot in range(100_000):
         p.on_insert(slot, 64, float(slot))
-    assert p.native_bytes / 100_000 < 80      # 64 B entry + 4 B heap (+ growth)
+    assert p.native_bytes / 100_000 < 72      # 56 B entry + 4 B heap (+ growth)
     n = make_slot_policy("none")
     for slot in range(100_000):
         n.on_insert(slot, 64, 0.0)
@@ -171,3 +171,22 @@ def test_objects_removed_without_a_key_stay_out_of_the_ghost_history():
     assert p._core.ghosts == 1
     p.on_insert(7, 1, 5001.0, key="k")
     assert p.freq(7) == 2 and p._core.ghosts == 0
+
+
+def test_a_full_tiers_ghost_history_costs_under_40_bytes_a_ghost():
+    """A tier that evicts all the time remembers ghost_factor (4) removed keys for each
+    object it holds: their cost is part of every object's (58 B a ghost before the ring)."""
+    p = make_slot_policy("default", ghost_factor=4.0)
+    n = 20_000
+    for slot in range(n):
+        p.on_insert(slot, 64, float(slot), key=f"k{slot}")
+    before, clock = p.native_bytes, float(n)
+    for i in range(6 * n):                     # churn: every removal becomes a ghost
+        slot = i % n
+        p.on_remove(slot, f"k{i}")
+        clock += 1
+        # every third insert is a key that was removed before: a ghost taken back
+        p.on_insert(slot, 64, clock, key=f"k{i - n}" if i % 3 == 0 else f"k{i + n}")
+    p.check_invariants()
+    assert p._core.ghosts == 4 * (n - 1)       # 4x what it held at each removal
+    assert (p.native_bytes - before) / p._core.ghosts < 40
