@@ -12,8 +12,9 @@ Objects recovered from the SSD at a restart are kept, beyond the limit too.
 from __future__ import annotations
 
 #: What one object costs a node process beyond its value (B), with a margin: `kvstore scale`
-#: measured 502 B at 2M objects and 490 B at 10M (native allocator and eviction); see
-#: docs/operations.md, Scale and limits.
+#: measured 183 B at 10M objects with kvstore's own (hex) keys; a tier that evicts adds
+#: about 105 B of ghost history per object held, and a key of another form 88 B of
+#: string (twice with a parent of that form); see docs/operations.md, Scale and limits.
 NODE_BYTES_PER_OBJECT = 600
 
 #: No limit.
