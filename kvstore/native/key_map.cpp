@@ -57,8 +57,9 @@ struct KeyMap {
 
 uint64_t key_hash(const KeyMap* m, const KeyRef& k) {
     if (k.bytes) return xxh3::hash64(k.bin, kKeyBytes, m->seed);
-    // A str's hash is cached in it and randomised per process; spread its bits.
-    return uint64_t(PyObject_Hash(k.str)) * 0x9E3779B97F4A7C15ull;
+    // A str's hash (as a str's, whatever a subclass says: no Python code runs here),
+    // cached in it and randomised per process; its bits spread.
+    return uint64_t(PyUnicode_Type.tp_hash(k.str)) * 0x9E3779B97F4A7C15ull;
 }
 
 // The record at ``slot`` (borrowed), or null.

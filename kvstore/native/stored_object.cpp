@@ -70,7 +70,7 @@ struct StoredObjectBase {
     unsigned int dram_pad;         // reserved bytes - size_bytes (< the alignment, or one unit)
     unsigned short flags;          // the bits of kvstore.store.objects (level in bits 8..15)
     unsigned char replica_num;     // at most kvstore.rpc's bound (a byte on the wire too)
-    unsigned char key_form;        // kKeyBytes / kParentBytes: that field holds bytes
+    unsigned char key_form;        // kKeyInline / kParentInline: that field holds bytes
 };
 
 static_assert(sizeof(StoredObjectBase) <= 128, "a node keeps one per object: 128 bytes");
