@@ -346,9 +346,9 @@ int hex_value(Py_UCS1 c) {
 }  // namespace
 
 bool key_bytes(PyObject* str, unsigned char out[kKeyBytes]) noexcept {
-    if (!PyUnicode_IS_COMPACT_ASCII(str) || PyUnicode_GET_LENGTH(str) != 2 * kKeyBytes)
-        return false;
-    const Py_UCS1* text = PyUnicode_1BYTE_DATA(str);
+    // Any str, a subclass's instance too (not compact): equal strings, one form.
+    if (!PyUnicode_IS_ASCII(str) || PyUnicode_GET_LENGTH(str) != 2 * kKeyBytes) return false;
+    const auto* text = static_cast<const Py_UCS1*>(PyUnicode_DATA(str));
     for (size_t i = 0; i < kKeyBytes; ++i) {
         int hi = hex_value(text[2 * i]), lo = hex_value(text[2 * i + 1]);
         if (hi < 0 || lo < 0) return false;

@@ -98,3 +98,23 @@ def test_a_hex_key_and_its_other_spellings_are_different_keys():
     t.check(probes=[HEX[:31] + "F"])
     t.leave(HEX)
     t.check(probes=[HEX])
+
+
+def test_a_str_subclass_is_the_same_key_as_its_plain_str():
+    calls = []
+
+    class Key(str):
+        def __hash__(self):          # the map hashes a str as a str, whatever its class says
+            calls.append(self)
+            return 7
+
+    slots: list[StoredObject | None] = []
+    m = KeyMap(slots)
+    for i, key in enumerate((Key(HEX), Key("not hex"))):
+        slots.append(StoredObject(key, i, 64, 0, None, slot=i))
+        m[key] = slots[i]
+    assert slots[0]._key_form & 1                      # kept as its 16 bytes
+    assert m[HEX] is slots[0] and m[Key(HEX)] is slots[0] and Key(HEX) in m
+    assert m["not hex"] is slots[1] and m.get(Key("not hex")) is slots[1]
+    m["not hex"] = slots[1]                            # the same key: replaced, not added
+    assert len(m) == 2 and not calls
