@@ -311,22 +311,23 @@ class StoreNode(NodeStatsView):
                 self._table.release(obj)
 
     # ================================================================ read
-    def acquire(self, key: str, object_id: int = 0, *, require_dram: bool = True) -> StoredObject:
+    def acquire(self, key: str, object_id: int = 0, *, require_dram: bool = True,
+                held_bytes: int = 0) -> StoredObject:
         """Take a read reference on a complete object (``object_id`` 0 = any version).
 
-        An object that is not in DRAM is promoted first (an SSD or GPU hit);
-        the slower copy stays. The first read of a prefetched object ends its
-        lookahead protection (counted as a prefetch used).
+        An object not in DRAM is promoted first (an SSD or GPU hit; the slower copy
+        stays). The first read of a prefetched object ends its lookahead protection.
 
         Args:
             require_dram: True (shared-memory readers): the object must end up
                 in DRAM, else NoSpace. False (TCP): when DRAM has no room soon,
                 return it anyway and read it with :meth:`read_into`.
+            held_bytes: DRAM bytes the caller holds referenced itself (a connection's
+                batch): past DRAM with them, a promotion does not wait for room.
 
         Raises:
-            NotFound: no complete object under this key (and version), or its
-                only copy turned out corrupt.
-            NoSpace: ``require_dram`` and no room in DRAM for the promotion.
+            NotFound: no complete object under this key (and version), or its only
+                copy turned out corrupt. NoSpace: ``require_dram`` and no DRAM room.
         """
         with self._table.cond:
             obj = self._complete_locked(key, object_id)
@@ -334,7 +335,8 @@ class StoreNode(NodeStatsView):
             self._note_read_locked(obj)
             if obj.copy(0) is not None:
                 return obj
-            wait_s = self._tiering.room_wait_s
+            futile = held_bytes + obj.size_bytes > self.tier.capacity_bytes   # see Args
+            wait_s = 0.0 if futile else self._tiering.room_wait_s
             try:
                 self._tiering.promote_locked(obj, wait_s if require_dram else min(wait_s, 0.25))
             except NoSpace:

@@ -136,6 +136,7 @@ class Session:
         self.reader = FrameReader(conn)
         # Read references (SHM_ACQUIRE) and reservations (SHM_ALLOC) by (key, object_id).
         self.reading: dict[tuple[str, int], list[StoredObject]] = {}
+        self.reading_bytes = 0           # ... their values' bytes
         self.writing: dict[tuple[str, int], StoredObject] = {}
         self.parent: str | None = None   # parent key of the frame being handled
         self.replica_num = 0             # its flags: the replicas a PUT / SHM_ALLOC asked for
@@ -493,8 +494,11 @@ class Session:
     def _shm_acquire(self, key: str, object_id: int, _size: int, _checksum: int) -> None:
         self._check_lease(key)
         self._check_read(key)
-        obj = self.node.acquire(key, object_id)
+        # Its own references can't go while it waits for this reply: past DRAM with
+        # them, answered NO_SPACE at once (the client reads it over TCP after them).
+        obj = self.node.acquire(key, object_id, held_bytes=self.reading_bytes)
         self.reading.setdefault((key, obj.object_id), []).append(obj)
+        self.reading_bytes += obj.size_bytes
         self.bytes_out += obj.size_bytes
         self._reply(object_id=obj.object_id, size=obj.size_bytes, checksum=obj.checksum,
                     offset=obj.alloc.offset, serial=obj.alloc.serial)
@@ -503,7 +507,9 @@ class Session:
         held = self.reading.get((key, object_id))
         if not held:
             raise NotFound("no read reference on this key on this connection", key=key)
-        self.node.release(held.pop())
+        obj = held.pop()
+        self.reading_bytes -= obj.size_bytes
+        self.node.release(obj)
         if not held:
             del self.reading[(key, object_id)]
         self._reply(object_id=object_id)
@@ -588,6 +594,7 @@ class Session:
             for obj in objs:
                 self.node.release(obj)
         self.reading.clear()
+        self.reading_bytes = 0
         for obj in self.writing.values():
             self.node.abort_write(obj)
         self.writing.clear()
