@@ -150,6 +150,7 @@ class NodeAgent:
         self.interval_s = 0.5
         self.min_beat_interval_s = min_beat_interval_s
         self.coalesce_s = 0.005
+        self.answer_spin_s: float | None = None   # the report link's poll (None: its default)
         self.full_stats_interval_s = full_stats_interval_s
         self._queue: list[Ticket] = []        # taken from the router, not yet acknowledged
         self._lock = threading.RLock()        # deliveries and registrations, one at a time
@@ -213,7 +214,8 @@ class NodeAgent:
         if renew:
             self._link_retry_at = 0.0
         if port and self.link is None and time.monotonic() >= self._link_retry_at:
-            self.link = ReportLink(self._addrs[self._cur].rsplit(":", 1)[0], port, self.creds)
+            self.link = ReportLink(self._addrs[self._cur].rsplit(":", 1)[0], port, self.creds,
+                                   self.answer_spin_s)
 
     def _close_links(self) -> None:
         self.stream.close()
@@ -561,11 +563,12 @@ def no_master_yet(tickets: list[Ticket], timeout_s: float) -> None:
 
 def make_agent(node: StoreNode, address: NodeAddress, seeds: tuple[str, ...],
                timeout_s: float = 30.0, creds: ClientCredentials | None = None,
-               lease: MasterLease | None = None) -> Agents:
+               lease: MasterLease | None = None, answer_spin_s: float | None = None) -> Agents:
     """The node's link to the control plane, from the shard map its ``seeds`` serve.
 
     Asks the seeds (one shard's masters) for the shard map, waiting up to
-    ``timeout_s`` for one to come up.
+    ``timeout_s`` for one to come up. ``answer_spin_s``: how long a writer polls
+    for its master's answer on the report link (0: never; None: its default).
 
     Raises:
         Unavailable: no seed answered within ``timeout_s``.
@@ -588,4 +591,7 @@ def make_agent(node: StoreNode, address: NodeAddress, seeds: tuple[str, ...],
     shard_map = wire.shard_map(msg)
     if len(shard_map.ranges) > 1:
         log.info("shard map v%d: %d master shards", shard_map.version, len(shard_map.ranges))
-    return Agents(node, address, shard_map, creds, lease)
+    agents = Agents(node, address, shard_map, creds, lease)
+    for agent in agents.agents:
+        agent.answer_spin_s = answer_spin_s
+    return agents

@@ -25,7 +25,8 @@ from kvstore._proto import kvstore_pb2 as pb
 from kvstore.auth import TokenFile
 from kvstore.errors import Unavailable
 from kvstore.store.node import StoreNode
-from kvstore.store.session import Pollers, Session
+from kvstore.store.polling import POLL_S, Pollers
+from kvstore.store.session import Session
 from kvstore.store.stats import NodeCounter
 from kvstore.store.traffic import Traffic
 from kvstore.transfer.protocol import RESPONSE, keep_alive, tune_socket
@@ -89,9 +90,12 @@ class DataServer:
             Bytes and connections are counted in :attr:`traffic` either way.
         lease: reads and writes only while it holds (a node linked to master
             shards: :mod:`kvstore.store.lease`); None: always.
+        poll_s: how long a connection busy-polls for its client's next request
+            after answering (0: never; :mod:`kvstore.store.polling`).
 
     Raises:
         OSError: an address is taken.
+        ValueError: ``poll_s`` outside [0, 1].
     """
 
     def __init__(self, node: StoreNode, host: str = "127.0.0.1", port: int = 0,
@@ -99,7 +103,7 @@ class DataServer:
                  tokens: TokenFile | None = None, tls: ssl.SSLContext | None = None,
                  metrics=None, write_timeout_s: float = 30.0,
                  max_connections: int | None = None, lease=None,
-                 send_timeout_s: float | None = None):
+                 send_timeout_s: float | None = None, poll_s: float = POLL_S):
         self.node = node
         self.lease = lease               # a kvstore.store.lease.MasterLease, or None (no master)
         self.metrics = metrics           # a kvstore.metrics.ProcessMetrics, or None
@@ -135,7 +139,7 @@ class DataServer:
         self._stopping = threading.Event()
         # Sessions polling at once: one core is left for clients and the node's
         # other work (four pollers on two cores cost concurrent clients a third).
-        self._pollers = Pollers(max(1, (os.cpu_count() or 2) - 1))
+        self._pollers = Pollers(max(1, (os.cpu_count() or 2) - 1), poll_s)
         self._acceptors = [threading.Thread(target=self._accept_loop, args=(sock,),
                                             name="data-accept", daemon=True)
                            for sock in self._listeners]

@@ -50,6 +50,7 @@ from kvstore.store.data_server import DataServer
 from kvstore.store.levels import DEFAULT_WATERMARKS
 from kvstore.store.limits import default_max_objects
 from kvstore.store.node import StoreNode
+from kvstore.store.polling import POLL_S
 from kvstore.store.tiers.base import Tier
 from kvstore.types import TierKind
 from kvstore.store.tiers.dram import DramTier
@@ -96,6 +97,8 @@ class NodeConfig:
     metrics: MetricsConfig = MetricsConfig()   # --metrics-port, --metrics-host
     drain_s: float = 0.0               # SIGTERM: NOT_SERVING this long before stopping
     max_objects: int = 0               # objects held at most (0: limits.default_max_objects)
+    busy_poll_us: int | None = None    # polls for a request / a master's answer (None: 200 / 250
+                                       # µs; 0: never; kvstore.store.polling)
 
 
 def build_tiers(cfg: NodeConfig) -> list[Tier]:
@@ -269,11 +272,14 @@ def run_node(cfg: NodeConfig) -> None:
             except Unavailable as exc:
                 raise SystemExit(f"kvstore node: --rdma-device {cfg.rdma_device}: "
                                  f"{exc.message}") from None
+        # --busy-poll-us: both polls (None: each its own default).
+        poll_s = None if cfg.busy_poll_us is None else cfg.busy_poll_us / 1e6
         server = DataServer(node, cfg.host, cfg.port, local_address(dram.name), rdma,
                             tokens=tokens, tls=tls, metrics=metrics,
                             write_timeout_s=cfg.write_timeout_s,
                             send_timeout_s=cfg.send_timeout_s or cfg.write_timeout_s,
-                            max_connections=cfg.max_connections, lease=lease).start()
+                            max_connections=cfg.max_connections, lease=lease,
+                            poll_s=POLL_S if poll_s is None else poll_s).start()
         if tokens is not None:
             # Tenants' shares (eviction order): the file's now, a reload's later (off the
             # signal handler: it takes the node's lock).
@@ -291,7 +297,8 @@ def run_node(cfg: NodeConfig) -> None:
         address = NodeAddress(NodeId(node_id), host, server.port, dram.name, host_id(),
                               tls=tls is not None, metrics_address=maddress)
         def link():
-            linked = make_agent(node, address, cfg.masters, creds=cfg.creds, lease=lease)
+            linked = make_agent(node, address, cfg.masters, creds=cfg.creds, lease=lease,
+                                answer_spin_s=poll_s)
             linked.register()
             return linked
 

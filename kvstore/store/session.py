@@ -32,7 +32,6 @@ import contextlib
 import json
 import logging
 import socket
-import threading
 import time
 from collections.abc import Iterable
 
@@ -45,6 +44,7 @@ from kvstore.store.events import Ticket
 from kvstore.store.native_gets import GetPump
 from kvstore.store.node import StoreNode
 from kvstore.store.objects import StoredObject
+from kvstore.store.polling import Pollers
 from kvstore.store.stats import NodeCounter
 from kvstore.store.tiers.base import TierIOError
 from kvstore.store.tenancy import ConnectionScope, own_parent
@@ -60,32 +60,8 @@ _MAX_GATHER_PARTS = 512
 #: A PUT value at least this large is hashed piece by piece as it arrives
 #: (FrameReader.read_into_hashed).
 _HASH_WHILE_RECEIVING_BYTES = 256 * 1024
-# After answering a client whose last request came within _POLL_S of its answer,
-# poll its socket for _POLL_S before blocking (a blocking recv's sleep and wake-up
-# cost tens of µs here); a slower client, whose request the poll would miss, is not.
-_POLL_S = 200e-6
 _OP_NAMES = {**{op.value: op.name.lower() for op in Op}, OP_RDMA_CONNECT: "rdma_connect"}
 _CODE_NAMES = {v: k for k, v in pb.Code.items()}
-
-
-class Pollers:
-    """How many sessions may busy-poll at once (see _POLL_S)."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self._active = 0
-        self._lock = threading.Lock()
-
-    def take(self) -> bool:
-        with self._lock:
-            if self._active >= self.limit:
-                return False
-            self._active += 1
-            return True
-
-    def give(self) -> None:
-        with self._lock:
-            self._active -= 1
 
 
 class _Ack:
@@ -148,7 +124,8 @@ class Session:
         self.sending: list[StoredObject] = []   # referenced until their values are sent
         self.closing = False             # the stream cannot be trusted: answer, then close
         self.eager = False               # poll for the next request after answering
-        self.gets = GetPump.of(self, _POLL_S, self.pollers.limit)   # None: GETs stay here
+        # None: GETs stay here.
+        self.gets = GetPump.of(self, self.pollers.poll_s, self.pollers.limit)
 
     def run(self) -> None:
         handlers = {Op.PUT: self._put, Op.GET: self._get, Op.SHM_ALLOC: self._shm_alloc,
@@ -169,7 +146,7 @@ class Session:
                     self.gets.answered()        # it polls for the next request natively
                 elif self.eager and self.pollers.take():
                     try:
-                        self.reader.poll(REQUEST.size, _POLL_S)
+                        self.reader.poll(REQUEST.size, self.pollers.poll_s)
                     finally:
                         self.pollers.give()
             if self.gets is not None and not self.writing and self.gets.takes_next():
@@ -189,9 +166,10 @@ class Session:
             op, self.replica_num, key_len, parent_len, object_id, size, checksum = \
                 REQUEST.unpack(header)
             if blocked_at:
-                # A client back within _POLL_S of its answer runs a tight loop (a
-                # get per copy): poll for its next request instead of sleeping.
-                self.eager = time.perf_counter() - (answered_at or blocked_at) < _POLL_S
+                # A client back within the poll window of its answer runs a tight loop
+                # (a get per copy): poll for its next request instead of sleeping.
+                waited = time.perf_counter() - (answered_at or blocked_at)
+                self.eager = waited < self.pollers.poll_s
             if key_len + parent_len > _MAX_NAMES_BYTES:
                 # Not a frame of ours: the stream cannot be trusted any more.
                 self._reply_error(InvalidArgument(f"key and parent of {key_len + parent_len} B"))

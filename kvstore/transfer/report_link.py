@@ -118,12 +118,15 @@ class FrameLink:
             port (announced by the master: RegisterNode's ``report_port``, a
             client call's ``call_port``).
         creds: the token (a proof answers the master's nonce) and TLS files.
+        spin_s: poll for an answer this long before sleeping in recv (0: never;
+            None: ANSWER_SPIN_S), while answers come that fast.
     """
 
     #: Whether to poll for an answer before sleeping in recv (see ANSWER_SPIN_S).
     spin = True
 
-    def __init__(self, host: str, port: int, creds: ClientCredentials | None = None):
+    def __init__(self, host: str, port: int, creds: ClientCredentials | None = None,
+                 spin_s: float | None = None):
         self.host = host.strip("[]")
         self.port = port
         self.creds = creds or ClientCredentials()
@@ -131,7 +134,8 @@ class FrameLink:
         self._inbox = bytearray()       # received, not read yet
         self._kernel = False            # the socket's timeouts are the kernel's
         self._timeout_s: float | None = None
-        self._spin = self.spin          # the last answer came within ANSWER_SPIN_S
+        self.spin_s = ANSWER_SPIN_S if spin_s is None else spin_s
+        self._spin = self.spin and self.spin_s > 0   # the last answer came within spin_s
 
     def _read(self, limit: int) -> tuple[int, bytes]:
         """The next frame: (type, body). An answer usually arrives whole and is taken
@@ -159,8 +163,8 @@ class FrameLink:
         self._inbox += data
 
     def _spin_recv(self) -> bytes:
-        """recv, polling the socket (MSG_DONTWAIT) for up to ANSWER_SPIN_S first."""
-        deadline = time.perf_counter() + ANSWER_SPIN_S
+        """recv, polling the socket (MSG_DONTWAIT) for up to ``spin_s`` first."""
+        deadline = time.perf_counter() + self.spin_s
         recv = self._sock.recv
         while True:
             try:
@@ -227,7 +231,7 @@ class FrameLink:
             sent_at = time.perf_counter()
             self._sock.sendall(frame(kind, body))
             answer = self._read(MAX_MESSAGE_BYTES)
-            self._spin = self.spin and time.perf_counter() - sent_at < ANSWER_SPIN_S
+            self._spin = self.spin and time.perf_counter() - sent_at < self.spin_s
             return answer
         except Unauthenticated:
             raise

@@ -32,6 +32,8 @@ CASES = [
     (["kvstore.tools.cli.services", "master", "--shard-id", "5", "--check-config"], "--shard-id"),
     (["kvstore.tools.cli.services", "node", "--master", "127.0.0.1:1", "--dram", "99999999GiB",
       "--check-config"], "shared memory has"),
+    (["kvstore.tools.cli.services", "node", "--master", "127.0.0.1:1", "--busy-poll-us", "-1",
+      "--check-config"], "--busy-poll-us must be within 0 to 1000000"),
 ]
 # The RESP front: every numeric option bounded, argparse's own errors one line too.
 _RESP = ["kvstore.tools.cli.services", "resp", "--master", "127.0.0.1:1", "--check-config"]

@@ -165,6 +165,11 @@ def node_main(argv: list[str]) -> None:
                    help="objects held at most (every tier): one more evicts the coldest where "
                         "a policy evicts, else is NO_SPACE (0: half the memory beside --dram at "
                         f"about {NODE_BYTES_PER_OBJECT} B each; see docs/operations.md, Scale and limits)")
+    p.add_argument("--busy-poll-us", type=int, default=None,
+                   help="busy-poll this long for a client's next request after answering, and "
+                        "for the master's answer to a write (default 200 and 250; 0: never: "
+                        "the least CPU, each request then pays a wake-up; see "
+                        "docs/data-plane.md, Busy-polling)")
     a = p.parse_args(argv)
     setup_logging(a.log_level)
     _check_node(a)
@@ -182,7 +187,7 @@ def node_main(argv: list[str]) -> None:
         rdma_port=a.rdma_port, rdma_gid_index=a.rdma_gid_index,
         write_timeout_s=a.write_timeout_s, send_timeout_s=a.send_timeout_s,
         max_connections=a.max_connections, max_objects=a.max_objects, creds=client_creds(a),
-        **secured(a))
+        busy_poll_us=a.busy_poll_us, **secured(a))
     if not checked("node", a, cfg):
         run_node(cfg)
 
@@ -225,6 +230,8 @@ def _check_node(a: argparse.Namespace) -> None:
     require(a.send_timeout_s is None or a.send_timeout_s > 0, "--send-timeout-s must be > 0")
     require(a.max_connections is None or a.max_connections >= 1, "--max-connections must be >= 1")
     require(a.max_objects >= 0, f"--max-objects must be >= 0, got {a.max_objects}")
+    require(a.busy_poll_us is None or 0 <= a.busy_poll_us <= 1_000_000,
+            f"--busy-poll-us must be within 0 to 1000000, got {a.busy_poll_us}")
 
 
 def _engine_parser(name: str, description: str) -> argparse.ArgumentParser:
