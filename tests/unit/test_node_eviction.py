@@ -154,3 +154,32 @@ def test_a_tier_drained_to_its_low_watermark_is_not_blocked(monkeypatch, caplog)
         assert "nothing evictable" not in caplog.text
     finally:
         tier.close()
+
+
+@pytest.mark.parametrize("policy", ["lru", "default"])
+def test_a_drain_is_spread_over_bounded_rounds(policy):
+    # 1 KiB objects in 8 MiB: passing the high watermark (0.95) leaves 819 objects to
+    # give up down to the low one (0.85). A put runs at most two inline rounds (at its
+    # commit and at its confirmation), each bounded once the tier is under its high
+    # watermark again: one put used to give up all 819 (a drain of a large DRAM tier
+    # of small objects held the node's lock for seconds).
+    from kvstore.store.stats import NodeCounter
+    from kvstore.store.tiering import INLINE_VICTIMS
+
+    capacity, size = 8 << 20, KiB
+    tier = DramTier(capacity)
+    try:
+        node = StoreNode(tier, policy=policy, high_watermark=0.95, low_watermark=0.85)
+        rounds, drained = [], False
+        for i in range(2 * capacity // size):
+            before = node.counters[NodeCounter.EVICTIONS]
+            write(node, f"k{i}", i.to_bytes(4, "little") * (size // 4), object_id=i + 1)
+            assert tier.used_bytes <= 0.95 * capacity          # under the high mark at once
+            if node.counters[NodeCounter.EVICTIONS] > before:
+                rounds.append(node.counters[NodeCounter.EVICTIONS] - before)
+            drained |= tier.used_bytes <= 0.85 * capacity + size
+        assert max(rounds) <= 2 * INLINE_VICTIMS + 1           # no put gave up a whole drain
+        assert sum(rounds) > 4 * INLINE_VICTIMS and drained    # ... which reached the low mark
+        assert node.counters[NodeCounter.EVICTIONS] == len(evictions(node))   # all reported
+    finally:
+        tier.close()
