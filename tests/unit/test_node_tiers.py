@@ -385,3 +385,27 @@ def test_concurrent_mix_never_returns_wrong_bytes(tmp_path, policy):
             assert t.used_bytes + t.free_bytes == t.capacity_bytes
     finally:
         node.close()
+
+
+def test_a_mover_round_plans_a_bounded_batch(tmp_path, monkeypatch):
+    # Rounds plan at most MOVE_BATCH_OBJECTS demotions each (lock holds stay short
+    # with small objects); rounds go on until DRAM is under its low mark.
+    from kvstore.store import tiering
+    from kvstore.store.mover import run_moves
+
+    monkeypatch.setattr(tiering, "MOVE_BATCH_OBJECTS", 3)
+    n = make_node(tmp_path / "ssd")
+    try:
+        values = [value(i) for i in range(14)]          # 56 KiB: past the high mark (48)
+        for i, v in enumerate(values):
+            write(n, f"k{i}", v, object_id=i + 1, settle=False)
+        work, sizes = n._tiering, []
+        while moves := work.plan_reclaim():
+            sizes.append(len(moves))
+            run_moves(work.tiers, moves)
+            work.finish_moves(moves)
+        assert max(sizes) == 3 and len(sizes) >= 2      # several bounded rounds ...
+        assert n.levels[0].tier.used_bytes <= 0.5 * DRAM    # ... down to the low mark
+        assert [read(n, f"k{i}") for i in range(14)] == values
+    finally:
+        n.close()
