@@ -474,6 +474,10 @@ class Tiering:
                         moves.append(Move(obj, level, *target))
                 freed += reserved
                 given += 1
+            else:
+                # Nothing else may go (pinned, read, held): a drain ends here. Else
+                # every later put ran a round, scanning what is held, and gave itself up.
+                self._levels[level].draining = False
         finally:
             gen.close()
         return freed
@@ -568,7 +572,8 @@ class Tiering:
         # tier with nothing evictable runs one) is counted again only every
         # RECOUNT_S; a round that frees or plans something clears it at once, and
         # moves are only planned by such rounds.
-        if freed or need <= 0 or (not lv.draining and lv.tier.largest_free_bytes() >= need):
+        if freed or need <= 0 or (not lv.draining and not lv.above_high()
+                                  and lv.tier.largest_free_bytes() >= need):
             lv.blocked = ""        # (the last: one free extent holds every waiter's want)
         elif not lv.blocked or lv.blocked_count.due(now, RECOUNT_S):
             t0 = time.monotonic()
