@@ -91,7 +91,7 @@ class DataServer:
         lease: reads and writes only while it holds (a node linked to master
             shards: :mod:`kvstore.store.lease`); None: always.
         poll_s: how long a connection busy-polls for its client's next request
-            after answering (0: never; :mod:`kvstore.store.polling`).
+            after answering (0: never; None: POLL_S; :mod:`kvstore.store.polling`).
 
     Raises:
         OSError: an address is taken.
@@ -103,7 +103,7 @@ class DataServer:
                  tokens: TokenFile | None = None, tls: ssl.SSLContext | None = None,
                  metrics=None, write_timeout_s: float = 30.0,
                  max_connections: int | None = None, lease=None,
-                 send_timeout_s: float | None = None, poll_s: float = POLL_S):
+                 send_timeout_s: float | None = None, poll_s: float | None = None):
         self.node = node
         self.lease = lease               # a kvstore.store.lease.MasterLease, or None (no master)
         self.metrics = metrics           # a kvstore.metrics.ProcessMetrics, or None
@@ -139,7 +139,8 @@ class DataServer:
         self._stopping = threading.Event()
         # Sessions polling at once: one core is left for clients and the node's
         # other work (four pollers on two cores cost concurrent clients a third).
-        self._pollers = Pollers(max(1, (os.cpu_count() or 2) - 1), poll_s)
+        self._pollers = Pollers(max(1, (os.cpu_count() or 2) - 1),
+                               POLL_S if poll_s is None else poll_s)
         self._acceptors = [threading.Thread(target=self._accept_loop, args=(sock,),
                                             name="data-accept", daemon=True)
                            for sock in self._listeners]

@@ -57,6 +57,10 @@ class TierLevel:
         """Whether the tier uses more than its high watermark."""
         return self.tier.used_bytes > self.high * self.tier.capacity_bytes
 
+    def over_high_bytes(self) -> int:
+        """Bytes used beyond the high watermark (<= 0: none)."""
+        return self.tier.used_bytes - int(self.high * self.tier.capacity_bytes)
+
     def need_bytes(self) -> int:
         """Bytes this tier must give up now (starts or ends ``draining``).
 

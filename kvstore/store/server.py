@@ -50,7 +50,6 @@ from kvstore.store.data_server import DataServer
 from kvstore.store.levels import DEFAULT_WATERMARKS
 from kvstore.store.limits import default_max_objects
 from kvstore.store.node import StoreNode
-from kvstore.store.polling import POLL_S
 from kvstore.store.tiers.base import Tier
 from kvstore.types import TierKind
 from kvstore.store.tiers.dram import DramTier
@@ -279,7 +278,7 @@ def run_node(cfg: NodeConfig) -> None:
                             write_timeout_s=cfg.write_timeout_s,
                             send_timeout_s=cfg.send_timeout_s or cfg.write_timeout_s,
                             max_connections=cfg.max_connections, lease=lease,
-                            poll_s=POLL_S if poll_s is None else poll_s).start()
+                            poll_s=poll_s).start()
         if tokens is not None:
             # Tenants' shares (eviction order): the file's now, a reload's later (off the
             # signal handler: it takes the node's lock).

@@ -356,8 +356,9 @@ class Tiering:
                 return
             # Back under the high watermark, then a bounded round: the drain to the low one
             # goes on in the next puts' rounds (one put gave up 1,638 objects, 16 ms, before).
-            now, over = time.monotonic(), lv.tier.used_bytes - int(lv.high * lv.tier.capacity_bytes)
-            freed = self._reclaim_locked(level, need, now, None, (over, INLINE_VICTIMS))
+            now = time.monotonic()
+            freed = self._reclaim_locked(level, need, now, None,
+                                         (lv.over_high_bytes(), INLINE_VICTIMS))
             self._note_round_locked(level, need, freed, now)
         elif self.mover is not None:
             self.mover.wake()

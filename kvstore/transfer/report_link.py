@@ -122,9 +122,6 @@ class FrameLink:
             None: ANSWER_SPIN_S), while answers come that fast.
     """
 
-    #: Whether to poll for an answer before sleeping in recv (see ANSWER_SPIN_S).
-    spin = True
-
     def __init__(self, host: str, port: int, creds: ClientCredentials | None = None,
                  spin_s: float | None = None):
         self.host = host.strip("[]")
@@ -135,7 +132,7 @@ class FrameLink:
         self._kernel = False            # the socket's timeouts are the kernel's
         self._timeout_s: float | None = None
         self.spin_s = ANSWER_SPIN_S if spin_s is None else spin_s
-        self._spin = self.spin and self.spin_s > 0   # the last answer came within spin_s
+        self._spin = self.spin_s > 0    # the last answer came within spin_s
 
     def _read(self, limit: int) -> tuple[int, bytes]:
         """The next frame: (type, body). An answer usually arrives whole and is taken
@@ -231,7 +228,7 @@ class FrameLink:
             sent_at = time.perf_counter()
             self._sock.sendall(frame(kind, body))
             answer = self._read(MAX_MESSAGE_BYTES)
-            self._spin = self.spin and time.perf_counter() - sent_at < self.spin_s
+            self._spin = time.perf_counter() - sent_at < self.spin_s
             return answer
         except Unauthenticated:
             raise

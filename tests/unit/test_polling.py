@@ -1,19 +1,14 @@
 """Busy-polling is bounded and can be turned off: the data connections' poll window
-(:mod:`kvstore.store.polling`) and the report link's poll for its master's answer."""
+(:mod:`kvstore.store.polling`); the report link's is in test_report_link_spin.py."""
 
 from __future__ import annotations
 
-import socket
-import threading
-
 import pytest
 
-from kvstore._proto import kvstore_pb2 as pb
 from kvstore.store.data_server import DataServer
 from kvstore.store.node import StoreNode
 from kvstore.store.polling import POLL_S, Pollers
 from kvstore.store.tiers.dram import DramTier
-from kvstore.transfer import report_link as rl
 
 
 def test_pollers_bound_how_many_poll_at_once():
@@ -43,41 +38,3 @@ def test_a_data_server_hands_its_window_to_every_connection():
     finally:
         node.close()
         tier.close()
-
-
-def _master(listener: socket.socket, answers: int) -> None:
-    """A master's side of the link: HELLO without a nonce, then an ANSWER per report."""
-    conn, _ = listener.accept()
-    with conn:
-        conn.sendall(rl.frame(rl.Frame.HELLO, b""))
-        buf = b""
-        for _ in range(answers):
-            while len(buf) < rl.HEADER.size:
-                buf += conn.recv(65536)
-            _kind, length = rl.HEADER.unpack_from(buf)
-            while len(buf) < rl.HEADER.size + length:
-                buf += conn.recv(65536)
-            buf = buf[rl.HEADER.size + length:]
-            answer = pb.ReportEventsResponse(known=True, statuses=[pb.Status()])
-            conn.sendall(rl.frame(rl.Frame.ANSWER, answer.SerializeToString()))
-
-
-@pytest.mark.parametrize("spin_s,polls", [(None, True), (0.0, False)])
-def test_the_report_link_polls_for_answers_only_when_asked(spin_s, polls):
-    listener = socket.create_server(("127.0.0.1", 0))
-    th = threading.Thread(target=_master, args=(listener, 20), daemon=True)
-    th.start()
-    link = rl.ReportLink("127.0.0.1", listener.getsockname()[1], spin_s=spin_s)
-    try:
-        seen = []
-        for i in range(20):
-            req = pb.ReportEventsRequest(node_id="n", events=[pb.ReplicaEvent(key=f"k{i}")])
-            assert link.report(req, 5.0).known
-            seen.append(link._spin)
-        # Polling: answers this fast keep it on at least once (a loaded machine may be
-        # slow to run the fake master's thread); never: not once.
-        assert any(seen) if polls else not any(seen)
-    finally:
-        link.close()
-        listener.close()
-        th.join(5)

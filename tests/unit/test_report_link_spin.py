@@ -51,3 +51,20 @@ def test_the_writer_polls_only_while_answers_come_fast():
         link.close()
         listener.close()
         th.join(5)
+
+
+def test_a_link_asked_not_to_poll_never_does():
+    listener = socket.create_server(("127.0.0.1", 0))
+    th = threading.Thread(target=_master, args=(listener, [0.0] * 20), daemon=True)
+    th.start()
+    link = rl.ReportLink("127.0.0.1", listener.getsockname()[1], spin_s=0.0)   # --busy-poll-us 0
+    try:
+        for i in range(20):
+            req = pb.ReportEventsRequest(node_id="n", events=[pb.ReplicaEvent(key=f"k{i}")])
+            assert link.report(req, 5.0).known
+            assert link._spin is False
+    finally:
+        link.close()
+        listener.close()
+        th.join(5)
+
